@@ -1,0 +1,181 @@
+"""Checkpoints: save, find and load them (shared by training and evaluation).
+
+A checkpoint is a directory `RUN/checkpoints/step-XXXXXXXX/` holding
+    model.safetensors   the weights (a tied `lm_head.weight` is stored once, as the embedding)
+    model_config.json   `ModelConfig.to_dict()`, enough to rebuild the model
+    tokenizer/          what `tok.save` writes
+    train_state.pt      optimizer, scheduler, step, RNG states, data position, recipe hash (training only)
+It is written into a `.tmp-*` directory next to it and renamed into place, so a directory named `step-*` is
+always complete; a save killed half-way leaves only a `.tmp-*` directory, which is ignored and later removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tapecli.errors import TapeError
+from tapecli.run import CHECKPOINTS
+
+if TYPE_CHECKING:
+    import torch
+
+    from tapecli.data.tokenizer import Tokenizer
+    from tapecli.model import Transformer
+
+WEIGHTS = "model.safetensors"
+MODEL_CONFIG = "model_config.json"
+TOKENIZER = "tokenizer"
+TRAIN_STATE = "train_state.pt"
+TEMP_PREFIX = ".tmp-"
+_STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step number in a `step-XXXXXXXX` directory name."""
+    match = _STEP_DIR.match(Path(path).name)
+    if match is None:
+        raise TapeError(f"{path} is not a step-XXXXXXXX checkpoint directory")
+    return int(match.group(1))
+
+
+def is_checkpoint(path: Path) -> bool:
+    """True for a directory holding loadable weights (a training checkpoint or a `save_model` export)."""
+    return (path / WEIGHTS).is_file() and (path / MODEL_CONFIG).is_file()
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Complete `step-*` checkpoints under `root` (a run's checkpoints/ folder), oldest first."""
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if _STEP_DIR.match(p.name) and is_checkpoint(p)]
+    return sorted(found, key=checkpoint_step)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory as given, or the newest complete checkpoint of a run directory."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise TapeError(f"checkpoint {path} does not exist")
+    if is_checkpoint(path):
+        return path
+    for root in (path / CHECKPOINTS, path):
+        found = list_checkpoints(root)
+        if found:
+            return found[-1]
+    raise TapeError(f"{path} holds no checkpoint (expected {WEIGHTS} + {MODEL_CONFIG}, or {CHECKPOINTS}/step-*/)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Weights
+
+
+def _weights_to_save(model: Transformer) -> dict[str, torch.Tensor]:
+    state = model.state_dict()
+    if model.config.tie_embeddings:
+        # safetensors refuses tensors that share memory; the tied head is rebuilt from the embedding on load.
+        state.pop("lm_head.weight", None)
+    return {name: tensor.detach().contiguous().cpu() for name, tensor in state.items()}
+
+
+def save_model(model: Transformer, tokenizer: Tokenizer, directory: str | Path) -> Path:
+    """Write model.safetensors, model_config.json and tokenizer/ into `directory` (created if needed)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(_weights_to_save(model), str(directory / WEIGHTS), metadata={"format": "pt"})
+    (directory / MODEL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+    tokenizer.save(directory / TOKENIZER)
+    return directory
+
+
+def read_model_config(checkpoint: Path) -> dict[str, Any]:
+    """The model_config.json of a checkpoint directory, as a dict."""
+    return json.loads((checkpoint / MODEL_CONFIG).read_text())
+
+
+def load_weights(model: Transformer, checkpoint: Path) -> None:
+    """Copy a checkpoint's weights into `model`; any missing, unexpected or mis-shaped tensor is a TapeError."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(checkpoint / WEIGHTS))
+    expected = model.state_dict()
+    if model.config.tie_embeddings:
+        expected.pop("lm_head.weight", None)
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise TapeError(f"{checkpoint / WEIGHTS} does not fit the model: missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]}")
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise TapeError(f"{checkpoint / WEIGHTS}: {name} has shape {tuple(tensor.shape)}, the model expects "
+                            f"{tuple(expected[name].shape)}")
+    model.load_state_dict(state, strict=False)
+
+
+def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer]:
+    """(model in eval mode, tokenizer) from a run directory (its newest checkpoint) or a checkpoint directory."""
+    from tapecli.data.tokenizer import load_tokenizer_dir
+    from tapecli.model import ModelConfig, Transformer
+
+    checkpoint = resolve_checkpoint(path)
+    try:
+        config = ModelConfig.from_dict(read_model_config(checkpoint))
+    except ValueError as e:
+        raise TapeError(f"{checkpoint / MODEL_CONFIG}: {e}") from None
+    model = Transformer(config)
+    load_weights(model, checkpoint)
+    return model.to(device).eval(), load_tokenizer_dir(checkpoint / TOKENIZER)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training checkpoints
+
+
+def save_checkpoint(root: Path, step: int, model: Transformer, tokenizer: Tokenizer, train_state: dict[str, Any],
+                    keep_last: int = 0) -> Path:
+    """Atomically write `root/step-XXXXXXXX/`, then keep only the newest `keep_last` checkpoints (0 = all)."""
+    import torch
+
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / checkpoint_name(step)
+    temp = root / f"{TEMP_PREFIX}{final.name}-{os.getpid()}"
+    shutil.rmtree(temp, ignore_errors=True)
+    save_model(model, tokenizer, temp)
+    torch.save(train_state, temp / TRAIN_STATE)
+    if final.exists():  # only when resuming from an older checkpoint of the same run: the old future is replaced
+        stale = root / f"{TEMP_PREFIX}stale-{final.name}-{os.getpid()}"
+        final.rename(stale)
+        shutil.rmtree(stale)
+    temp.rename(final)
+    if keep_last > 0:
+        for old in list_checkpoints(root)[:-keep_last]:
+            shutil.rmtree(old)
+    return final
+
+
+def remove_temp_dirs(root: Path) -> None:
+    """Delete what interrupted saves left behind."""
+    if root.is_dir():
+        for leftover in root.glob(f"{TEMP_PREFIX}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+
+def load_train_state(checkpoint: Path) -> dict[str, Any]:
+    """The train_state.pt of a training checkpoint (plain tensors and numbers, so `weights_only` loading works)."""
+    import torch
+
+    path = checkpoint / TRAIN_STATE
+    if not path.is_file():
+        raise TapeError(f"{checkpoint} has no {TRAIN_STATE}; it holds weights only and cannot be resumed "
+                        "(use it with --checkpoint / train.init_from instead)")
+    return torch.load(path, map_location="cpu", weights_only=True)

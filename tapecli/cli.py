@@ -1,0 +1,188 @@
+"""The `tape` command line. Each command imports its heavy modules lazily so `tape --help` stays fast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tapecli.errors import TapeError
+
+app = typer.Typer(
+    name="tape",
+    help="Train and evaluate positional encodings (RoPE, ALiBi, FIRE, xPos, NoPE, RandPE, T5 bias, TAPE).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print a one-line error and exit without a traceback."""
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def bench(
+    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape", "--pe", help="Comma-separated PEs to time."),
+    n_layers: int = typer.Option(4, help="Decoder layers."),
+    dim: int = typer.Option(256, help="Hidden width."),
+    n_heads: int = typer.Option(4, help="Attention heads."),
+    seq_len: int = typer.Option(512, help="Tokens per sequence."),
+    batch_size: int = typer.Option(4, help="Sequences per step."),
+    steps: int = typer.Option(5, help="Timed steps per PE (after warm-up)."),
+    warmup: int = typer.Option(2, help="Untimed warm-up steps per PE."),
+    rounds: int = typer.Option(3, help="Interleaved rounds; each PE's time is the median over all timed steps."),
+    tape_paths: bool = typer.Option(True, help="Also time both TAPE aggregation paths (separate vs concatenated)."),
+    device: str = typer.Option("auto", help="cpu, cuda or auto."),
+    out: Path | None = typer.Option(None, help="Also write the timings and ratios as JSON to this file."),
+) -> None:
+    """Time a training step (forward + backward) for each PE on the same model, as a ratio to RoPE.
+
+    All PEs run in one process, interleaved round by round, so the ratios compare like with like.
+    Example: `tape bench --pe rope,tape --seq-len 1024`.
+    """
+    from tapecli.bench import run_bench
+
+    try:
+        run_bench(pes=[p.strip() for p in pes.split(",") if p.strip()], n_layers=n_layers, dim=dim, n_heads=n_heads,
+                  seq_len=seq_len, batch_size=batch_size, steps=steps, warmup=warmup, rounds=rounds,
+                  tape_paths=tape_paths, device=device, out=out)
+    except TapeError as e:
+        fail(str(e))
+
+
+eval_app = typer.Typer(help="Evaluate a trained checkpoint.", no_args_is_help=True)
+app.add_typer(eval_app, name="eval")
+
+
+@eval_app.command("addition")
+def eval_addition(
+    checkpoint: str = typer.Option(..., "--checkpoint", "-c", help="Run directory (newest checkpoint) or checkpoint."),
+    max_len: int = typer.Option(None, help="Longest operand evaluated, in digits (default: the run's "
+                                           "eval.max_len, i.e. 2 x data.max_digits)."),
+    samples: int = typer.Option(None, help="Problems per (length, length) cell (default: the run's eval.samples)."),
+    seed: int = typer.Option(1234, help="Seeds the problems of every cell (cell (i, j) gets its own stream)."),
+    batch_size: int = typer.Option(1024, help="Problems decoded together; changes speed, not results."),
+    out: str = typer.Option(None, help="Output directory (default: RUN/eval-addition/<checkpoint name>)."),
+    device: str = typer.Option("auto", help="cpu, cuda or auto."),
+) -> None:
+    """Addition length generalisation: exact-match accuracy for every pair of operand lengths up to --max-len.
+
+    Each cell (i, j) holds --samples fixed, seeded problems with exactly i and j digits (numbers reversed).
+
+    The model answers by greedy decoding with the KV cache; a problem counts only if the whole sum, then EOS, comes out.
+
+    Output (--out): results.json, samples.jsonl (every problem and answer) and heatmap.png (training box outlined).
+
+    results.json holds the grid, its mean over all cells (the paper's number) and the means in/out of the training box.
+
+    Interrupted? Run the same command again: finished cells are kept.
+
+    Example: tape eval addition --checkpoint runs/add-tape --max-len 80 --samples 100
+    """
+    from tapecli.eval.addition import run_addition_eval
+
+    try:
+        results, out_dir = run_addition_eval(checkpoint, max_len=max_len, samples=samples, seed=seed,
+                                             batch_size=batch_size, out=out, device=device)
+    except TapeError as e:
+        fail(str(e))
+    line = f"mean accuracy {results['mean_accuracy']:.1%}"
+    if results["in_box_accuracy"] is not None:
+        line += f" (inside the training box {results['in_box_accuracy']:.1%}, "
+        line += f"outside {results['out_of_box_accuracy']:.1%})"
+    typer.echo(f"{line}; wrote {out_dir}/results.json, samples.jsonl, heatmap.png")
+
+
+_OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."
+_RESUME_HELP = ("auto: continue from the newest checkpoint in --out if there is one, else start fresh; "
+                "never: always start fresh; or a checkpoint / run directory to continue from.")
+
+
+@app.command()
+def pretrain(
+    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
+    recipe: str = typer.Option(..., "--recipe", help="A shipped recipe name (c4, c4-smoke, ...) or a YAML file."),
+    out: Path = typer.Option(..., "--out", help="Run directory: recipe.yaml, run.json, metrics.jsonl, checkpoints/."),
+    resume: str = typer.Option("auto", "--resume", help=_RESUME_HELP),
+) -> None:
+    """Train a model from scratch (or from train.init_from) as a recipe says.
+
+    Runs under torchrun for data parallelism (`torchrun --nproc_per_node 4 -m tapecli.cli pretrain ...`).
+    Example: `tape pretrain --recipe c4-smoke --out runs/smoke model.pe=rope train.max_steps=50`.
+    """
+    from tapecli.recipe import load_recipe
+    from tapecli.train.engine import LossNotFinite
+    from tapecli.train.engine import pretrain as run_pretrain
+
+    command = ["tape", "pretrain", "--recipe", recipe, "--out", str(out), "--resume", resume, *(overrides or [])]
+    try:
+        run_pretrain(load_recipe(recipe, overrides or []), out, resume=resume, command=command)
+    except LossNotFinite as e:
+        fail(str(e), code=1)
+    except TapeError as e:
+        fail(str(e))
+
+
+@app.command()
+def finetune(
+    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
+    checkpoint: str = typer.Option(..., "--checkpoint", help="A run directory (its newest checkpoint) or one "
+                                   "checkpoint directory."),
+    recipe: str = typer.Option(..., "--recipe", help="A shipped recipe name or a YAML file; its model section may "
+                               "not change the checkpoint's shapes."),
+    out: Path = typer.Option(..., "--out", help="Run directory for the fine-tuned model."),
+    resume: str = typer.Option("auto", "--resume", help=_RESUME_HELP),
+) -> None:
+    """Fine-tune a checkpoint on a recipe's data (prompt/target pairs learn the target only).
+
+    Freeze parameters with fnmatch globs over their names, e.g.
+    `tape finetune --checkpoint runs/c4 --recipe scrolls --out runs/ft train.freeze=['*'] train.unfreeze=['*.pe.*']`.
+    """
+    from tapecli.recipe import load_recipe
+    from tapecli.train.engine import LossNotFinite
+    from tapecli.train.engine import finetune as run_finetune
+
+    command = ["tape", "finetune", "--checkpoint", checkpoint, "--recipe", recipe, "--out", str(out),
+               "--resume", resume, *(overrides or [])]
+    try:
+        run_finetune(load_recipe(recipe, overrides or []), checkpoint, out, resume=resume, command=command)
+    except LossNotFinite as e:
+        fail(str(e), code=1)
+    except TapeError as e:
+        fail(str(e))
+
+
+tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True)
+app.add_typer(tokenizer_app, name="tokenizer")
+
+
+@tokenizer_app.command("train")
+def tokenizer_train(
+    data: str = typer.Option(..., "--data", help="Text source: a file, directory, glob or hub id (dataset:config)."),
+    vocab_size: int = typer.Option(..., "--vocab-size", help="Number of pieces, e.g. 32000."),
+    out: Path = typer.Option(..., "--out", help="The SentencePiece model file to write (must end in .model)."),
+    text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
+) -> None:
+    """Train a SentencePiece BPE tokenizer whose encode/decode round trip is lossless.
+
+    Use it with `data.tokenizer=PATH.model`. Example: `tape tokenizer train --data corpus/ --vocab-size 8000
+    --out tok.model`.
+    """
+    from tapecli.data.tokenizer import train_tokenizer
+
+    try:
+        path = train_tokenizer(data, vocab_size, str(out), text_field=text_field)
+    except TapeError as e:
+        fail(str(e))
+    typer.echo(f"wrote {path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

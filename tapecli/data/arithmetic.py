@@ -1,0 +1,155 @@
+"""Addition data in the format of McLeish et al. (Abacus embeddings, 2024): `a+b=c`, every number reversed.
+
+An example with a = 123, b = 45 (sum 168) is the character string `321+54=861` followed by EOS: every number is
+written least-significant digit first, so the model can produce the sum in the order a carry propagates.
+The prompt is `321+54=`, the target is `861` + EOS, and the loss is taken on the target only.
+
+Operand lengths follow the "bucket" method: each operand's number of digits is drawn uniformly from
+[min_digits, max_digits], independently, then the number uniformly among those with exactly that many digits
+(no leading zero, except the one-digit number 0). Every problem is a pure function of (seed, index), so the
+training stream is random-access, reproducible and effectively infinite, and nothing is written to disk.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from tapecli.data.tokenizer import Tokenizer, register_tokenizer
+from tapecli.errors import TapeError
+
+IGNORE_INDEX = -100
+# Length of the training stream: indices are seeds, not rows, so this only bounds what an index may be.
+TRAIN_STREAM_LENGTH = 2**31
+# A fixed-size validation set is enough to track in-distribution loss; its size does not scale with anything.
+VAL_SAMPLES = 2048
+
+
+class AdditionTokenizer(Tokenizer):
+    """Character-level tokens: PAD=0, BOS=1, EOS=2, digits 0-9 = 3..12, `+` = 13, `=` = 14.
+
+    Prompts carry no BOS (as in McLeish et al.); the id exists because every tape tokenizer has one.
+    """
+
+    kind = "addition"
+    symbols = "0123456789+="
+
+    def __init__(self) -> None:
+        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+        self._offset = 3
+        self.vocab_size = self._offset + len(self.symbols)
+        self._ids = {ch: self._offset + k for k, ch in enumerate(self.symbols)}
+
+    @property
+    def digit_ids(self) -> list[int]:
+        """Token ids of the digits 0-9, in order (what `ModelConfig.abacus_digit_ids` needs)."""
+        return [self._ids[d] for d in "0123456789"]
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._ids[ch] for ch in text]
+        except KeyError as e:
+            known = self.symbols
+            raise TapeError(f"the addition tokenizer has no token for {e.args[0]!r}; it knows {known!r}") from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.symbols[i - self._offset] for i in map(int, ids) if i >= self._offset)
+
+
+register_tokenizer(AdditionTokenizer.kind, AdditionTokenizer)
+
+
+def reverse_digits(n: int) -> str:
+    """The decimal digits of n, least significant first: 120 -> '021'."""
+    return str(n)[::-1]
+
+
+def prompt_text(a: int, b: int) -> str:
+    """What the model is shown: `a_rev+b_rev=`."""
+    return f"{reverse_digits(a)}+{reverse_digits(b)}="
+
+
+def random_number(rng: random.Random, digits: int) -> int:
+    """A uniform number with exactly `digits` digits (0-9 when digits == 1)."""
+    return rng.randrange(10 ** (digits - 1) if digits > 1 else 0, 10**digits)
+
+
+def eval_problems(first_digits: int, second_digits: int, samples: int, seed: int) -> list[tuple[int, int]]:
+    """The fixed problems of one evaluation cell: `samples` pairs with exactly the given digit counts.
+
+    Seeded by (seed, first_digits, second_digits) only, and drawn in sequence, so a cell's problems do not
+    depend on which other cells are evaluated, and its first k problems are the same for every samples >= k.
+    """
+    rng = random.Random(f"addition-eval:{seed}:{first_digits}:{second_digits}")
+    return [(random_number(rng, first_digits), random_number(rng, second_digits)) for _ in range(samples)]
+
+
+def max_example_tokens(max_digits: int) -> int:
+    """Tokens in the longest example: two operands, `+`, `=`, a (max_digits + 1)-digit sum and EOS."""
+    return 2 * max_digits + 2 + max_digits + 1 + 1
+
+
+class AdditionDataset(Dataset):
+    """Bucket-method addition problems; item i is a pure function of (seed, split, i).
+
+    `ds[i]` returns `(input_ids, labels)`, both `LongTensor[seq_len]` and already shifted for next-token
+    prediction: `labels[t]` is the token that should follow `input_ids[: t + 1]`. Labels are -100 except where
+    the next token belongs to the answer (its digits and the EOS), and the tail is padded with PAD.
+    """
+
+    def __init__(
+        self, seed: int, min_digits: int, max_digits: int, seq_len: int, length: int, split: str = "train"
+    ) -> None:
+        if not 1 <= min_digits <= max_digits:
+            raise TapeError(f"data.min_digits ({min_digits}) must be between 1 and data.max_digits ({max_digits})")
+        # +1: the inputs drop the last token of the example, the labels drop the first.
+        if seq_len + 1 < max_example_tokens(max_digits):
+            raise TapeError(
+                f"data.seq_len: {seq_len} is too short for {max_digits}-digit operands; "
+                f"use at least {max_example_tokens(max_digits) - 1}"
+            )
+        self.seed, self.split, self.length = seed, split, length
+        self.min_digits, self.max_digits, self.seq_len = min_digits, max_digits, seq_len
+        self.tokenizer = AdditionTokenizer()
+
+    def __len__(self) -> int:
+        return self.length
+
+    def problem(self, index: int) -> tuple[int, int]:
+        """The operands (a, b) of example `index`."""
+        if not 0 <= index < self.length:
+            raise IndexError(index)
+        # Seeding with a string hashes it (SHA-512), which is stable across runs and Python versions.
+        rng = random.Random(f"addition-{self.split}:{self.seed}:{index}")
+        first = rng.randint(self.min_digits, self.max_digits)
+        second = rng.randint(self.min_digits, self.max_digits)
+        return random_number(rng, first), random_number(rng, second)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = self.problem(index)
+        tok = self.tokenizer
+        prompt = tok.encode(prompt_text(a, b))
+        answer = tok.encode(reverse_digits(a + b)) + [tok.eos_id]
+        tokens = prompt + answer
+        pad = self.seq_len + 1 - len(tokens)
+        input_ids = torch.tensor(tokens[:-1] + [tok.pad_id] * pad)
+        labels = torch.tensor([IGNORE_INDEX] * (len(prompt) - 1) + answer + [IGNORE_INDEX] * pad)
+        return input_ids, labels
+
+
+def build_addition_datasets(data: Any, seed: int) -> tuple[AdditionDataset, AdditionDataset, AdditionTokenizer]:
+    """The training stream, a fixed validation set and the tokenizer for a recipe's `data` section.
+
+    Reads `data.min_digits`, `data.max_digits` and `data.seq_len`. The training stream has 2**31 items (use
+    as many as the step budget needs); validation is 2,048 problems from the same distribution drawn
+    from a separately seeded stream (short problems can coincide with training ones by chance: with one-digit
+    operands there are only 100 problems in all).
+    """
+    common = dict(seed=seed, min_digits=data.min_digits, max_digits=data.max_digits, seq_len=data.seq_len)
+    train = AdditionDataset(**common, length=TRAIN_STREAM_LENGTH, split="train")
+    val = AdditionDataset(**common, length=VAL_SAMPLES, split="val")
+    return train, val, train.tokenizer

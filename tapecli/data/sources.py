@@ -1,0 +1,177 @@
+"""Where text comes from: local files, directories, globs, Hugging Face hub datasets, and pre-tokenized memmaps.
+
+A *source* is one string:
+
+- a local `.txt` file (one document per file), `.jsonl`/`.json` or `.parquet` file (one document per row, in the
+  column `text_field`), a directory (every supported file inside, recursively, in sorted order) or a glob;
+- a Hugging Face dataset id `name[:config][@split]`, e.g. `allenai/c4:en` or `wikitext:wikitext-103-raw-v1@test`
+  (streamed; default split `train`);
+- a pre-tokenized `.bin` file: a flat array of token ids (uint16, or uint32 when the name ends with `.u32.bin`
+  or a sidecar `<file>.json` says `{"dtype": "uint32"}`). It holds tokens, not documents: see `open_token_memmap`.
+
+json and parquet files are read with `datasets.load_dataset(..., streaming=True)`, which reads row groups lazily
+and writes no cache, so large files cost no extra disk or memory.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tapecli.errors import TapeError
+
+DOC_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
+ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
+TOKEN_DTYPES = ("uint16", "uint32")
+LOCAL_HINT = "pass a local path instead (.txt, .jsonl, .parquet, a directory or a glob)"
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+)?(@[\w.-]+)?$")
+_OFFLINE_MARKERS = ("Couldn't reach", "couldn't connect", "OfflineModeIsEnabled", "Name or service not known")
+
+
+def is_pretokenized(source: str) -> bool:
+    """True for a `.bin` token file (a token stream, not documents)."""
+    return source.endswith(".bin")
+
+
+def is_hub_source(source: str) -> bool:
+    """True when `source` names a hub dataset rather than a local path (which wins when both could apply)."""
+    if os.path.exists(os.path.expanduser(source)) or glob.has_magic(source):
+        return False
+    if source.endswith((*DOC_SUFFIXES, ".bin")):
+        return False
+    return bool(_HUB_ID.match(source))
+
+
+def parse_hub_source(source: str) -> tuple[str, str | None, str]:
+    """`name[:config][@split]` -> (name, config or None, split, default `train`)."""
+    rest, _, split = source.partition("@")
+    name, _, config = rest.partition(":")
+    return name, config or None, split or "train"
+
+
+def local_files(source: str) -> list[Path]:
+    """The document files a local source stands for, in the order they are read."""
+    if glob.has_magic(source):
+        matches = sorted(glob.glob(os.path.expanduser(source), recursive=True))
+        files = [f for m in matches for f in _expand(Path(m))]
+        if not files:
+            raise TapeError(f"no {', '.join(DOC_SUFFIXES)} files match {source}")
+        return files
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise TapeError(f"data source {source} does not exist")
+    if path.is_dir():
+        files = _expand(path)
+        if not files:
+            raise TapeError(f"directory {source} contains no {', '.join(DOC_SUFFIXES)} files")
+        return files
+    if path.suffix not in DOC_SUFFIXES:
+        raise TapeError(f"unsupported data file {source}; expected one of {', '.join(DOC_SUFFIXES)} or .bin")
+    return [path]
+
+
+def _expand(path: Path) -> list[Path]:
+    """A file -> itself if supported; a directory -> its supported files, recursively and sorted."""
+    candidates = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    # `x.bin.json` is the dtype sidecar of a token file, not a document file.
+    return [p for p in candidates if p.suffix in DOC_SUFFIXES and not p.name.endswith(".bin.json")]
+
+
+def iter_documents(source: str, text_field: str = "text") -> Iterator[str]:
+    """Yield the documents of `source` as strings, in a fixed order (hub streams: the stream's order)."""
+    if is_pretokenized(source):
+        raise TapeError(f"{source} holds token ids, not text; use it as training data directly")
+    if is_hub_source(source):
+        for (text,) in _iter_hub_rows(source, (text_field,)):
+            yield text
+        return
+    for path in local_files(source):
+        if path.suffix == ".txt":
+            try:
+                yield path.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise TapeError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        else:
+            for (text,) in _iter_file_rows(path, (text_field,)):
+                yield text
+
+
+def iter_rows(source: str, fields: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    """Yield the string values of `fields` for every row of a json/parquet/hub source (e.g. prompt and target)."""
+    if is_hub_source(source):
+        yield from _iter_hub_rows(source, fields)
+        return
+    for path in local_files(source):
+        if path.suffix not in ROW_SUFFIXES:
+            raise TapeError(f"{path}: need a .jsonl, .json or .parquet file with fields {', '.join(fields)}")
+        yield from _iter_file_rows(path, fields)
+
+
+def _pick(row: dict, fields: Sequence[str], where: str) -> tuple[str, ...]:
+    values = []
+    for field in fields:
+        if field not in row:
+            raise TapeError(f"{where} has no field {field!r} (fields: {', '.join(row)})")
+        value = row[field]
+        if not isinstance(value, str):  # the json reader fills keys missing from some rows with None
+            raise TapeError(f"{where}: field {field!r} is {type(value).__name__}, not a string")
+        values.append(value)
+    return tuple(values)
+
+
+def _iter_file_rows(path: Path, fields: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    import datasets
+
+    builder = "parquet" if path.suffix == ".parquet" else "json"
+    try:
+        rows = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
+        for i, row in enumerate(rows):
+            yield _pick(row, fields, f"{path} row {i}")
+    except (datasets.exceptions.DatasetsError, ValueError) as e:  # malformed file (ArrowInvalid is a ValueError)
+        raise TapeError(f"{path} could not be read: {str(e).splitlines()[0]}") from None
+
+
+def _iter_hub_rows(source: str, fields: Sequence[str]) -> Iterator[tuple[str, ...]]:
+    import datasets
+
+    name, config, split = parse_hub_source(source)
+    try:
+        rows = datasets.load_dataset(name, config, split=split, streaming=True)
+        for i, row in enumerate(rows):
+            yield _pick(row, fields, f"dataset {name!r} row {i}")
+    except OSError as e:  # datasets raises the builtin ConnectionError, a subclass of OSError
+        if any(marker in str(e) for marker in _OFFLINE_MARKERS):
+            raise TapeError(
+                f"dataset {name!r} could not be loaded (the Hugging Face hub is unreachable or offline); {LOCAL_HINT}"
+            ) from None
+        raise TapeError(f"dataset {name!r} could not be loaded: {str(e).splitlines()[0]}") from None
+
+
+def token_dtype(path: Path) -> np.dtype:
+    """uint16 unless the name ends with `.u32.bin`; a sidecar `<file>.json` with a "dtype" key overrides both."""
+    dtype = "uint32" if path.name.endswith(".u32.bin") else "uint16"
+    sidecar = path.with_name(path.name + ".json")
+    if sidecar.is_file():
+        dtype = json.loads(sidecar.read_text()).get("dtype", dtype)
+    if dtype not in TOKEN_DTYPES:
+        raise TapeError(f"{sidecar}: dtype {dtype!r} is not supported; use one of {', '.join(TOKEN_DTYPES)}")
+    return np.dtype(dtype)
+
+
+def open_token_memmap(source: str) -> np.memmap:
+    """Map a `.bin` token file read-only as a 1-D array of token ids."""
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise TapeError(f"token file {source} does not exist")
+    dtype = token_dtype(path)
+    size = path.stat().st_size
+    if size == 0 or size % dtype.itemsize:
+        raise TapeError(f"{source} has {size} bytes, not a whole non-zero number of {dtype} tokens")
+    return np.memmap(path, dtype=dtype, mode="r")

@@ -1,0 +1,263 @@
+"""Tokenizers: byte-level, SentencePiece `.model`, Hugging Face `tokenizer.json`, and named ones from a registry.
+
+Every tokenizer has the same small interface (see docs/contracts.md):
+
+    tok.vocab_size, tok.bos_id, tok.eos_id, tok.pad_id
+    tok.encode(text) -> list[int]      # no special tokens added
+    tok.decode(ids) -> str             # special ids are skipped
+    tok.save(directory)                # -> load_tokenizer_dir(directory) gives the same tokenizer back
+
+`train_tokenizer` trains a SentencePiece BPE model whose encode/decode round trip is lossless (tabs, runs of
+spaces, newlines, any unicode), which matters for bits-per-byte and for string-level evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from tapecli.errors import TapeError
+
+META_FILE = "tokenizer_meta.json"
+
+# Modules that register named tokenizers when imported; imported lazily so `load_tokenizer("addition")` works
+# without the caller having to import the arithmetic module first.
+_PLUGIN_MODULES = ("tapecli.data.arithmetic",)
+
+
+class Tokenizer:
+    """Base class. Subclasses set the four ids and `kind`, and implement encode/decode.
+
+    The default `save` writes only `tokenizer_meta.json` with the kind, which is enough for tokenizers that
+    need no files (byte-level, or a named tokenizer from the registry whose name is its kind).
+    """
+
+    kind: str
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        raise NotImplementedError
+
+    def save(self, directory: str | Path) -> Path:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / META_FILE).write_text(json.dumps({"kind": self.kind}) + "\n")
+        return directory
+
+
+class ByteTokenizer(Tokenizer):
+    """UTF-8 bytes as ids 0..255, then BOS=256, EOS=257, PAD=258. Needs no training and never fails."""
+
+    kind = "byte"
+
+    def __init__(self) -> None:
+        self.bos_id, self.eos_id, self.pad_id = 256, 257, 258
+        self.vocab_size = 259
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A SentencePiece model file. Control pieces (BOS/EOS/PAD) are dropped by sentencepiece's own decode."""
+
+    kind = "sentencepiece"
+    file_name = "tokenizer.model"
+
+    def __init__(self, path: Path) -> None:
+        import sentencepiece as spm
+
+        self.path = path
+        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        self.vocab_size = self.sp.get_piece_size()
+        self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+        if self.bos_id < 0 or self.eos_id < 0:
+            raise TapeError(f"sentencepiece model {path} has no BOS/EOS pieces; train it with bos_id and eos_id set")
+        # Many public models (e.g. Llama's) define no pad piece; padding with EOS is harmless since pads are masked.
+        self.pad_id = self.sp.pad_id() if self.sp.pad_id() >= 0 else self.eos_id
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(text, out_type=int)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.sp.decode([int(i) for i in ids])
+
+    def save(self, directory: str | Path) -> Path:
+        directory = super().save(directory)
+        shutil.copyfile(self.path, directory / self.file_name)
+        return directory
+
+
+# Special-token spellings of common Hugging Face tokenizers, most specific first.
+_HF_BOS = ("<s>", "<|begin_of_text|>", "<bos>", "[BOS]", "<|endoftext|>")
+_HF_EOS = ("</s>", "<|end_of_text|>", "<eos>", "[EOS]", "<|endoftext|>")
+_HF_PAD = ("<pad>", "[PAD]", "<|pad|>", "<|finetune_right_pad_id|>")
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face `tokenizer.json`, loaded with the `tokenizers` library (no transformers needed)."""
+
+    kind = "huggingface"
+    file_name = "tokenizer.json"
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer as HFBackend
+
+        self.path = path
+        try:
+            self.tk = HFBackend.from_file(str(path))
+        except Exception as e:  # the Rust side raises a bare Exception for malformed files
+            raise TapeError(f"{path} is not a valid tokenizer.json: {e}") from None
+        self.vocab_size = self.tk.get_vocab_size(with_added_tokens=True)
+        bos, eos = self._find(_HF_BOS), self._find(_HF_EOS)
+        if bos is None or eos is None:
+            raise TapeError(
+                f"{path} has no recognisable BOS/EOS token (looked for {', '.join(dict.fromkeys(_HF_BOS + _HF_EOS))})"
+            )
+        self.bos_id, self.eos_id = bos, eos
+        pad = self._find(_HF_PAD)
+        self.pad_id = eos if pad is None else pad
+
+    def _find(self, candidates: tuple[str, ...]) -> int | None:
+        for token in candidates:
+            token_id = self.tk.token_to_id(token)
+            if token_id is not None:
+                return token_id
+        return None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tk.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tk.decode([int(i) for i in ids], skip_special_tokens=True)
+
+    def save(self, directory: str | Path) -> Path:
+        directory = super().save(directory)
+        shutil.copyfile(self.path, directory / self.file_name)
+        return directory
+
+
+_REGISTRY: dict[str, Callable[[], Tokenizer]] = {}
+
+
+def register_tokenizer(name: str, factory: Callable[[], Tokenizer]) -> None:
+    """Make `load_tokenizer(name)` return `factory()`.
+
+    The tokenizer's `kind` should equal `name`, so that `save` + `load_tokenizer_dir` find the factory again.
+    """
+    _REGISTRY[name] = factory
+
+
+def _registry() -> dict[str, Callable[[], Tokenizer]]:
+    import importlib
+
+    for module in _PLUGIN_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != module:  # a genuine missing dependency inside the plugin must not be hidden
+                raise
+    return _REGISTRY
+
+
+def _existing_file(path: Path) -> Path:
+    if not path.is_file():
+        raise TapeError(f"tokenizer file {path} does not exist")
+    return path
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """`byte`, a registered name (e.g. `addition`), a `.model` path, a `tokenizer.json` path, or a saved directory."""
+    if spec == "byte":
+        return ByteTokenizer()
+    registry = _registry()
+    if spec in registry:
+        return registry[spec]()
+    path = Path(spec).expanduser()
+    if path.suffix == ".model":
+        return SentencePieceTokenizer(_existing_file(path))
+    if path.suffix == ".json":
+        return HFTokenizer(_existing_file(path))
+    if (path / META_FILE).is_file():
+        return load_tokenizer_dir(path)
+    names = ", ".join(sorted(["byte", *registry]))
+    raise TapeError(
+        f"unknown tokenizer {spec!r}; use one of {names}, a SentencePiece .model file, a tokenizer.json file, "
+        "or a directory written by tokenizer.save()"
+    )
+
+
+def load_tokenizer_dir(directory: str | Path) -> Tokenizer:
+    """Load what `tok.save(directory)` wrote."""
+    directory = Path(directory)
+    meta_path = directory / META_FILE
+    if not meta_path.is_file():
+        raise TapeError(f"{meta_path} does not exist; is {directory} a saved tokenizer directory?")
+    kind = json.loads(meta_path.read_text())["kind"]
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == SentencePieceTokenizer.kind:
+        return SentencePieceTokenizer(_existing_file(directory / SentencePieceTokenizer.file_name))
+    if kind == HFTokenizer.kind:
+        return HFTokenizer(_existing_file(directory / HFTokenizer.file_name))
+    registry = _registry()
+    if kind in registry:
+        return registry[kind]()
+    raise TapeError(f"{meta_path}: unknown tokenizer kind {kind!r}")
+
+
+def train_tokenizer(
+    data: str, vocab_size: int, out: str, text_field: str = "text", max_chars: int = 200_000_000
+) -> Path:
+    """Train a lossless SentencePiece BPE model on the documents of `data` and write it to `out` (a .model file).
+
+    `data` is any source `iter_documents` accepts; reading stops after `max_chars` characters (enough for a
+    tokenizer, and it keeps a hub stream finite). Returns the path of the written model.
+    """
+    import sentencepiece as spm
+
+    from tapecli.data.sources import iter_documents
+
+    out_path = Path(out)
+    if out_path.suffix != ".model":
+        raise TapeError(f"--out {out} must end with .model (a SentencePiece model file)")
+    with tempfile.TemporaryDirectory(prefix="tape-spm-") as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        written = 0
+        with corpus.open("w", encoding="utf-8") as f:
+            for doc in iter_documents(data, text_field=text_field):
+                # sentencepiece reads one sentence per line; newlines are still encoded losslessly via byte_fallback.
+                lines = [line for line in doc.splitlines() if line.strip()]
+                if lines:
+                    f.write("\n".join(lines) + "\n")
+                    written += sum(len(line) for line in lines)
+                if written >= max_chars:
+                    break
+        if written == 0:
+            raise TapeError(f"{data} contains no text to train a tokenizer on")
+        try:
+            spm.SentencePieceTrainer.train(
+                input=str(corpus), model_prefix=str(Path(tmp) / "spm"), vocab_size=vocab_size, model_type="bpe",
+                # Lossless round trips (environment.md section 4): no normalisation, keep every space.
+                normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+                allow_whitespace_only_pieces=True, byte_fallback=True, character_coverage=1.0,
+                pad_id=0, unk_id=1, bos_id=2, eos_id=3, num_threads=2, minloglevel=2,
+            )
+        except RuntimeError as e:  # e.g. "INTERNAL: src/x.cc(638) [check] Vocabulary size is smaller than ..."
+            reason = str(e).split("] ", 1)[-1]
+            raise TapeError(f"cannot train a {vocab_size}-piece tokenizer on {data}: {reason}") from None
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(tmp) / "spm.model", out_path)
+    return out_path

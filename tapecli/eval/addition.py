@@ -1,0 +1,254 @@
+"""Addition length generalisation: exact-match accuracy over a grid of operand lengths (McLeish et al. protocol).
+
+For every pair of operand lengths (i, j) with 1 <= i, j <= max_len, a fixed seeded set of `samples` problems with
+exactly i and j digits is answered by greedy decoding with the KV cache. A problem counts as correct only if the
+model writes the whole reversed sum and then EOS: the same rule as the Abacus evaluator, which decodes as many
+tokens as the gold answer plus EOS and compares the whole sequence.
+
+Files in the output directory:
+  settings.json   what is being evaluated (checked on resume, so cells from different settings never mix)
+  samples.jsonl   one row per problem, appended a whole cell at a time -- this is the resume log
+  results.json    the grid, the mean accuracies, the protocol and the settings (written at the end, atomically)
+  heatmap.png     the grid as a heat-map with the training box outlined (written at the end, atomically)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from tapecli.data.arithmetic import AdditionTokenizer, eval_problems, prompt_text, reverse_digits
+from tapecli.errors import TapeError
+from tapecli.eval.plots import HeatmapPanel, save_heatmaps
+
+if TYPE_CHECKING:
+    from tapecli.recipe import Recipe
+
+PROTOCOL = (
+    "addition grid (McLeish et al. 2024): for each operand-length pair (i, j) in 1..max_len, `samples` fixed "
+    "problems with exactly i and j digits seeded by (seed, i, j); prompt `a_rev+b_rev=` (all numbers least-significant "
+    "digit first, no BOS); greedy decoding with the KV cache for up to max(i, j) + 2 tokens; a problem is correct iff "
+    "the tokens before the first EOS are exactly the reversed sum's digits and an EOS was produced; cell accuracy = "
+    "correct / samples; mean_accuracy = unweighted mean over all max_len x max_len cells (as the paper reports); "
+    "in_box = cells with both lengths <= the training max_digits, out_of_box = all other cells"
+)
+
+SETTINGS_FILE = "settings.json"
+SAMPLES_FILE = "samples.jsonl"
+RESULTS_FILE = "results.json"
+HEATMAP_FILE = "heatmap.png"
+
+
+@dataclass
+class AdditionEvalSettings:
+    """Everything that determines the result; a resumed evaluation must match it exactly."""
+
+    max_len: int
+    samples: int
+    seed: int = 1234
+    train_digits: int | None = None  # the training box: operands up to this many digits were trained on
+    checkpoint: str | None = None  # where the model came from (for the record)
+    pe: str | None = None
+
+
+def evaluate_addition(
+    model: torch.nn.Module,
+    tokenizer: AdditionTokenizer,
+    settings: AdditionEvalSettings,
+    out_dir: str | Path,
+    batch_size: int = 1024,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Run (or resume) the grid evaluation into `out_dir` and return what `results.json` holds.
+
+    Cells already in `out_dir/samples.jsonl` from an interrupted run with the same settings are kept, not redone.
+    `batch_size` (problems decoded together) changes speed only; cells are batched whole, grouped by prompt
+    length, so no prompt needs padding.
+    """
+    if settings.max_len < 1 or settings.samples < 1:
+        raise TapeError(f"--max-len and --samples must be positive, got {settings.max_len} and {settings.samples}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    done = _resume(out, settings)
+    cells = [(i, j) for i in range(1, settings.max_len + 1) for j in range(1, settings.max_len + 1)]
+    todo = [cell for cell in cells if cell not in done]
+
+    started = time.perf_counter()
+    model.eval()
+    progress = Progress(TextColumn("addition grid"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), disable=not show_progress)
+    with progress, (out / SAMPLES_FILE).open("a") as log:
+        task = progress.add_task("cells", total=len(cells), completed=len(cells) - len(todo))
+        for chunk in _batches(todo, settings.samples, batch_size):
+            rows = _solve(model, tokenizer, chunk, settings)
+            log.write("".join(json.dumps(row) + "\n" for row in rows))
+            log.flush()  # a finished cell survives an interruption from here on
+            for row in rows:
+                done.setdefault((row["i"], row["j"]), []).append(row["correct"])
+            progress.advance(task, len(chunk))
+    results = _results(settings, done, time.perf_counter() - started)
+    _write_json_atomic(out / RESULTS_FILE, results)
+    title = f"{settings.pe or 'model'}: mean accuracy {results['mean_accuracy']:.1%}"
+    save_heatmaps([HeatmapPanel(results["grid"], title, settings.train_digits)], out / HEATMAP_FILE)
+    return results
+
+
+def _resume(out: Path, settings: AdditionEvalSettings) -> dict[tuple[int, int], list[bool]]:
+    """Check `out` holds nothing or an evaluation with the same settings; return its finished cells.
+
+    The samples log is rewritten with only the rows of complete cells, so a cell cut off mid-write is redone.
+    """
+    settings_path, samples_path = out / SETTINGS_FILE, out / SAMPLES_FILE
+    if settings_path.is_file():
+        previous = json.loads(settings_path.read_text())
+        if previous != asdict(settings):
+            changed = sorted(k for k in previous.keys() | asdict(settings).keys()
+                             if previous.get(k) != asdict(settings).get(k))
+            raise TapeError(f"{out} holds an evaluation with other settings ({', '.join(changed)} differ); "
+                            "pass another --out or delete that directory")
+    else:
+        samples_path.unlink(missing_ok=True)
+        _write_json_atomic(settings_path, asdict(settings))
+    rows_by_cell: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    if samples_path.is_file():
+        for line in samples_path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:  # the last line of an interrupted write
+                continue
+            rows_by_cell[(row["i"], row["j"])].append(row)
+    complete = {cell: rows for cell, rows in rows_by_cell.items() if len(rows) == settings.samples}
+    tmp = samples_path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for rows in complete.values() for row in rows))
+    os.replace(tmp, samples_path)
+    return {cell: [row["correct"] for row in rows] for cell, rows in complete.items()}
+
+
+def _batches(cells: list[tuple[int, int]], samples: int, batch_size: int) -> Iterator[list[tuple[int, int]]]:
+    """Group whole cells with the same prompt length (i + j) into chunks of about `batch_size` problems."""
+    per_chunk = max(1, batch_size // samples)
+    by_length: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for i, j in cells:
+        by_length[i + j].append((i, j))
+    for length in sorted(by_length):
+        group = by_length[length]
+        for start in range(0, len(group), per_chunk):
+            yield group[start : start + per_chunk]
+
+
+@torch.inference_mode()
+def _solve(
+    model: torch.nn.Module, tokenizer: AdditionTokenizer, cells: list[tuple[int, int]], settings: AdditionEvalSettings
+) -> list[dict[str, Any]]:
+    """Greedy-decode every problem of `cells` (equal prompt lengths) in one batch; one result row per problem."""
+    problems = [(i, j, a, b) for i, j in cells for a, b in eval_problems(i, j, settings.samples, settings.seed)]
+    prompts = torch.tensor([tokenizer.encode(prompt_text(a, b)) for _, _, a, b in problems])
+    longest_answer = max(max(i, j) + 1 for i, j in cells)
+    device = next(model.parameters()).device
+    output = model.generate(prompts.to(device), max_new_tokens=longest_answer + 1, use_cache=True, temperature=0.0,
+                            stop_tokens=[tokenizer.eos_id], pad_id=tokenizer.pad_id)
+    rows = []
+    for (i, j, a, b), generated in zip(problems, output[:, prompts.shape[1] :].tolist(), strict=True):
+        stopped = tokenizer.eos_id in generated
+        answer = generated[: generated.index(tokenizer.eos_id)] if stopped else generated
+        gold = str(a + b)
+        # Compared on token ids: decode() drops special tokens, which must not turn a wrong answer right.
+        correct = stopped and answer == tokenizer.encode(reverse_digits(a + b))
+        rows.append({"i": i, "j": j, "a": a, "b": b, "gold": gold, "prediction": tokenizer.decode(answer)[::-1],
+                     "eos": stopped, "correct": correct})
+    return rows
+
+
+def _results(settings: AdditionEvalSettings, done: dict[tuple[int, int], list[bool]], seconds: float) -> dict:
+    n, box = settings.max_len, settings.train_digits
+    accuracy = {cell: sum(hits) / len(hits) for cell, hits in done.items()}
+    grid = [[accuracy[(i, j)] for j in range(1, n + 1)] for i in range(1, n + 1)]
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    inside = [acc for (i, j), acc in accuracy.items() if box is not None and i <= box and j <= box]
+    outside = [acc for (i, j), acc in accuracy.items() if box is None or i > box or j > box]
+    return {
+        "task": "addition",
+        "protocol": PROTOCOL,
+        "settings": asdict(settings),
+        "mean_accuracy": mean(list(accuracy.values())),
+        "in_box_accuracy": mean(inside) if box is not None else None,
+        "out_of_box_accuracy": mean(outside) if box is not None else None,
+        "grid": grid,  # grid[i - 1][j - 1]: accuracy with i digits in the first operand and j in the second
+        "problems": n * n * settings.samples,
+        "seconds_this_session": round(seconds, 2),
+    }
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+def run_addition_eval(
+    checkpoint: str,
+    max_len: int | None = None,
+    samples: int | None = None,
+    seed: int = 1234,
+    batch_size: int = 1024,
+    out: str | None = None,
+    device: str = "auto",
+) -> tuple[dict[str, Any], Path]:
+    """`tape eval addition`: load a checkpoint, evaluate (or resume) its grid; returns (results, output dir).
+
+    The training box and the defaults of `max_len` / `samples` come from the run's recipe.yaml when the checkpoint
+    lives in a run directory: `eval.max_len` (2 x `data.max_digits` when null) and `eval.samples`.
+    """
+    from tapecli.checkpoint import load_model, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(checkpoint)
+    recipe = _run_recipe(ckpt)
+    if max_len is None:
+        if recipe is None:
+            raise TapeError(f"{ckpt} has no run recipe to take eval.max_len from; pass --max-len")
+        max_len = recipe.eval.max_len or 2 * recipe.data.max_digits
+    if samples is None:
+        samples = recipe.eval.samples if recipe is not None else 100
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_model(ckpt, device=device)
+    if not isinstance(tokenizer, AdditionTokenizer):
+        raise TapeError(f"{ckpt} was not trained on addition (its tokenizer is {tokenizer.kind!r}, not 'addition')")
+    settings = AdditionEvalSettings(
+        max_len=max_len, samples=samples, seed=seed, checkpoint=str(ckpt), pe=model.config.pe,
+        train_digits=recipe.data.max_digits if recipe is not None and recipe.data.kind == "addition" else None,
+    )
+    # Next to the run's checkpoints by default, one folder per checkpoint step.
+    out_dir = Path(out) if out else (ckpt.parent.parent if recipe else ckpt) / "eval-addition" / ckpt.name
+    return evaluate_addition(model, tokenizer, settings, out_dir, batch_size=batch_size), out_dir
+
+
+def _run_recipe(ckpt: Path) -> Recipe | None:
+    """The recipe of the run a checkpoint belongs to (RUN/checkpoints/step-N -> RUN/recipe.yaml), if any."""
+    import yaml
+
+    from tapecli.recipe import Recipe
+
+    path = ckpt.parent.parent / "recipe.yaml"
+    if not path.is_file():
+        return None
+    return Recipe.from_dict(yaml.safe_load(path.read_text()), origin=str(path))

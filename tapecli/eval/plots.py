@@ -1,0 +1,48 @@
+"""Heat-maps of addition accuracy over (first operand length, second operand length), training box outlined."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class HeatmapPanel:
+    """One heat-map: `grid[i - 1][j - 1]` is the accuracy in [0, 1] with i and j digits in the two operands."""
+
+    grid: list[list[float]]
+    title: str
+    train_digits: int | None = None  # operands up to this length were trained on; None draws no box
+
+
+def save_heatmaps(panels: list[HeatmapPanel], path: str | Path) -> Path:
+    """Draw the panels side by side with one shared 0..1 colour bar and write a PNG atomically (tmp + rename)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.0, 4.4), squeeze=False)
+    image = None
+    for ax, panel in zip(axes[0], panels, strict=True):
+        n = len(panel.grid)
+        # Cell (i, j) is centred on (j, i), so the axes read as digit counts and (1, 1) sits bottom-left.
+        image = ax.imshow(panel.grid, cmap="YlGnBu", vmin=0.0, vmax=1.0, origin="lower",
+                          extent=(0.5, n + 0.5, 0.5, n + 0.5), interpolation="nearest")
+        if panel.train_digits:
+            box = min(panel.train_digits, n)
+            ax.add_patch(Rectangle((0.5, 0.5), box, box, fill=False, edgecolor="red", linewidth=1.8))
+        note = f"\nred box: trained lengths (<= {panel.train_digits} digits)" if panel.train_digits else ""
+        ax.set_title(panel.title + note, fontsize=10)
+        ax.set_xlabel("2nd number length (digits)")
+        ax.set_ylabel("1st number length (digits)")
+    fig.colorbar(image, ax=axes[0].tolist(), label="exact-match accuracy", fraction=0.046 / len(panels) ** 0.5)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path

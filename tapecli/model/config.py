@@ -1,0 +1,75 @@
+"""ModelConfig: every architectural choice of a tape model, JSON-serialisable so checkpoints are self-describing."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class ModelConfig:
+    """A Llama-style decoder: pre-norm RMSNorm, SwiGLU MLP, (grouped-query) attention, one positional encoding.
+
+    `pe` picks the positional encoding (see `tapecli.model.PE_NAMES`); `pe_args` are its hyperparameters
+    (each PE documents its own, e.g. `theta` and `scaling` for rope). `max_seq_len` is the training context:
+    RoPE scalings use it as the original length, and nothing stops a model from running longer sequences.
+    """
+
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
+    ffn_dim: int | None = None  # None = 8/3 * dim rounded up to a multiple of 64 (Llama's rule)
+    max_seq_len: int = 2048
+    pe: str = "rope"
+    pe_args: dict[str, Any] = field(default_factory=dict)
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+    causal: bool = True  # False only for analysis (e.g. permutation-equivariance checks); no KV cache then
+    # Abacus digit embedding (McLeish et al. 2024): a learned embedding of each digit's place inside its number.
+    abacus: bool = False
+    abacus_digit_ids: list[int] = field(default_factory=list)  # token ids of the digits 0-9
+    abacus_max_offset: int = 100  # random offset added to digit places during training
+
+    def __post_init__(self) -> None:
+        from tapecli.model.pe import PE_NAMES
+
+        for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"model.{key}: expected a positive integer, got {value!r}")
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        if self.dim % self.n_heads:
+            raise ValueError(f"model.dim: {self.dim} is not divisible by model.n_heads={self.n_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"model.dim: head dim {self.head_dim} (dim / n_heads) must be even for rotary PEs")
+        if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model.n_kv_heads: {self.n_kv_heads} must divide model.n_heads={self.n_heads}")
+        if self.ffn_dim is None:
+            self.ffn_dim = 64 * math.ceil(8 * self.dim / 3 / 64)
+        if self.pe not in PE_NAMES:
+            raise ValueError(f"model.pe: unknown positional encoding {self.pe!r}; allowed: {', '.join(PE_NAMES)}")
+        if self.abacus and sorted(set(self.abacus_digit_ids)) != sorted(self.abacus_digit_ids or [None]):
+            raise ValueError("model.abacus_digit_ids: must list the 10 distinct digit token ids")
+        if self.abacus and len(self.abacus_digit_ids) != 10:
+            raise ValueError("model.abacus: needs model.abacus_digit_ids (the 10 digit token ids of the tokenizer)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"model: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        return cls(**data)

@@ -1,0 +1,480 @@
+"""Recipes: the typed configuration of a `tape` run, loaded from YAML and `key=value` overrides.
+
+A recipe has four sections -- `model`, `data`, `train`, `eval` -- each a dataclass below. Every field has a
+default, so a recipe file only needs the keys it changes; the shipped recipes spell out every key anyway, with
+comments, so that they double as documentation. Values are type-checked against the dataclass annotations and
+then cross-checked (`Recipe.validate`); every user mistake raises `TapeError` with a one-line message naming
+the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import math
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from tapecli.errors import TapeError
+
+# Used only when `tapecli.model` (the source of truth) cannot be imported yet.
+_FALLBACK_PE_NAMES = ("nope", "rope", "randpe", "alibi", "fire", "xpos", "t5", "tape")
+
+DataKind = Literal["text", "pairs", "addition"]
+Schedule = Literal["linear", "cosine", "constant"]
+Precision = Literal["fp32", "bf16", "fp16"]
+
+
+@dataclass
+class ModelSection:
+    """Architecture of the Llama-style transformer; mirrors `tapecli.model.ModelConfig`."""
+
+    pe: str = "tape"
+    pe_args: dict[str, Any] = field(default_factory=dict)  # free-form; the PE module validates it
+    n_layers: int = 12
+    dim: int = 768
+    n_heads: int = 12
+    n_kv_heads: int | None = None  # None = n_heads (multi-head attention)
+    ffn_dim: int | None = None  # None = the model's default SwiGLU width
+    vocab_size: int | None = None  # None = take it from the tokenizer
+    max_seq_len: int = 1024
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    abacus: bool = False  # Abacus digit-position embeddings (arithmetic only)
+
+
+@dataclass
+class DataSection:
+    """Where the training tokens come from and how they are cut into sequences."""
+
+    kind: DataKind = "text"
+    source: str | None = None  # hub id (`allenai/c4:en`), file, directory, glob or `.bin`; unused by addition
+    tokenizer: str = "byte"  # `byte`, a SentencePiece `.model`, a `tokenizer.json`, or `addition`
+    seq_len: int = 1024
+    val_fraction: float = 0.01
+    text_field: str = "text"
+    prompt_field: str = "prompt"
+    target_field: str = "target"
+    max_digits: int = 40
+    min_digits: int = 1
+
+
+@dataclass
+class TrainSection:
+    """Optimisation, checkpointing and logging."""
+
+    batch_size: int = 512  # global sequences per optimizer step
+    micro_batch_size: int = 8  # sequences per forward/backward; batch_size / micro = accumulation steps
+    max_steps: int = 10_000
+    lr: float = 1e-4
+    min_lr: float = 0.0  # learning rate at the end of the decay
+    weight_decay: float = 0.01
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    warmup: int | float = 0.02  # < 1: fraction of max_steps; >= 1: number of steps
+    schedule: Schedule = "linear"
+    grad_clip: float = 1.0  # max global gradient norm; 0 = off
+    precision: Precision = "bf16"
+    seed: int = 0
+    save_every: int = 1000
+    keep_last: int = 2  # checkpoints kept on disk; 0 = keep all
+    eval_every: int = 500  # 0 = no periodic validation
+    eval_batches: int = 50
+    log_every: int = 10
+    activation_checkpointing: bool = False
+    compile: bool = False
+    freeze: list[str] = field(default_factory=list)  # glob patterns of parameter names to freeze
+    unfreeze: list[str] = field(default_factory=list)  # patterns unfrozen again after `freeze`
+    init_from: str | None = None  # checkpoint (run or checkpoint dir) to start from
+
+    @property
+    def warmup_steps(self) -> int:
+        """Warm-up length in optimizer steps."""
+        if self.warmup < 1:
+            return round(self.warmup * self.max_steps)
+        return int(self.warmup)
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Micro-batches accumulated per optimizer step."""
+        return self.batch_size // self.micro_batch_size
+
+
+@dataclass
+class EvalSection:
+    """Evaluation settings used by the arithmetic evaluation."""
+
+    max_len: int | None = None  # largest operand length evaluated; None = 2 * data.max_digits
+    samples: int = 100  # problems per (length, length) cell
+
+
+_SECTIONS: dict[str, type] = {"model": ModelSection, "data": DataSection, "train": TrainSection, "eval": EvalSection}
+
+
+@dataclass
+class Recipe:
+    """A complete, validated run configuration."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    eval: EvalSection = field(default_factory=EvalSection)
+
+    @classmethod
+    def from_dict(cls, data: Any, origin: str = "recipe") -> Recipe:
+        """Build and validate a recipe from nested dicts (e.g. a run's recipe.yaml); `origin` names the source
+        in error messages."""
+        return _build(_check_tree(data, origin))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved recipe as plain nested dicts (YAML/JSON-able)."""
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        """The resolved recipe as YAML text that `load_recipe` reads back to an equal recipe."""
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def model_config_kwargs(self, tokenizer_vocab_size: int | None = None) -> dict[str, Any]:
+        """Keyword arguments for `tapecli.model.ModelConfig`, with `vocab_size` filled in from the tokenizer.
+
+        A recipe may leave `model.vocab_size` null (use the tokenizer's size) or set it larger (padding
+        for efficiency); smaller than the tokenizer's vocabulary is an error.
+        """
+        kwargs = dataclasses.asdict(self.model)
+        if tokenizer_vocab_size is not None:
+            if kwargs["vocab_size"] is None:
+                kwargs["vocab_size"] = tokenizer_vocab_size
+            elif kwargs["vocab_size"] < tokenizer_vocab_size:
+                raise TapeError(
+                    f"model.vocab_size: {kwargs['vocab_size']} is smaller than the tokenizer's vocabulary "
+                    f"({tokenizer_vocab_size}); set it to null to use the tokenizer's size"
+                )
+        if kwargs["vocab_size"] is None:
+            raise TapeError("model.vocab_size: null needs a tokenizer to take the vocabulary size from")
+        return kwargs
+
+    def validate(self) -> None:
+        """Cross-field checks; raises TapeError naming the first offending key."""
+        m, d, t, e = self.model, self.data, self.train, self.eval
+        pe_names = _pe_names()
+        if m.pe not in pe_names:
+            raise TapeError(f"model.pe: unknown positional encoding '{m.pe}'; allowed: {', '.join(pe_names)}")
+        for key, value in [
+            ("model.n_layers", m.n_layers), ("model.dim", m.dim), ("model.n_heads", m.n_heads),
+            ("model.n_kv_heads", m.n_kv_heads), ("model.ffn_dim", m.ffn_dim), ("model.vocab_size", m.vocab_size),
+            ("model.max_seq_len", m.max_seq_len), ("data.seq_len", d.seq_len), ("data.min_digits", d.min_digits),
+            ("data.max_digits", d.max_digits), ("train.batch_size", t.batch_size),
+            ("train.micro_batch_size", t.micro_batch_size), ("train.max_steps", t.max_steps),
+            ("train.save_every", t.save_every), ("train.eval_batches", t.eval_batches),
+            ("train.log_every", t.log_every), ("eval.max_len", e.max_len), ("eval.samples", e.samples),
+        ]:
+            if value is not None and value <= 0:
+                _fail(key, f"must be a positive integer, got {value}")
+        for key, value in [
+            ("model.norm_eps", m.norm_eps), ("model.init_std", m.init_std), ("train.lr", t.lr),
+        ]:
+            if not value > 0:
+                _fail(key, f"must be > 0, got {value}")
+        for key, value in [
+            ("train.min_lr", t.min_lr), ("train.weight_decay", t.weight_decay), ("train.grad_clip", t.grad_clip),
+            ("train.keep_last", t.keep_last), ("train.eval_every", t.eval_every), ("train.seed", t.seed),
+        ]:
+            if value < 0:
+                _fail(key, f"must be >= 0, got {value}")
+        if m.dim % m.n_heads:
+            _fail("model.n_heads", f"{m.n_heads} does not divide model.dim ({m.dim})")
+        if m.n_kv_heads is not None and m.n_heads % m.n_kv_heads:
+            _fail("model.n_kv_heads", f"{m.n_kv_heads} does not divide model.n_heads ({m.n_heads})")
+        if d.seq_len > m.max_seq_len:
+            _fail("data.seq_len", f"{d.seq_len} exceeds model.max_seq_len ({m.max_seq_len})")
+        if not 0 <= d.val_fraction < 1:
+            _fail("data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
+        if d.kind in ("text", "pairs") and not d.source:
+            _fail("data.source", f"data.kind '{d.kind}' needs a source (hub id, file, directory or glob)")
+        if (d.kind == "addition") != (d.tokenizer == "addition"):
+            _fail("data.tokenizer", f"'{d.tokenizer}' does not fit data.kind '{d.kind}'; "
+                  "addition data and the `addition` tokenizer go together")
+        if d.kind == "addition":
+            if d.min_digits > d.max_digits:
+                _fail("data.min_digits", f"{d.min_digits} exceeds data.max_digits ({d.max_digits})")
+            # a + b = c <eos>, with c up to one digit longer than the operands
+            needed = 3 * d.max_digits + 4
+            if d.seq_len < needed:
+                _fail("data.seq_len", f"{d.seq_len} is too short for {d.max_digits}-digit addition "
+                      f"(needs {needed} tokens)")
+        if t.batch_size % t.micro_batch_size:
+            _fail("train.batch_size", f"{t.batch_size} is not divisible by train.micro_batch_size "
+                  f"({t.micro_batch_size})")
+        if t.min_lr > t.lr:
+            _fail("train.min_lr", f"{t.min_lr} exceeds train.lr ({t.lr})")
+        if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
+            _fail("train.betas", f"expected a list of 2 floats in [0, 1), got {t.betas}")
+        if t.warmup < 0 or (t.warmup >= 1 and t.warmup != int(t.warmup)):
+            _fail("train.warmup", f"expected a fraction in [0, 1) or a whole number of steps, got {t.warmup}")
+        if t.warmup_steps >= t.max_steps:
+            _fail("train.warmup", f"{t.warmup_steps} warm-up steps must be fewer than train.max_steps "
+                  f"({t.max_steps})")
+
+
+def _fail(key: str, problem: str) -> typing.NoReturn:
+    raise TapeError(f"{key}: {problem}")
+
+
+def _pe_names() -> tuple[str, ...]:
+    """Allowed `model.pe` values, from the model package when it is there (imported lazily: it pulls in torch)."""
+    try:
+        from tapecli.model import PE_NAMES
+    except ImportError:
+        return _FALLBACK_PE_NAMES
+    return tuple(PE_NAMES)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Type checking of values against the dataclass annotations
+
+
+@functools.cache
+def _field_types(section: str) -> dict[str, Any]:
+    return typing.get_type_hints(_SECTIONS[section])
+
+
+def _all_keys() -> list[str]:
+    return [f"{s}.{k}" for s in _SECTIONS for k in _field_types(s)]
+
+
+def _unknown_key(key: str, where: str = "") -> TapeError:
+    close = difflib.get_close_matches(key, _all_keys() + list(_SECTIONS), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return TapeError(f"{where}unknown key '{key}'{hint}")
+
+
+def _describe(tp: Any) -> str:
+    """Human wording of a type for error messages."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if origin is list:
+        return f"a list of {_describe(args[0])}s"
+    if origin is dict:
+        return "a mapping"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            type(None): "null"}[tp]
+
+
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _exponent_floats(value: Any) -> Any:
+    """Turn `1e6`-style strings inside free-form mappings into floats (PyYAML reads them as strings)."""
+    if isinstance(value, dict):
+        return {k: _exponent_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_exponent_floats(v) for v in value]
+    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value):
+        return float(value)
+    return value
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Return `value` converted to type `tp`, or raise TapeError naming `key`.
+
+    YAML (1.1, as PyYAML reads it) parses `1e-4` as a string, so numeric strings are accepted for numbers;
+    integers accept whole floats (`1e4`) but never fractions, and `true`/`false` are never numbers.
+    """
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key)
+            except TapeError:
+                pass
+        _fail(key, f"expected {_describe(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            _fail(key, f"expected one of {', '.join(str(a) for a in args)}; got {value!r}")
+        return value
+    if origin is list:
+        if isinstance(value, str) and args[0] is str:
+            return [value]  # `train.freeze=*` means ["*"]
+        if not isinstance(value, (list, tuple)):
+            _fail(key, f"expected {_describe(tp)}, got {value!r}")
+        return [_coerce(v, args[0], key) for v in value]
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            _fail(key, f"expected a mapping with string keys, got {value!r}")
+        return _exponent_floats(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(key, f"expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(key, f"expected a string, got {value!r}")
+        return value
+    if tp in (int, float) and not isinstance(value, bool):
+        number = value
+        if isinstance(value, str):
+            try:
+                number = float(value.replace("_", ""))
+            except ValueError:
+                number = None
+        if isinstance(number, (int, float)) and math.isfinite(number):
+            if tp is float:
+                return float(number)
+            if number == int(number):
+                return int(number)
+    _fail(key, f"expected {_describe(tp)}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Building recipes from trees and overrides
+
+
+def _check_tree(data: Any, origin: str) -> dict[str, dict[str, Any]]:
+    """Type-check a parsed recipe file: known sections holding known keys with values of the right type."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise TapeError(f"{origin}: expected a mapping of sections (model, data, train, eval)")
+    tree: dict[str, dict[str, Any]] = {}
+    for section, body in data.items():
+        if section not in _SECTIONS:
+            raise _unknown_key(str(section), f"{origin}: ")
+        if body is not None and not isinstance(body, dict):
+            raise TapeError(f"{origin}: section '{section}' must be a mapping of keys")
+        hints = _field_types(section)
+        tree[section] = {}
+        for key, value in (body or {}).items():
+            if key not in hints:
+                raise _unknown_key(f"{section}.{key}", f"{origin}: ")
+            try:
+                tree[section][key] = _coerce(value, hints[key], f"{section}.{key}")
+            except TapeError as err:
+                raise TapeError(f"{origin}: {err}") from None
+    return tree
+
+
+def _build(tree: dict[str, dict[str, Any]]) -> Recipe:
+    recipe = Recipe(**{name: cls(**tree.get(name, {})) for name, cls in _SECTIONS.items()})
+    recipe.validate()
+    return recipe
+
+
+def _apply_override(tree: dict[str, dict[str, Any]], override: str) -> None:
+    """Apply one `section.key=value` (or `model.pe_args.a.b=value`) override to a type-checked recipe tree."""
+    key, sep, raw = override.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise TapeError(f"override '{override}' must look like key=value (e.g. train.max_steps=200)")
+    parts = key.split(".")
+    section = parts[0]
+    if section not in _SECTIONS:
+        raise _unknown_key(key)
+    if len(parts) == 1:
+        raise TapeError(f"'{key}' is a section; set one of its keys, e.g. {key}.<key>=value")
+    hints = _field_types(section)
+    name = parts[1]
+    if name not in hints or (len(parts) > 2 and typing.get_origin(hints[name]) is not dict):
+        raise _unknown_key(key)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw  # e.g. a glob like `*.pe.*`, which YAML reads as an alias
+    body = tree.setdefault(section, {})
+    if len(parts) == 2:
+        if isinstance(value, (int, float, bool)) and _accepts_str(hints[name]):
+            value = raw.strip()  # keep `data.source=2024` or `data.tokenizer=1.0` as written
+        body[name] = _coerce(value, hints[name], key)
+        return
+    # A key inside the free-form mapping (model.pe_args.scaling.factor=4): create missing levels.
+    if not isinstance(body.get(name), dict):
+        body[name] = {}
+    node = body[name]
+    for part in parts[2:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[parts[-1]] = _exponent_floats(value)
+
+
+def _accepts_str(tp: Any) -> bool:
+    args = typing.get_args(tp)
+    return tp is str or (str in args) or (typing.get_origin(tp) is Literal and any(isinstance(a, str) for a in args))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shipped recipes
+
+
+def _shipped_dir() -> Traversable:
+    """The folder of shipped recipes: package data `tapecli.recipes`, or `recipes/` of a source checkout."""
+    try:
+        return resources.files("tapecli.recipes")
+    except ModuleNotFoundError:  # running from a checkout that was never `pip install`ed
+        return Path(__file__).resolve().parent.parent / "recipes"
+
+
+def _shipped() -> dict[str, Traversable]:
+    return {p.name[: -len(".yaml")]: p for p in _shipped_dir().iterdir() if p.name.endswith(".yaml")}
+
+
+def list_recipes() -> list[tuple[str, str]]:
+    """(name, one-line description) of every shipped recipe, sorted by name; the description is the file's
+    first comment line."""
+    out = []
+    for name, path in sorted(_shipped().items()):
+        first = next((ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.startswith("#")), "#")
+        out.append((name, first.lstrip("#").strip()))
+    return out
+
+
+def _locate(recipe: str) -> tuple[str, str]:
+    """(origin for messages, YAML text) of a recipe path or shipped name; an existing file wins over a name."""
+    path = Path(recipe).expanduser()
+    if path.is_file():
+        return str(path), path.read_text(encoding="utf-8")
+    shipped = _shipped()
+    name = recipe[: -len(".yaml")] if recipe.endswith(".yaml") else recipe
+    if name in shipped:
+        return f"{name}.yaml", shipped[name].read_text(encoding="utf-8")
+    close = difflib.get_close_matches(name, list(shipped), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise TapeError(f"recipe '{recipe}' not found{hint}; shipped recipes: {', '.join(sorted(shipped))}")
+
+
+def recipe_text(recipe: str) -> str:
+    """The YAML text, comments included, of a shipped recipe name or a recipe path (for `tape recipes show`)."""
+    return _locate(recipe)[1]
+
+
+def load_recipe(recipe: str, overrides: list[str] | None = None) -> Recipe:
+    """Load a shipped recipe (`c4` or `c4.yaml`) or a YAML path, apply `key=value` overrides, validate.
+
+    Overrides use dotted keys (`train.max_steps=200`, `model.pe_args.theta=500000`); values are read as YAML
+    (`null`, `true`, `[0.9, 0.95]`) and type-checked against the schema. Raises TapeError on any mistake.
+    """
+    origin, text = _locate(recipe)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = " ".join(str(err).split())
+        raise TapeError(f"{origin}: not valid YAML: {problem}") from None
+    tree = _check_tree(data, origin)
+    for override in overrides or []:
+        _apply_override(tree, override)
+    return _build(tree)

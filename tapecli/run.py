@@ -1,0 +1,80 @@
+"""The run directory: what a training run leaves behind besides its checkpoints.
+
+    RUN/recipe.yaml     the resolved recipe (after overrides), re-runnable with `--recipe RUN/recipe.yaml`
+    RUN/run.json        seed, tapecli version, git revision, command line, start time (+ one entry per resume)
+    RUN/metrics.jsonl   one JSON object per logged step and per validation
+    RUN/checkpoints/    step-XXXXXXXX/ directories (see tapecli.checkpoint)
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import tapecli
+
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.jsonl"
+
+
+def git_revision() -> str | None:
+    """The commit of the tapecli source tree, or None outside a git checkout (e.g. a pip install)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(tapecli.__file__).parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_run_files(run_dir: Path, recipe_yaml: str, seed: int, command: list[str], resumed_from: Path | None) -> None:
+    """Write recipe.yaml and run.json. A resumed run keeps its original run.json and appends to `resumes`."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "recipe.yaml").write_text(recipe_yaml)
+    info_path = run_dir / "run.json"
+    entry = {"command": shlex.join(command), "time": _now()}
+    if resumed_from is not None and info_path.exists():
+        info = json.loads(info_path.read_text())
+        info.setdefault("resumes", []).append({**entry, "checkpoint": str(resumed_from)})
+    else:
+        info = {"seed": seed, "version": tapecli.__version__, "git_revision": git_revision(),
+                "command": entry["command"], "start_time": entry["time"]}
+    info_path.write_text(json.dumps(info, indent=2) + "\n")
+
+
+class MetricsLog:
+    """Append-only metrics.jsonl; each row is flushed at once so a killed run keeps everything it logged."""
+
+    def __init__(self, path: Path, resume_step: int) -> None:
+        self.path = path
+        self._drop_rows_after(resume_step)
+        self._file = path.open("a")
+
+    def _drop_rows_after(self, step: int) -> None:
+        # A run killed after its last checkpoint logged steps that the resumed run will log again.
+        if not self.path.exists():
+            return
+        rows = [line for line in self.path.read_text().splitlines() if line.strip()]
+        kept = [line for line in rows if json.loads(line).get("step", 0) <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, row: dict[str, Any]) -> None:
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """All rows of RUN/metrics.jsonl."""
+    path = Path(run_dir) / METRICS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,446 @@
+"""The training loop behind `tape pretrain` and `tape finetune`: setup -> fit -> validate -> save.
+
+Exactness is the design goal. The examples of optimizer step s are a pure function of s
+(`tapecli.data.text.global_indices`), every checkpoint stores the optimizer, scheduler and RNG states, and the loss
+is normalised by the number of target tokens in the whole global batch. So an interrupted-and-resumed run ends with
+the same weights as an uninterrupted one (bitwise on CPU fp32), and gradient accumulation or data parallelism give
+the same update as one big batch (up to float summation order).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+import hashlib
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from tapecli.checkpoint import (
+    TOKENIZER,
+    list_checkpoints,
+    load_train_state,
+    load_weights,
+    read_model_config,
+    remove_temp_dirs,
+    resolve_checkpoint,
+    save_checkpoint,
+)
+from tapecli.errors import TapeError
+from tapecli.recipe import Recipe
+from tapecli.run import CHECKPOINTS, METRICS, MetricsLog, write_run_files
+from tapecli.train import distributed
+from tapecli.train.distributed import DistEnv
+from tapecli.train.optim import build_optimizer, build_scheduler
+from tapecli.train.progress import TrainProgress
+
+IGNORE_INDEX = -100
+# Model keys that change parameter shapes: a fine-tuning recipe may not change them.
+_SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "pe", "tie_embeddings", "abacus")
+
+
+class LossNotFinite(TapeError):
+    """The training loss became nan or inf; the bad update was not applied and nothing was saved."""
+
+
+@dataclass
+class Job:
+    """Everything `fit` needs, built by `setup`."""
+
+    recipe: Recipe
+    env: DistEnv
+    model: nn.Module
+    tokenizer: Any
+    train_data: Dataset
+    val_data: Dataset | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None
+    out: Path
+    recipe_hash: str
+    start_step: int = 0
+    tokens: int = 0  # training tokens seen before start_step
+    elapsed: float = 0.0  # training seconds before this process
+    last_checkpoint: Path | None = None
+
+
+def pretrain(recipe: Recipe, out: str | Path, resume: str = "auto", command: list[str] | None = None) -> Path:
+    """Train a model from scratch (or from `train.init_from`) into run directory `out`; returns `out`."""
+    return _run(recipe, Path(out), resume, recipe.train.init_from, command or [])
+
+
+def finetune(recipe: Recipe, checkpoint: str | Path, out: str | Path, resume: str = "auto",
+             command: list[str] | None = None) -> Path:
+    """Fine-tune the model of `checkpoint` (a run or checkpoint directory) into run directory `out`."""
+    return _run(recipe, Path(out), resume, str(checkpoint), command or [])
+
+
+def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str]) -> Path:
+    env = distributed.setup()
+    try:
+        job = setup(recipe, out, resume, init_from, command, env)
+        fit(job)
+        distributed.barrier(env)
+    finally:
+        distributed.teardown()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Setup
+
+
+def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str], env: DistEnv) -> Job:
+    """Check everything that can be wrong before writing anything, then create the run directory."""
+    t = recipe.train
+    _check_hardware(recipe, env)
+    resume_from = find_resume(out, resume)
+    init_checkpoint = resolve_checkpoint(init_from) if init_from else None
+    weights_from = resume_from or init_checkpoint
+
+    tokenizer = _load_tokenizer(recipe, weights_from)
+    config = _model_config(recipe, tokenizer, weights_from)
+    # The resolved recipe describes the model actually trained (vocab size, or a fine-tuned checkpoint's shape).
+    for f in dataclasses.fields(recipe.model):
+        setattr(recipe.model, f.name, config.to_dict()[f.name])
+    recipe_hash = hashlib.sha256(recipe.to_yaml().encode()).hexdigest()[:16]
+
+    from tapecli.model import Transformer, count_parameters
+
+    seed_everything(t.seed)
+    model = Transformer(config)
+    if weights_from is not None:
+        load_weights(model, weights_from)
+    apply_freeze(model, t.freeze, t.unfreeze)
+    counts = count_parameters(model)
+    if counts["trainable"] == 0:
+        raise TapeError("train.freeze: every parameter is frozen; unfreeze some with train.unfreeze")
+    model.to(env.device)
+    model.gradient_checkpointing = t.activation_checkpointing
+
+    optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.betas[0], t.betas[1]))
+    scheduler = build_scheduler(optimizer, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
+                                max_steps=t.max_steps, schedule=t.schedule)
+    scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
+    train_data, val_data = build_datasets(recipe, tokenizer, out / "cache")
+
+    job = Job(recipe=recipe, env=env, model=model, tokenizer=tokenizer, train_data=train_data, val_data=val_data,
+              optimizer=optimizer, scheduler=scheduler, scaler=scaler, out=out, recipe_hash=recipe_hash)
+    if resume_from is not None:
+        _restore(job, resume_from)
+
+    if env.is_main:
+        remove_temp_dirs(out / CHECKPOINTS)
+        write_run_files(out, recipe.to_yaml(), t.seed, command, resume_from)
+        print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "
+              f"({counts['pe']:,} in the positional encoding)")
+        if resume_from is not None:
+            print(f"resuming from {resume_from} (step {job.start_step} of {t.max_steps})")
+        elif init_checkpoint is not None:
+            print(f"initialised from {init_checkpoint}")
+    return job
+
+
+def _check_hardware(recipe: Recipe, env: DistEnv) -> None:
+    t = recipe.train
+    if t.precision == "fp16" and env.device.type != "cuda":
+        raise TapeError("train.precision: fp16 needs a CUDA GPU (loss scaling); use bf16 or fp32 on CPU")
+    if t.precision == "bf16" and env.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise TapeError("train.precision: this GPU does not support bf16; use fp16 or fp32")
+    per_step = t.micro_batch_size * env.world_size
+    if t.batch_size % per_step:
+        raise TapeError(f"train.batch_size: {t.batch_size} is not divisible by train.micro_batch_size x processes "
+                        f"= {t.micro_batch_size} x {env.world_size}")
+
+
+def find_resume(out: Path, resume: str) -> Path | None:
+    """The checkpoint to continue from: `auto` = the newest in `out` if any, `never` = none, else a path."""
+    existing = list_checkpoints(out / CHECKPOINTS)
+    if resume == "auto":
+        return existing[-1] if existing else None
+    if resume == "never":
+        if existing:
+            raise TapeError(f"{out} already holds checkpoints up to {existing[-1].name}; use --resume auto to "
+                            "continue that run, or another --out")
+        return None
+    return resolve_checkpoint(resume)
+
+
+def _load_tokenizer(recipe: Recipe, checkpoint: Path | None) -> Any:
+    """A checkpoint's own tokenizer when starting from one, else the recipe's."""
+    from tapecli.data.tokenizer import load_tokenizer, load_tokenizer_dir
+
+    if checkpoint is not None:
+        return load_tokenizer_dir(checkpoint / TOKENIZER)
+    return load_tokenizer(recipe.data.tokenizer)
+
+
+def _model_config(recipe: Recipe, tokenizer: Any, checkpoint: Path | None) -> Any:
+    """The ModelConfig to build: the recipe's, or a checkpoint's with the recipe's shape-neutral changes."""
+    from tapecli.model import ModelConfig
+
+    if checkpoint is None:
+        kwargs = recipe.model_config_kwargs(tokenizer.vocab_size)
+        if kwargs["abacus"]:
+            if not hasattr(tokenizer, "digit_ids"):
+                raise TapeError("model.abacus: needs a tokenizer with digit ids (data.tokenizer: addition)")
+            kwargs["abacus_digit_ids"] = list(tokenizer.digit_ids)
+        origin = "recipe"
+    else:
+        kwargs = read_model_config(checkpoint)
+        defaults = type(recipe.model)()
+        # A recipe key still at its default says nothing; one that was set must agree with the checkpoint's shape.
+        for key, value in dataclasses.asdict(recipe.model).items():
+            if value == getattr(defaults, key) or value == kwargs.get(key):
+                continue
+            if key in _SHAPE_KEYS:
+                raise TapeError(f"model.{key}: the recipe asks for {value!r} but {checkpoint} has {kwargs.get(key)!r}; "
+                                "a checkpoint's architecture cannot change (drop the key or match it)")
+            kwargs[key] = value
+        origin = str(checkpoint)
+    try:
+        return ModelConfig.from_dict(kwargs)
+    except ValueError as e:
+        raise TapeError(f"{origin}: {e}") from None
+
+
+def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Dataset, Dataset | None]:
+    """(train, validation or None) for `data.kind`; every dataset yields (input_ids, labels) with -100 = ignore."""
+    d, seed = recipe.data, recipe.train.seed
+    if d.kind == "addition":
+        from tapecli.data.arithmetic import build_addition_datasets
+
+        train, val, _ = build_addition_datasets(d, seed)
+        return train, val
+    if d.kind == "pairs":
+        from tapecli.data.pairs import build_pair_datasets
+
+        return build_pair_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed,
+                                   prompt_field=d.prompt_field, target_field=d.target_field)
+    from tapecli.data.text import build_text_datasets
+
+    return build_text_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed, text_field=d.text_field,
+                               cache_dir=cache_dir)
+
+
+def apply_freeze(model: nn.Module, freeze: list[str], unfreeze: list[str]) -> None:
+    """Freeze parameters whose name matches a `freeze` glob, then unfreeze those matching an `unfreeze` glob."""
+    for name, param in model.named_parameters():
+        frozen = any(fnmatch.fnmatchcase(name, p) for p in freeze)
+        if frozen and any(fnmatch.fnmatchcase(name, p) for p in unfreeze):
+            frozen = False
+        param.requires_grad_(not frozen)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _rng_state() -> dict[str, Any]:
+    # numpy's state holds a numpy array; stored as a tensor so train_state.pt loads with weights_only=True.
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _restore(job: Job, checkpoint: Path) -> None:
+    state = load_train_state(checkpoint)
+    job.optimizer.load_state_dict(state["optimizer"])
+    job.scheduler.load_state_dict(state["scheduler"])
+    if job.scaler is not None and state["scaler"] is not None:
+        job.scaler.load_state_dict(state["scaler"])
+    _set_rng_state(state["rng"])
+    job.start_step, job.tokens, job.elapsed = state["step"], state["tokens"], state["elapsed"]
+    job.last_checkpoint = checkpoint
+    if state["recipe_hash"] != job.recipe_hash and job.env.is_main:
+        print(f"note: the recipe differs from the one that wrote {checkpoint}; continuing with the new one")
+
+
+def _train_state(job: Job, step: int, elapsed: float) -> dict[str, Any]:
+    return {
+        "step": step,
+        "data_position": step,  # the next batch is global_indices(step, ...): the position is the step
+        "optimizer": job.optimizer.state_dict(),
+        "scheduler": job.scheduler.state_dict(),
+        "scaler": job.scaler.state_dict() if job.scaler is not None else None,
+        "rng": _rng_state(),
+        "recipe_hash": job.recipe_hash,
+        "tokens": job.tokens,
+        "elapsed": elapsed,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Fit
+
+
+def _autocast(recipe: Recipe, device: torch.device) -> contextlib.AbstractContextManager:
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(recipe.train.precision)
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+
+
+def _num_examples(data: Dataset) -> int | None:
+    """Size for the epoch permutation, or None for a stream read in order (hub streams, generated problems)."""
+    return getattr(data, "num_examples", None)
+
+
+def _batch(data: Dataset, indices: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    items = [data[i] for i in indices]
+    inputs = torch.stack([x for x, _ in items]).to(device, non_blocking=True)
+    labels = torch.stack([y for _, y in items]).to(device, non_blocking=True)
+    return inputs, labels
+
+
+def _loss_sum(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy over the non-ignored labels (labels are already shifted: labels[t] follows inputs[:t+1])."""
+    logits = model(inputs, start_pos=0)
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                           reduction="sum")
+
+
+def fit(job: Job) -> None:
+    """Run optimizer steps start_step..max_steps, logging, validating and saving along the way."""
+    from tapecli.data.text import global_indices
+
+    recipe, env, model = job.recipe, job.env, job.model
+    t = recipe.train
+    if job.start_step >= t.max_steps:
+        if env.is_main:
+            print(f"nothing to do: {job.last_checkpoint} is already at train.max_steps={t.max_steps}; "
+                  f"run directory {job.out}")
+        return
+
+    train_model: nn.Module = model
+    if env.world_size > 1:
+        train_model = nn.parallel.DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda"
+                                                          else None)
+    ddp = train_model
+    if t.compile:
+        train_model = torch.compile(train_model)
+    n_train = _num_examples(job.train_data)
+    metrics = MetricsLog(job.out / METRICS, job.start_step) if env.is_main else None
+    model.train()
+
+    t0 = last_time = time.perf_counter()
+    last_tokens = job.tokens
+    with TrainProgress(job.start_step, t.max_steps, t.log_every, enabled=env.is_main) as progress:
+        for step in range(job.start_step, t.max_steps):
+            done = step + 1
+            indices = distributed.rank_share(global_indices(step, t.batch_size, n_train, t.seed), env)
+            batches = [_batch(job.train_data, indices[i : i + t.micro_batch_size], env.device)
+                       for i in range(0, len(indices), t.micro_batch_size)]
+            # The loss is a mean over the target tokens of the whole global batch, whatever the split.
+            local_targets = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)
+            targets = distributed.all_sum(torch.tensor(float(local_targets), device=env.device), env).clamp(min=1)
+            loss_sum = torch.zeros((), device=env.device)
+            for i, (inputs, labels) in enumerate(batches):
+                # DDP all-reduces gradients on the last micro-batch only; it averages over ranks, hence * world_size.
+                last = i == len(batches) - 1
+                sync = contextlib.nullcontext() if last or env.world_size == 1 else ddp.no_sync()
+                with sync:
+                    with _autocast(recipe, env.device):
+                        micro_loss = _loss_sum(train_model, inputs, labels)
+                    scaled = micro_loss * (env.world_size / targets)
+                    (job.scaler.scale(scaled) if job.scaler is not None else scaled).backward()
+                loss_sum += micro_loss.detach()
+            loss = (distributed.all_sum(loss_sum, env) / targets).item()
+            if not math.isfinite(loss):
+                where = job.last_checkpoint if job.last_checkpoint is not None else "none (no checkpoint saved yet)"
+                raise LossNotFinite(f"loss is {loss} at step {done}; the last good checkpoint is {where}")
+
+            if job.scaler is not None:
+                job.scaler.unscale_(job.optimizer)
+            if t.grad_clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            lr = job.optimizer.param_groups[0]["lr"]
+            if job.scaler is not None:
+                job.scaler.step(job.optimizer)
+                job.scaler.update()
+            else:
+                job.optimizer.step()
+            job.optimizer.zero_grad(set_to_none=True)
+            job.scheduler.step()
+            job.tokens += t.batch_size * recipe.data.seq_len
+
+            now = time.perf_counter()
+            tokens_per_s = (job.tokens - last_tokens) / max(now - last_time, 1e-9)
+            progress.step(done, loss, lr, tokens_per_s)
+            if metrics is not None and (done % t.log_every == 0 or done == t.max_steps):
+                metrics.log({"step": done, "loss": loss, "lr": lr, "tokens": job.tokens,
+                             "tokens_per_s": round(tokens_per_s, 1), "elapsed": round(job.elapsed + now - t0, 3)})
+                last_time, last_tokens = now, job.tokens
+
+            if job.val_data is not None and ((t.eval_every and done % t.eval_every == 0) or done == t.max_steps):
+                val_loss = validate(model, job.val_data, recipe, env)
+                progress.print(f"step {done}: val_loss {val_loss:.4f}")
+                if metrics is not None:
+                    metrics.log({"step": done, "val_loss": val_loss})
+            if done % t.save_every == 0 or done == t.max_steps:
+                job.last_checkpoint = save(job, done, job.elapsed + time.perf_counter() - t0)
+
+    if metrics is not None:
+        metrics.close()
+        print(f"done: {t.max_steps} steps; run directory {job.out}, newest checkpoint {job.last_checkpoint}")
+
+
+@torch.no_grad()
+def validate(model: nn.Module, data: Dataset, recipe: Recipe, env: DistEnv) -> float:
+    """Mean cross-entropy over the target tokens of the first `train.eval_batches` micro-batches of `data`."""
+    t = recipe.train
+    limit = t.eval_batches * t.micro_batch_size
+    size = _num_examples(data)
+    if size is None and hasattr(data, "__len__"):
+        with contextlib.suppress(TypeError):  # a hub stream has no length
+            size = len(data)
+    indices = list(range(limit if size is None else min(limit, size)))[env.rank :: env.world_size]
+    model.eval()
+    total = torch.zeros(2, device=env.device)  # (summed loss, target count)
+    for i in range(0, len(indices), t.micro_batch_size):
+        try:
+            inputs, labels = _batch(data, indices[i : i + t.micro_batch_size], env.device)
+        except IndexError:  # a validation stream shorter than eval_batches
+            break
+        with _autocast(recipe, env.device):
+            total[0] += _loss_sum(model, inputs, labels)
+        total[1] += (labels != IGNORE_INDEX).sum()
+    model.train()
+    total = distributed.all_sum(total, env)
+    return (total[0] / total[1].clamp(min=1)).item()
+
+
+def save(job: Job, step: int, elapsed: float) -> Path:
+    """Write checkpoint `step` (rank 0 writes; every rank returns its path)."""
+    t = job.recipe.train
+    root = job.out / CHECKPOINTS
+    if job.env.is_main:
+        return save_checkpoint(root, step, job.model, job.tokenizer, _train_state(job, step, elapsed),
+                               keep_last=t.keep_last)
+    return root / f"step-{step:08d}"

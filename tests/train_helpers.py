@@ -1,0 +1,58 @@
+"""Shared by the training tests: a tiny recipe (2 layers, dim 32, byte tokenizer, seq_len 32) and weight access."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parent.parent
+
+TINY: dict[str, dict[str, Any]] = {
+    "model": {"pe": "rope", "n_layers": 2, "dim": 32, "n_heads": 2, "max_seq_len": 64},
+    "data": {"kind": "text", "tokenizer": "byte", "seq_len": 32, "val_fraction": 0.25},
+    "train": {"batch_size": 4, "micro_batch_size": 2, "max_steps": 4, "lr": 3e-3, "min_lr": 3e-4, "warmup": 1,
+              "schedule": "cosine", "precision": "fp32", "seed": 1234, "save_every": 2, "keep_last": 0,
+              "eval_every": 2, "eval_batches": 2, "log_every": 1},
+}
+
+
+def write_recipe(path: Path, source: Path | str, **sections: dict[str, Any]) -> Path:
+    """TINY with `source` as data.source and each section updated from `sections`; returns the YAML path."""
+    tree = {name: {**body, **sections.get(name, {})} for name, body in TINY.items()}
+    tree["data"]["source"] = str(source)
+    path.write_text(yaml.safe_dump(tree))
+    return path
+
+
+def weights(run_or_checkpoint: Path) -> dict[str, torch.Tensor]:
+    """The saved weights of a checkpoint, or of the newest checkpoint of a run directory."""
+    from tapecli.checkpoint import resolve_checkpoint
+
+    return load_file(str(resolve_checkpoint(run_or_checkpoint) / "model.safetensors"))
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: float = 0.0) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        if atol == 0.0:
+            assert torch.equal(a[name], b[name]), f"{name} differs (max {float((a[name] - b[name]).abs().max())})"
+        else:
+            torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=f"{name} differs")
+
+
+def subprocess_env() -> dict[str, str]:
+    """Environment for `python -m tapecli.cli` / torchrun children: one thread each, the repo importable."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def cli(*args: str) -> list[str]:
+    """argv running the tape CLI with this interpreter."""
+    return [sys.executable, "-m", "tapecli.cli", *args]
