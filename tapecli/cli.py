@@ -89,11 +89,10 @@ def eval_addition(
                                              batch_size=batch_size, out=out, device=device)
     except TapeError as e:
         fail(str(e))
-    line = f"mean accuracy {results['mean_accuracy']:.1%}"
-    if results["in_box_accuracy"] is not None:
-        line += f" (inside the training box {results['in_box_accuracy']:.1%}, "
-        line += f"outside {results['out_of_box_accuracy']:.1%})"
-    typer.echo(f"{line}; wrote {out_dir}/results.json, samples.jsonl, heatmap.png")
+    parts = [f"{name} {results[key]:.1%}" for name, key in [("mean accuracy", "mean_accuracy"),
+             ("inside the training box", "in_box_accuracy"), ("outside it", "out_of_box_accuracy")]
+             if results[key] is not None]
+    typer.echo(f"{', '.join(parts)}; wrote results.json, samples.jsonl and heatmap.png to {out_dir}")
 
 
 _OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."
@@ -129,8 +128,8 @@ def pretrain(
 @app.command()
 def finetune(
     overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
-    checkpoint: str = typer.Option(..., "--checkpoint", help="A run directory (its newest checkpoint) or one "
-                                   "checkpoint directory."),
+    checkpoint: str | None = typer.Option(None, "--checkpoint", help="A run directory (its newest checkpoint) or "
+                                          "one checkpoint directory [default: the recipe's train.init_from]."),
     recipe: str = typer.Option(..., "--recipe", help="A shipped recipe name or a YAML file; its model section may "
                                "not change the checkpoint's shapes."),
     out: Path = typer.Option(..., "--out", help="Run directory for the fine-tuned model."),
@@ -145,10 +144,14 @@ def finetune(
     from tapecli.train.engine import LossNotFinite
     from tapecli.train.engine import finetune as run_finetune
 
-    command = ["tape", "finetune", "--checkpoint", checkpoint, "--recipe", recipe, "--out", str(out),
-               "--resume", resume, *(overrides or [])]
+    command = ["tape", "finetune", *(["--checkpoint", checkpoint] if checkpoint else []), "--recipe", recipe,
+               "--out", str(out), "--resume", resume, *(overrides or [])]
     try:
-        run_finetune(load_recipe(recipe, overrides or []), checkpoint, out, resume=resume, command=command)
+        loaded = load_recipe(recipe, overrides or [])
+        checkpoint = checkpoint or loaded.train.init_from
+        if not checkpoint:
+            raise TapeError("finetune needs a model: pass --checkpoint or set train.init_from")
+        run_finetune(loaded, checkpoint, out, resume=resume, command=command)
     except LossNotFinite as e:
         fail(str(e), code=1)
     except TapeError as e:
@@ -178,6 +181,60 @@ def tokenizer_train(
     except TapeError as e:
         fail(str(e))
     typer.echo(f"wrote {path}")
+
+
+@app.command()
+def recipes(name: str = typer.Argument(None, help="Show this recipe's YAML (with its comments) instead of the list.")
+            ) -> None:
+    """List the shipped recipes, or print one. Use a name with `--recipe` from any directory, e.g.
+    `tape pretrain --recipe arithmetic-smoke --out runs/x`; copy one (`tape recipes c4 > my.yaml`) to edit it."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from tapecli.recipe import list_recipes, recipe_text
+
+    if name:
+        try:
+            typer.echo(recipe_text(name), nl=False)
+        except TapeError as e:
+            fail(str(e))
+        return
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("recipe")
+    table.add_column("what it is")
+    for recipe_name, description in list_recipes():
+        table.add_row(recipe_name, description)
+    Console().print(table)
+
+
+@app.command()
+def demo(
+    pe: str = typer.Option("", "--pe", help="More PEs to compare, comma-separated (e.g. nope,fire); rope and tape "
+                                            "always run."),
+    quick: bool = typer.Option(False, "--quick", help="A ~2-minute version for a first look (smaller everything)."),
+    out: str = typer.Option(None, help="Output directory (default: runs/demo, or runs/demo-quick with --quick)."),
+    seed: int = typer.Option(0, help="Seeds model init and the training problems (the same for every PE)."),
+) -> None:
+    """Train small RoPE and TAPE models on addition under one budget and compare them beyond the training length.
+
+    Every PE gets the same recipe: the shipped `arithmetic` recipe shrunk to a CPU budget (model, data, steps, lr).
+
+    Each model is then tested on every pair of operand lengths up to twice the training length (greedy, exact match).
+
+    Prints a table (grid accuracy, inside/outside the training box, train time, loss); heat-maps: OUT/heatmaps.png.
+
+    The default takes about 15 minutes on a 2-core CPU, --quick about 2. Re-running reuses finished work.
+
+    Example: tape demo --pe nope
+    """
+    from tapecli.demo import DEFAULT_PES, FULL, QUICK, run_demo
+
+    extra = [p.strip() for p in pe.split(",") if p.strip()]
+    pes = list(dict.fromkeys([*DEFAULT_PES, *extra]))  # keep order, drop repeats
+    try:
+        run_demo(pes, QUICK if quick else FULL, out or ("runs/demo-quick" if quick else "runs/demo"), seed=seed)
+    except TapeError as e:
+        fail(str(e))
 
 
 def main() -> None:

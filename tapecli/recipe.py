@@ -31,7 +31,7 @@ _FALLBACK_PE_NAMES = ("nope", "rope", "randpe", "alibi", "fire", "xpos", "t5", "
 
 DataKind = Literal["text", "pairs", "addition"]
 Schedule = Literal["linear", "cosine", "constant"]
-Precision = Literal["fp32", "bf16", "fp16"]
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
 
 @dataclass
@@ -83,7 +83,7 @@ class TrainSection:
     warmup: int | float = 0.02  # < 1: fraction of max_steps; >= 1: number of steps
     schedule: Schedule = "linear"
     grad_clip: float = 1.0  # max global gradient norm; 0 = off
-    precision: Precision = "bf16"
+    precision: Precision = "auto"  # auto: bf16 autocast on GPUs that support it, fp32 on CPU
     seed: int = 0
     save_every: int = 1000
     keep_last: int = 2  # checkpoints kept on disk; 0 = keep all

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from train_helpers import REPO, assert_same_weights, subprocess_env, weights, write_recipe
 
 from tapecli.recipe import load_recipe
@@ -13,9 +15,10 @@ from tapecli.run import read_metrics
 from tapecli.train.engine import pretrain
 
 
-def test_two_processes_match_one(tmp_path: Path, tiny_corpus: Path) -> None:
+@pytest.mark.parametrize("pe", ["rope", "tape"])  # TAPE: its last layer's inert state maps must not upset DDP
+def test_two_processes_match_one(tmp_path: Path, tiny_corpus: Path, pe: str) -> None:
     # Global batch 8: one process does 2 micro-batches of 4; each of 2 ranks does 2 micro-batches of 2.
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"batch_size": 8, "max_steps": 3})
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, model={"pe": pe}, train={"batch_size": 8, "max_steps": 3})
     single = pretrain(load_recipe(str(recipe), ["train.micro_batch_size=4"]), tmp_path / "single")
 
     torchrun = Path(sys.executable).parent / "torchrun"

@@ -96,7 +96,7 @@ def test_overrides_do_not_leak_between_loads():
     ("train.betas=0.9", "train.betas: expected a list"),
     ("train.betas=[0.9]", "train.betas: expected a list of 2 floats"),
     ("model.pe=foo", "model.pe: unknown positional encoding 'foo'; allowed: nope, rope"),
-    ("train.precision=fp8", "train.precision: expected one of fp32, bf16, fp16; got 'fp8'"),
+    ("train.precision=fp8", "train.precision: expected one of auto, fp32, bf16, fp16; got 'fp8'"),
     ("train.schedule=step", "train.schedule: expected one of linear, cosine, constant"),
     ("data.kind=images", "data.kind: expected one of text, pairs, addition"),
     ("train.batch_size=100", "train.batch_size: 100 is not divisible by train.micro_batch_size (8)"),

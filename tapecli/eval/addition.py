@@ -103,7 +103,7 @@ def evaluate_addition(
                 done.setdefault((row["i"], row["j"]), []).append(row["correct"])
             progress.advance(task, len(chunk))
     results = _results(settings, done, time.perf_counter() - started)
-    _write_json_atomic(out / RESULTS_FILE, results)
+    _write_atomic(out / RESULTS_FILE, _results_json(results))
     title = f"{settings.pe or 'model'}: mean accuracy {results['mean_accuracy']:.1%}"
     save_heatmaps([HeatmapPanel(results["grid"], title, settings.train_digits)], out / HEATMAP_FILE)
     return results
@@ -124,7 +124,7 @@ def _resume(out: Path, settings: AdditionEvalSettings) -> dict[tuple[int, int], 
                             "pass another --out or delete that directory")
     else:
         samples_path.unlink(missing_ok=True)
-        _write_json_atomic(settings_path, asdict(settings))
+        _write_atomic(settings_path, json.dumps(asdict(settings), indent=1) + "\n")
     rows_by_cell: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     if samples_path.is_file():
         for line in samples_path.read_text().splitlines():
@@ -134,9 +134,7 @@ def _resume(out: Path, settings: AdditionEvalSettings) -> dict[tuple[int, int], 
                 continue
             rows_by_cell[(row["i"], row["j"])].append(row)
     complete = {cell: rows for cell, rows in rows_by_cell.items() if len(rows) == settings.samples}
-    tmp = samples_path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for rows in complete.values() for row in rows))
-    os.replace(tmp, samples_path)
+    _write_atomic(samples_path, "".join(json.dumps(row) + "\n" for rows in complete.values() for row in rows))
     return {cell: [row["correct"] for row in rows] for cell, rows in complete.items()}
 
 
@@ -198,9 +196,15 @@ def _results(settings: AdditionEvalSettings, done: dict[tuple[int, int], list[bo
     }
 
 
-def _write_json_atomic(path: Path, data: Any) -> None:
+def _results_json(results: dict[str, Any]) -> str:
+    """Indented JSON with one line per grid row, so the file reads as the grid it holds."""
+    rows = ",\n  ".join(json.dumps(row) for row in results["grid"])
+    return json.dumps({**results, "grid": "@grid"}, indent=1).replace('"@grid"', f"[\n  {rows}\n ]") + "\n"
+
+
+def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -234,7 +238,7 @@ def run_addition_eval(
     if not isinstance(tokenizer, AdditionTokenizer):
         raise TapeError(f"{ckpt} was not trained on addition (its tokenizer is {tokenizer.kind!r}, not 'addition')")
     settings = AdditionEvalSettings(
-        max_len=max_len, samples=samples, seed=seed, checkpoint=str(ckpt), pe=model.config.pe,
+        max_len=max_len, samples=samples, seed=seed, checkpoint=str(ckpt.resolve()), pe=model.config.pe,
         train_digits=recipe.data.max_digits if recipe is not None and recipe.data.kind == "addition" else None,
     )
     # Next to the run's checkpoints by default, one folder per checkpoint step.

@@ -48,14 +48,17 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
-    """softmax(q k^T / sqrt(d) + mask) v over [B, H, T, d] tensors; flash-attn on GPU when installed and usable."""
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+           scale: float | None = None) -> Tensor:
+    """softmax(q k^T * scale + mask) v over [B, H, T, d] tensors (scale defaults to 1/sqrt(d)); flash-attn on GPU
+    when it is installed and usable."""
     if (flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and mask is None
             and v.shape[-1] == q.shape[-1]):
         # flash-attn aligns the causal mask bottom-right, which is what a KV cache needs.
-        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=is_causal)
+        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=is_causal,
+                              softmax_scale=scale)
         return out.transpose(1, 2)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal,
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                           enable_gqa=k.shape[1] != q.shape[1])
 
 
@@ -133,8 +136,11 @@ class Attention(nn.Module):
         if E is None:
             y = attend(q, k, v, mask, is_causal)
         elif aggregation == "concat":
-            # One attention over [V | E]: the weights are computed once and applied to both.
-            out = attend(q, k, torch.cat((v, E.to(v.dtype).expand(B, -1, -1, -1)), dim=-1), mask, is_causal)
+            # One attention over [V | E]: the weights are computed once and applied to both. Fused kernels want
+            # queries and keys as wide as the values, so they are zero-padded (q.k is unchanged; scale kept).
+            values = torch.cat((v, E.to(v.dtype).expand(B, -1, -1, -1)), dim=-1)
+            pad = (0, values.shape[-1] - q.shape[-1])
+            out = attend(F.pad(q, pad), F.pad(k, pad), values, mask, is_causal, scale=self.head_dim ** -0.5)
             y, aggregated = out.split([v.shape[-1], E.shape[-1]], dim=-1)
         else:
             # Two calls with identical q, k and mask give identical weights; on CPU this is the faster path
@@ -199,6 +205,8 @@ class Transformer(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.gradient_checkpointing = False
+        # Parameters that can never receive a gradient (the last layer's TAPE state updates): keep them frozen.
+        self.inert_parameters = {name for name, p in self.named_parameters() if not p.requires_grad}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:

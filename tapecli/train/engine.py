@@ -133,6 +133,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
                                 max_steps=t.max_steps, schedule=t.schedule)
     scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
     train_data, val_data = build_datasets(recipe, tokenizer, out / "cache")
+    train_data[0]  # read one example now, so unreadable data (e.g. an offline hub stream) fails before any writing
 
     job = Job(recipe=recipe, env=env, model=model, tokenizer=tokenizer, train_data=train_data, val_data=val_data,
               optimizer=optimizer, scheduler=scheduler, scaler=scaler, out=out, recipe_hash=recipe_hash)
@@ -151,8 +152,16 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     return job
 
 
+def resolve_precision(precision: str, device: torch.device) -> str:
+    """`auto` means bf16 autocast where the hardware supports it (CUDA with bf16), fp32 otherwise (CPU)."""
+    if precision != "auto":
+        return precision
+    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+
 def _check_hardware(recipe: Recipe, env: DistEnv) -> None:
     t = recipe.train
+    t.precision = resolve_precision(t.precision, env.device)
     if t.precision == "fp16" and env.device.type != "cuda":
         raise TapeError("train.precision: fp16 needs a CUDA GPU (loss scaling); use bf16 or fp32 on CPU")
     if t.precision == "bf16" and env.device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -234,12 +243,14 @@ def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Dat
 
 
 def apply_freeze(model: nn.Module, freeze: list[str], unfreeze: list[str]) -> None:
-    """Freeze parameters whose name matches a `freeze` glob, then unfreeze those matching an `unfreeze` glob."""
+    """Freeze parameters whose name matches a `freeze` glob, then unfreeze those matching an `unfreeze` glob.
+    Parameters the model declares inert (they never get a gradient) stay frozen, which DDP requires."""
+    inert = getattr(model, "inert_parameters", set())
     for name, param in model.named_parameters():
         frozen = any(fnmatch.fnmatchcase(name, p) for p in freeze)
         if frozen and any(fnmatch.fnmatchcase(name, p) for p in unfreeze):
             frozen = False
-        param.requires_grad_(not frozen)
+        param.requires_grad_(not frozen and name not in inert)
 
 
 def seed_everything(seed: int) -> None:
@@ -413,9 +424,10 @@ def fit(job: Job) -> None:
 
 @torch.no_grad()
 def validate(model: nn.Module, data: Dataset, recipe: Recipe, env: DistEnv) -> float:
-    """Mean cross-entropy over the target tokens of the first `train.eval_batches` micro-batches of `data`."""
+    """Mean cross-entropy over the target tokens of the first `train.eval_batches` x micro_batch_size x processes
+    examples of `data` (each rank takes every world_size-th of them)."""
     t = recipe.train
-    limit = t.eval_batches * t.micro_batch_size
+    limit = t.eval_batches * t.micro_batch_size * env.world_size
     size = _num_examples(data)
     if size is None and hasattr(data, "__len__"):
         with contextlib.suppress(TypeError):  # a hub stream has no length

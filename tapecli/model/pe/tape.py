@@ -29,8 +29,9 @@ pe_args (plus every RoPE argument, which shapes the initial state):
   mix          heads (default, equivariant) | full (ablation without equivariance: dense maps over heads x dims,
                like the official `adawoeq`; breaks shift invariance)
   aggregation  auto | separate | concat: how attention also averages E. `concat` runs one attention over
-               [V | E]; `separate` runs a second attention call with E as the values (same weights, exact).
-               auto = separate (faster wherever it was measured: `tape bench`)
+               [V | E] (queries and keys zero-padded to that width so fused kernels apply); `separate` runs a
+               second attention call with E as the values. Both are exact; auto picks the one `tape bench`
+               measured faster on the device
   state_dtype  float32 (default; fp64 for fp64 models) | model (the parameter dtype, like the official code)
 """
 
@@ -48,6 +49,13 @@ GATE_INPUTS = ("mlp_out", "mlp_in", "residual")
 MIXES = ("heads", "full")
 AGGREGATIONS = ("auto", "separate", "concat")
 STATE_DTYPES = ("float32", "model")
+
+
+def mix_heads(weight: Tensor, E: Tensor) -> Tensor:
+    """weight [out, M] applied along the head axis of E [B, M, T, d] -> [B, out, T, d], as one batched matmul on
+    E's own layout (no permute copies)."""
+    B, M, T, d = E.shape
+    return torch.matmul(weight, E.reshape(B, M, T * d)).view(B, weight.shape[0], T, d)
 
 
 class TAPELayer(LayerPE):
@@ -71,7 +79,8 @@ class TAPELayer(LayerPE):
 
     def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
         # E is per query head, so grouped keys are expanded to one key per query head first.
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        if k.shape[1] != q.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         return apply_rotary(q, state.rotary), apply_rotary(k, state.rotary)
 
     def after_attention(self, state: PositionState, aggregated: Tensor) -> PositionState:
@@ -82,7 +91,7 @@ class TAPELayer(LayerPE):
             # The official einsum `bqnd,qe->bqnd` sums the weight over its second index: a per-head scalar.
             update = aggregated * self.post_attn_proj.weight.sum(-1).to(aggregated.dtype)[:, None, None]
         else:
-            update = torch.einsum("bhtd,gh->bgtd", aggregated, self.post_attn_proj.weight.to(aggregated.dtype))
+            update = mix_heads(self.post_attn_proj.weight.to(aggregated.dtype), aggregated)
         return state.replace(rotary=state.rotary + update)
 
     def after_mlp(self, state: PositionState, mlp_in: Tensor, mlp_out: Tensor, hidden: Tensor) -> PositionState:
@@ -94,8 +103,7 @@ class TAPELayer(LayerPE):
         gate = F.silu(self.x_proj(u)).to(E.dtype)  # [B, T, I]
         w1, w2 = self.up_proj.weight.to(E.dtype), self.down_proj.weight.to(E.dtype)
         if self.mix == "heads":
-            mixed = E.permute(0, 2, 3, 1)  # [B, T, d, M]: contract the head axis only
-            update = F.linear(F.linear(mixed, w1) * gate[:, :, None, :], w2).permute(0, 3, 1, 2)
+            update = mix_heads(w2, mix_heads(w1, E) * gate.transpose(1, 2)[..., None])
         else:
             B, M, T, d = E.shape
             mixed = E.transpose(1, 2).reshape(B, T, M * d)

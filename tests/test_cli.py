@@ -1,0 +1,52 @@
+"""The `tape` entry point: fast help, real commands, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from tapecli.cli import app
+
+runner = CliRunner()
+
+
+def test_help_lists_the_commands_and_imports_nothing_heavy():
+    code = ("import sys, tapecli.cli as c; "
+            "heavy = [m for m in ('torch', 'datasets', 'matplotlib', 'lm_eval', 'transformers') if m in sys.modules]; "
+            "print(heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("pretrain", "finetune", "eval", "bench", "recipes", "tokenizer"):
+        assert command in result.output
+
+
+def test_bench_runs_and_reports_ratios(tmp_path):
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "--pe", "rope,alibi,tape", "--n-layers", "1", "--dim", "32", "--seq-len", "16",
+                                 "--batch-size", "2", "--steps", "1", "--warmup", "0", "--rounds", "1",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["ratio_to_rope"]["rope"] == 1.0
+    assert set(data["ratio_to_rope"]) == {"rope", "alibi", "tape (separate)", "tape (concat)"}
+    assert all(v > 0 for v in data["median_step_s"].values())
+
+
+def test_bench_rejects_unknown_pe():
+    result = runner.invoke(app, ["bench", "--pe", "rotary"])
+    assert result.exit_code == 2
+    assert "unknown positional encoding 'rotary'" in result.output and "Traceback" not in result.output
+
+
+def test_recipes_lists_and_shows():
+    listing = runner.invoke(app, ["recipes"])
+    assert listing.exit_code == 0 and "arithmetic" in listing.output and "c4-smoke" in listing.output
+    shown = runner.invoke(app, ["recipes", "c4"])
+    assert shown.exit_code == 0 and "model:" in shown.output and "#" in shown.output
+    missing = runner.invoke(app, ["recipes", "c5"])
+    assert missing.exit_code == 2 and "not found" in missing.output
