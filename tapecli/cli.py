@@ -186,8 +186,10 @@ def tokenizer_train(
 @app.command()
 def recipes(name: str = typer.Argument(None, help="Show this recipe's YAML (with its comments) instead of the list.")
             ) -> None:
-    """List the shipped recipes, or print one. Use a name with `--recipe` from any directory, e.g.
-    `tape pretrain --recipe arithmetic-smoke --out runs/x`; copy one (`tape recipes c4 > my.yaml`) to edit it."""
+    """List the shipped recipes, or print one.
+
+    Use a name with `--recipe` from any directory, e.g. `tape pretrain --recipe arithmetic-smoke --out runs/x`;
+    copy one to edit it: `tape recipes c4 > my.yaml`."""
     from rich.console import Console
     from rich.table import Table
 

@@ -50,3 +50,12 @@ def test_recipes_lists_and_shows():
     assert shown.exit_code == 0 and "model:" in shown.output and "#" in shown.output
     missing = runner.invoke(app, ["recipes", "c5"])
     assert missing.exit_code == 2 and "not found" in missing.output
+
+
+def test_bad_pe_args_are_one_line_errors_before_anything_is_written(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["pretrain", "--recipe", "c4-smoke", "--out", str(out), f"data.source={tmp_path}",
+                                 "model.pe=rope", "model.pe_args.scaling=ntk"])
+    assert result.exit_code == 2, result.output
+    assert "model.pe_args.scaling: unknown RoPE scaling 'ntk'" in result.output
+    assert "Traceback" not in result.output and not out.exists()

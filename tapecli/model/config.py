@@ -36,7 +36,7 @@ class ModelConfig:
     abacus_max_offset: int = 100  # random offset added to digit places during training
 
     def __post_init__(self) -> None:
-        from tapecli.model.pe import PE_NAMES
+        from tapecli.model.pe import PE_NAMES, build_pe
 
         for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
             value = getattr(self, key)
@@ -54,6 +54,7 @@ class ModelConfig:
             self.ffn_dim = 64 * math.ceil(8 * self.dim / 3 / 64)
         if self.pe not in PE_NAMES:
             raise ValueError(f"model.pe: unknown positional encoding {self.pe!r}; allowed: {', '.join(PE_NAMES)}")
+        build_pe(self)  # validates pe_args now (names, types, choices), not at the first forward
         if self.abacus and sorted(set(self.abacus_digit_ids)) != sorted(self.abacus_digit_ids or [None]):
             raise ValueError("model.abacus_digit_ids: must list the 10 distinct digit token ids")
         if self.abacus and len(self.abacus_digit_ids) != 10:

@@ -1,0 +1,60 @@
+"""Every shipped smoke recipe runs end to end through the real CLI (the full-size ones are validated in
+test_recipes.py; they need GPUs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from tapecli.cli import app
+from tapecli.recipe import list_recipes
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> str:
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def last_loss(run: Path) -> float:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if "loss" in r][-1]
+
+
+def test_every_smoke_recipe_is_exercised_here():
+    smoke = {name for name, _ in list_recipes() if name.endswith("-smoke")}
+    assert smoke == {"arithmetic-smoke", "c4-smoke", "scrolls-smoke", "context-extension-smoke"}
+
+
+def test_c4_then_scrolls_and_context_extension_smoke(tmp_path: Path, tiny_corpus: Path):
+    c4 = tmp_path / "c4"
+    invoke("pretrain", "--recipe", "c4-smoke", "--out", str(c4), f"data.source={tiny_corpus}")
+    assert (c4 / "checkpoints").is_dir() and last_loss(c4) < 6.0  # below uniform over 259 bytes (5.56 + margin)
+
+    pairs = tmp_path / "pairs.jsonl"
+    with pairs.open("w") as f:
+        for i in range(20):
+            f.write(json.dumps({"input": f"Question {i}: what is {i} plus one?\n\n" + "context " * 5,
+                                "output": str(i + 1)}) + "\n")
+    ft = tmp_path / "ft"
+    out = invoke("finetune", "--recipe", "scrolls-smoke", "--checkpoint", str(c4), "--out", str(ft),
+                 f"data.source={pairs}")
+    assert "trainable" in out and (ft / "checkpoints").is_dir()
+
+    ext = tmp_path / "ext"
+    invoke("pretrain", "--recipe", "context-extension-smoke", "--out", str(ext), f"data.source={tiny_corpus}")
+    assert (ext / "checkpoints").is_dir()
+
+
+def test_arithmetic_smoke_trains_and_evaluates(tmp_path: Path):
+    run = tmp_path / "add"
+    invoke("pretrain", "--recipe", "arithmetic-smoke", "--out", str(run))
+    out = invoke("eval", "addition", "--checkpoint", str(run), "--max-len", "3", "--samples", "2",
+                 "--out", str(tmp_path / "eval"))
+    assert "mean accuracy" in out
+    results = json.loads((tmp_path / "eval" / "results.json").read_text())
+    assert len(results["grid"]) == 3 and all(len(row) == 3 for row in results["grid"])
