@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -17,10 +19,14 @@ app = typer.Typer(
 )
 
 
-def fail(message: str, code: int = 2) -> None:
-    """Print a one-line error and exit without a traceback."""
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(code)
+@contextmanager
+def reported_errors() -> Iterator[None]:
+    """Turn a TapeError into one red line and its exit code (2: bad input, 1: a failed run), no traceback."""
+    try:
+        yield
+    except TapeError as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(e.exit_code) from None
 
 
 @app.command()
@@ -41,16 +47,15 @@ def bench(
     """Time a training step (forward + backward) for each PE on the same model, as a ratio to RoPE.
 
     All PEs run in one process, interleaved round by round, so the ratios compare like with like.
-    Example: `tape bench --pe rope,tape --seq-len 1024`.
+
+    Example: `tape bench --pe rope,tape --seq-len 1024 --out bench.json`.
     """
     from tapecli.bench import run_bench
 
-    try:
+    with reported_errors():
         run_bench(pes=[p.strip() for p in pes.split(",") if p.strip()], n_layers=n_layers, dim=dim, n_heads=n_heads,
                   seq_len=seq_len, batch_size=batch_size, steps=steps, warmup=warmup, rounds=rounds,
                   tape_paths=tape_paths, device=device, out=out)
-    except TapeError as e:
-        fail(str(e))
 
 
 eval_app = typer.Typer(help="Evaluate a trained checkpoint.", no_args_is_help=True)
@@ -84,11 +89,9 @@ def eval_addition(
     """
     from tapecli.eval.addition import run_addition_eval
 
-    try:
+    with reported_errors():
         results, out_dir = run_addition_eval(checkpoint, max_len=max_len, samples=samples, seed=seed,
                                              batch_size=batch_size, out=out, device=device)
-    except TapeError as e:
-        fail(str(e))
     parts = [f"{name} {results[key]:.1%}" for name, key in [("mean accuracy", "mean_accuracy"),
              ("inside the training box", "in_box_accuracy"), ("outside it", "out_of_box_accuracy")]
              if results[key] is not None]
@@ -109,20 +112,18 @@ def pretrain(
 ) -> None:
     """Train a model from scratch (or from train.init_from) as a recipe says.
 
-    Runs under torchrun for data parallelism (`torchrun --nproc_per_node 4 -m tapecli.cli pretrain ...`).
-    Example: `tape pretrain --recipe c4-smoke --out runs/smoke model.pe=rope train.max_steps=50`.
+    Writes recipe.yaml, run.json, metrics.jsonl and checkpoints/ into --out; a killed run continues exactly where it stopped with the same command (--resume auto).
+
+    Data parallel: `torchrun --nproc_per_node 4 -m tapecli.cli pretrain ...` (gloo on CPU, NCCL on GPU).
+
+    Example: `tape pretrain --recipe c4-smoke --out runs/smoke data.source=corpus/ model.pe=rope train.max_steps=50`.
     """
     from tapecli.recipe import load_recipe
-    from tapecli.train.engine import LossNotFinite
     from tapecli.train.engine import pretrain as run_pretrain
 
     command = ["tape", "pretrain", "--recipe", recipe, "--out", str(out), "--resume", resume, *(overrides or [])]
-    try:
+    with reported_errors():
         run_pretrain(load_recipe(recipe, overrides or []), out, resume=resume, command=command)
-    except LossNotFinite as e:
-        fail(str(e), code=1)
-    except TapeError as e:
-        fail(str(e))
 
 
 @app.command()
@@ -137,25 +138,21 @@ def finetune(
 ) -> None:
     """Fine-tune a checkpoint on a recipe's data (prompt/target pairs learn the target only).
 
-    Freeze parameters with fnmatch globs over their names, e.g.
-    `tape finetune --checkpoint runs/c4 --recipe scrolls --out runs/ft train.freeze=['*'] train.unfreeze=['*.pe.*']`.
+    Freeze parameters with fnmatch globs over their names; trainable and total counts are printed.
+
+    Example: `tape finetune --checkpoint runs/c4 --recipe scrolls --out runs/ft train.freeze=['*'] train.unfreeze=['*.pe.*']`.
     """
     from tapecli.recipe import load_recipe
-    from tapecli.train.engine import LossNotFinite
     from tapecli.train.engine import finetune as run_finetune
 
     command = ["tape", "finetune", *(["--checkpoint", checkpoint] if checkpoint else []), "--recipe", recipe,
                "--out", str(out), "--resume", resume, *(overrides or [])]
-    try:
+    with reported_errors():
         loaded = load_recipe(recipe, overrides or [])
         checkpoint = checkpoint or loaded.train.init_from
         if not checkpoint:
             raise TapeError("finetune needs a model: pass --checkpoint or set train.init_from")
         run_finetune(loaded, checkpoint, out, resume=resume, command=command)
-    except LossNotFinite as e:
-        fail(str(e), code=1)
-    except TapeError as e:
-        fail(str(e))
 
 
 tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True)
@@ -171,15 +168,14 @@ def tokenizer_train(
 ) -> None:
     """Train a SentencePiece BPE tokenizer whose encode/decode round trip is lossless.
 
-    Use it with `data.tokenizer=PATH.model`. Example: `tape tokenizer train --data corpus/ --vocab-size 8000
-    --out tok.model`.
+    Use it with `data.tokenizer=PATH.model`.
+
+    Example: `tape tokenizer train --data corpus/ --vocab-size 8000 --out tok.model`.
     """
     from tapecli.data.tokenizer import train_tokenizer
 
-    try:
+    with reported_errors():
         path = train_tokenizer(data, vocab_size, str(out), text_field=text_field)
-    except TapeError as e:
-        fail(str(e))
     typer.echo(f"wrote {path}")
 
 
@@ -188,18 +184,18 @@ def recipes(name: str = typer.Argument(None, help="Show this recipe's YAML (with
             ) -> None:
     """List the shipped recipes, or print one.
 
-    Use a name with `--recipe` from any directory, e.g. `tape pretrain --recipe arithmetic-smoke --out runs/x`;
-    copy one to edit it: `tape recipes c4 > my.yaml`."""
+    Use a name with `--recipe` from any directory, e.g. `tape pretrain --recipe arithmetic-smoke --out runs/x`.
+
+    Copy one to edit it: `tape recipes c4 > my.yaml`.
+    """
     from rich.console import Console
     from rich.table import Table
 
     from tapecli.recipe import list_recipes, recipe_text
 
     if name:
-        try:
+        with reported_errors():
             typer.echo(recipe_text(name), nl=False)
-        except TapeError as e:
-            fail(str(e))
         return
     table = Table(show_header=True, header_style="bold")
     table.add_column("recipe")
@@ -214,8 +210,9 @@ def demo(
     pe: str = typer.Option("", "--pe", help="More PEs to compare, comma-separated (e.g. nope,fire); rope and tape "
                                             "always run."),
     quick: bool = typer.Option(False, "--quick", help="A ~2-minute version for a first look (smaller everything)."),
-    out: str = typer.Option(None, help="Output directory (default: runs/demo, or runs/demo-quick with --quick)."),
+    out: str = typer.Option(None, help="Output directory (default: runs/demo, plus -quick, -abacus, -seedN)."),
     seed: int = typer.Option(0, help="Seeds model init and the training problems (the same for every PE)."),
+    abacus: bool = typer.Option(False, "--abacus", help="Give every PE the Abacus digit embedding (McLeish et al.)."),
 ) -> None:
     """Train small RoPE and TAPE models on addition under one budget and compare them beyond the training length.
 
@@ -233,10 +230,10 @@ def demo(
 
     extra = [p.strip() for p in pe.split(",") if p.strip()]
     pes = list(dict.fromkeys([*DEFAULT_PES, *extra]))  # keep order, drop repeats
-    try:
-        run_demo(pes, QUICK if quick else FULL, out or ("runs/demo-quick" if quick else "runs/demo"), seed=seed)
-    except TapeError as e:
-        fail(str(e))
+    with reported_errors():
+        # One directory per setting, so a re-run reuses finished work and never mixes settings.
+        default_out = "runs/demo" + "-quick" * quick + "-abacus" * abacus + (f"-seed{seed}" if seed else "")
+        run_demo(pes, QUICK if quick else FULL, out or default_out, seed=seed, abacus=abacus)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from operator import itemgetter
 from pathlib import Path
 
 import pytest
@@ -104,7 +105,7 @@ def test_interrupted_evaluation_resumes_without_redoing_cells(tmp_path, monkeypa
     resumed = evaluate_addition(model, TOK, settings, out, batch_size=3, show_progress=False)
     assert len(calls) == 16 - 5  # only the unfinished cells
     assert resumed["grid"] == reference["grid"]
-    key = lambda r: (r["i"], r["j"], r["a"], r["b"])  # noqa: E731
+    key = itemgetter("i", "j", "a", "b")
     assert sorted(read_rows(out), key=key) == sorted(read_rows(tmp_path / "ref"), key=key)
 
     with pytest.raises(TapeError, match="other settings"):
@@ -132,13 +133,13 @@ def test_demo_trains_evaluates_and_compares(tmp_path):
 
     budget = DemoBudget(max_digits=2, eval_len=3, samples=2, steps=2, batch_size=4, lr=1e-3, n_layers=1, dim=32,
                         n_heads=2)
-    results = run_demo(["rope", "tape"], budget, tmp_path)
+    results = run_demo(["rope", "tape"], budget, tmp_path, abacus=True)
     assert [r.pe for r in results] == ["rope", "tape"]
     assert all(0.0 <= r.mean_accuracy <= 1.0 and r.train_seconds > 0 for r in results)
     assert (tmp_path / "heatmaps.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["budget"]["steps"] == 2 and len(summary["results"]) == 2
-    assert (tmp_path / "tape" / "eval-addition" / "results.json").is_file()
+    assert summary["budget"]["steps"] == 2 and summary["abacus"] and len(summary["results"]) == 2
+    assert (tmp_path / "tape" / "eval-addition" / "step-00000002" / "results.json").is_file()
 
 
 def test_demo_rejects_an_unknown_pe_before_training(tmp_path):

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from train_helpers import REPO, assert_same_weights, subprocess_env, weights, write_recipe
 
 from tapecli.recipe import load_recipe

@@ -85,9 +85,11 @@ def test_tape_parameter_count_matches_formula():
 
 
 CACHE_CASES = [(pe, {}) for pe in PE_NAMES] + [
-    ("tape", {"pe_args": {"aggregation": "concat"}}),
+    ("tape", {"pe_args": {"aggregation": "separate"}}),
     ("tape", {"pe_args": {"variant": "official"}}),
     ("tape", {"n_kv_heads": 2}),
+    ("tape", {"pe_args": {"attn_update": False, "gate_input": "residual"}}),
+    ("tape", {"pe_args": {"mlp_update": False, "mix": "full"}}),
     ("alibi", {"n_kv_heads": 1}),
     ("rope", {"abacus": True, "abacus_digit_ids": list(range(10))}),
 ]
@@ -266,3 +268,27 @@ def test_bad_pe_args_are_clear():
         tiny("rotary")
     with pytest.raises(ValueError, match=r"model.pe_args.variant"):
         tiny("tape", pe_args={"variant": "v3"})
+
+
+def test_tape_updates_follow_the_formulas():
+    """E += W2 diag(SiLU(Wx u)) W1 E per token (heads mixed, every entry alike) and E += P (A E), written naively."""
+    layer = randomize_tape(tiny("tape")).double().model.layers[0].pe
+    B, M, T, d = 2, 4, 5, 8
+    E = torch.randn(B, M, T, d, dtype=torch.float64)
+    u = torch.randn(B, T, 32, dtype=torch.float64)
+    state = PositionState(positions=torch.arange(T)[None], rotary=E)
+    got = layer.after_mlp(state, mlp_in=None, mlp_out=u, hidden=None).rotary
+    Wx, W1, W2 = layer.x_proj.weight, layer.up_proj.weight, layer.down_proj.weight
+    expected = E.clone()
+    for b in range(B):
+        for t in range(T):
+            G = W2 @ torch.diag(torch.nn.functional.silu(Wx @ u[b, t])) @ W1  # M x M
+            expected[b, :, t] += G @ E[b, :, t]
+    assert torch.allclose(got, expected, atol=1e-12)
+    aggregated = torch.randn(B, M, T, d, dtype=torch.float64)
+    got = layer.after_attention(state, aggregated).rotary
+    P = layer.post_attn_proj.weight
+    assert torch.allclose(got, E + torch.einsum("gh,bhtd->bgtd", P, aggregated), atol=1e-12)
+    layer.variant = "official"  # the official code's per-head scalar: row sums of P
+    got = layer.after_attention(state, aggregated).rotary
+    assert torch.allclose(got, E + P.sum(-1)[None, :, None, None] * aggregated, atol=1e-12)

@@ -173,7 +173,9 @@ def _solve(
     return rows
 
 
-def _results(settings: AdditionEvalSettings, done: dict[tuple[int, int], list[bool]], seconds: float) -> dict:
+def _results(
+    settings: AdditionEvalSettings, done: dict[tuple[int, int], list[bool]], seconds: float
+) -> dict[str, Any]:
     n, box = settings.max_len, settings.train_digits
     accuracy = {cell: sum(hits) / len(hits) for cell, hits in done.items()}
     grid = [[accuracy[(i, j)] for j in range(1, n + 1)] for i in range(1, n + 1)]
@@ -181,15 +183,16 @@ def _results(settings: AdditionEvalSettings, done: dict[tuple[int, int], list[bo
     def mean(values: list[float]) -> float | None:
         return sum(values) / len(values) if values else None
 
-    inside = [acc for (i, j), acc in accuracy.items() if box is not None and i <= box and j <= box]
-    outside = [acc for (i, j), acc in accuracy.items() if box is None or i > box or j > box]
+    # Without a known training box (a checkpoint outside a run directory) both are None.
+    inside = [acc for (i, j), acc in accuracy.items() if box is not None and max(i, j) <= box]
+    outside = [acc for (i, j), acc in accuracy.items() if box is not None and max(i, j) > box]
     return {
         "task": "addition",
         "protocol": PROTOCOL,
         "settings": asdict(settings),
         "mean_accuracy": mean(list(accuracy.values())),
-        "in_box_accuracy": mean(inside) if box is not None else None,
-        "out_of_box_accuracy": mean(outside) if box is not None else None,
+        "in_box_accuracy": mean(inside),
+        "out_of_box_accuracy": mean(outside),
         "grid": grid,  # grid[i - 1][j - 1]: accuracy with i digits in the first operand and j in the second
         "problems": n * n * settings.samples,
         "seconds_this_session": round(seconds, 2),

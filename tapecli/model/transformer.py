@@ -154,14 +154,15 @@ class Attention(nn.Module):
 class Block(nn.Module):
     """Pre-norm decoder block; the positional state (if the PE carries one) is updated beside the hidden state."""
 
-    def __init__(self, config: ModelConfig, pe: LayerPE, aggregation: str | None) -> None:
+    def __init__(self, config: ModelConfig, pe: LayerPE, carries_state: bool, aggregation: str | None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.self_attn = Attention(config)
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = MLP(config.dim, config.ffn_dim)
         self.pe = pe
-        self.aggregation = aggregation
+        self.carries_state = carries_state  # update the positional state after attention and the MLP
+        self.aggregation = aggregation if carries_state else None
 
     def forward(self, x: Tensor, state: PositionState, k_pos: Tensor,
                 cache: dict | None = None) -> tuple[Tensor, PositionState]:
@@ -172,7 +173,7 @@ class Block(nn.Module):
         mlp_in = self.post_attention_layernorm(x)
         mlp_out = self.mlp(mlp_in)
         x = x + mlp_out
-        if self.aggregation:
+        if self.carries_state:
             state = self.pe.after_mlp(state, mlp_in, mlp_out, x)
         return x, state
 
@@ -184,13 +185,14 @@ class Decoder(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
         self.pe = build_pe(config)
-        aggregation = self.pe.aggregation if self.pe.carries_state else None
-        self.layers = nn.ModuleList(Block(config, self.pe.make_layer(i), aggregation) for i in range(config.n_layers))
-        if aggregation:
+        carries, aggregation = self.pe.carries_state, self.pe.aggregation
+        self.layers = nn.ModuleList(Block(config, self.pe.make_layer(i), carries, aggregation)
+                                    for i in range(config.n_layers))
+        if carries:
             # The state is dropped after the last layer, so that layer's state updates feed nothing: skip them and
             # freeze their weights (kept, so parameter counts and checkpoints match the official layout).
             last = self.layers[-1]
-            last.aggregation = None
+            last.carries_state, last.aggregation = False, None
             last.pe.requires_grad_(False)
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.abacus = AbacusEmbedding(config) if config.abacus else None

@@ -36,7 +36,7 @@ from tapecli.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from tapecli.errors import TapeError
+from tapecli.errors import LossNotFinite, TapeError
 from tapecli.recipe import Recipe
 from tapecli.run import CHECKPOINTS, METRICS, MetricsLog, write_run_files
 from tapecli.train import distributed
@@ -47,10 +47,6 @@ from tapecli.train.progress import TrainProgress
 IGNORE_INDEX = -100
 # Model keys that change parameter shapes: a fine-tuning recipe may not change them.
 _SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "pe", "tie_embeddings", "abacus")
-
-
-class LossNotFinite(TapeError):
-    """The training loss became nan or inf; the bad update was not applied and nothing was saved."""
 
 
 @dataclass

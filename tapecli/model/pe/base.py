@@ -70,9 +70,10 @@ class LayerPE(nn.Module):
 class PositionalEncoding(nn.Module):
     """Model-level part of a PE. Subclasses take their hyperparameters (`pe_args`) as keyword-only arguments."""
 
-    # True for PEs whose state changes from layer to layer (TAPE): attention then also aggregates the state and the
-    # KV cache keeps each layer's state of past tokens.
+    # True for PEs whose state changes from layer to layer (TAPE): the blocks update it and the KV cache keeps each
+    # layer's state of past tokens. `aggregation` (concat | separate) says how attention also averages it.
     carries_state = False
+    aggregation: str | None = None
 
     def __init__(self, config) -> None:
         super().__init__()
