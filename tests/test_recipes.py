@@ -1,5 +1,10 @@
 """Recipes: every shipped recipe validates, overrides are type-checked, mistakes give one-line TapeErrors."""
 
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -168,3 +173,13 @@ def test_shipped_model_sections_build_a_valid_model_config(name):
     from tapecli.model import ModelConfig
 
     ModelConfig(**load_recipe(name, []).model_config_kwargs(tokenizer_vocab_size=300))
+
+
+def test_shipped_recipes_are_package_data_of_the_wheel(tmp_path):
+    """`--recipe c4.yaml` must work after a non-editable `pip install .`: the YAML files ship in the wheel."""
+    repo = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(repo)], check=True, capture_output=True, timeout=300)
+    wheel = next(tmp_path.glob("tapecli-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"tapecli/recipes/{name}.yaml" for name, _ in list_recipes()} <= names
