@@ -59,3 +59,18 @@ def test_bad_pe_args_are_one_line_errors_before_anything_is_written(tmp_path):
     assert result.exit_code == 2, result.output
     assert "model.pe_args.scaling: unknown RoPE scaling 'ntk'" in result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_tokenizer_train_command_writes_a_lossless_model(tmp_path, tiny_corpus):
+    from tapecli.data.tokenizer import load_tokenizer
+
+    out = tmp_path / "tok.model"
+    result = runner.invoke(app, ["tokenizer", "train", "--data", str(tiny_corpus), "--vocab-size", "400",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = (tiny_corpus / "doc00.txt").read_text()
+    tok = load_tokenizer(str(out))
+    assert tok.vocab_size == 400 and tok.decode(tok.encode(text)) == text
+    bad = runner.invoke(app, ["tokenizer", "train", "--data", str(tmp_path / "missing"), "--vocab-size", "300",
+                              "--out", str(out)])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output

@@ -143,8 +143,7 @@ class Attention(nn.Module):
             out = attend(F.pad(q, pad), F.pad(k, pad), values, mask, is_causal, scale=self.head_dim ** -0.5)
             y, aggregated = out.split([v.shape[-1], E.shape[-1]], dim=-1)
         else:
-            # Two calls with identical q, k and mask give identical weights; on CPU this is the faster path
-            # because SDPA's fused kernels need the value width to equal the query width.
+            # Two calls with identical q, k and mask give identical weights: the straightforward reference path.
             y = attend(q, k, v, mask, is_causal)
             aggregated = attend(q, k, E.to(v.dtype).expand(B, -1, -1, -1), mask, is_causal)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
