@@ -222,7 +222,7 @@ def demo(
 
     Prints a table (grid accuracy, inside/outside the training box, train time, loss); heat-maps: OUT/heatmaps.png.
 
-    The default takes about 15 minutes on a 2-core CPU, --quick about 2. Re-running reuses finished work.
+    The default takes about 10 minutes on a 2-core CPU (9.5 measured), --quick about 2. Re-running reuses finished work.
 
     Example: tape demo --pe nope
     """

@@ -26,9 +26,6 @@ import yaml
 
 from tapecli.errors import TapeError
 
-# Used only when `tapecli.model` (the source of truth) cannot be imported yet.
-_FALLBACK_PE_NAMES = ("nope", "rope", "randpe", "alibi", "fire", "xpos", "t5", "tape")
-
 DataKind = Literal["text", "pairs", "addition"]
 Schedule = Literal["linear", "cosine", "constant"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
@@ -230,12 +227,10 @@ def _fail(key: str, problem: str) -> typing.NoReturn:
 
 
 def _pe_names() -> tuple[str, ...]:
-    """Allowed `model.pe` values, from the model package when it is there (imported lazily: it pulls in torch)."""
-    try:
-        from tapecli.model import PE_NAMES
-    except ImportError:
-        return _FALLBACK_PE_NAMES
-    return tuple(PE_NAMES)
+    """Allowed `model.pe` values: the model's registry (imported lazily: it pulls in torch)."""
+    from tapecli.model import PE_NAMES
+
+    return PE_NAMES
 
 
 # ---------------------------------------------------------------------------------------------------------------
