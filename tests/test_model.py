@@ -292,3 +292,18 @@ def test_tape_updates_follow_the_formulas():
     layer.variant = "official"  # the official code's per-head scalar: row sums of P
     got = layer.after_attention(state, aggregated).rotary
     assert torch.allclose(got, E + P.sum(-1)[None, :, None, None] * aggregated, atol=1e-12)
+
+
+@pytest.mark.parametrize("pe", PE_NAMES)
+def test_bf16_autocast_forward_backward(pe):
+    """The engine trains under bf16 autocast on GPUs (and on CPU when asked): every PE must run there too."""
+    model = tiny(pe, n_kv_heads=2)
+    x = tokens()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(x)
+    assert logits.dtype == torch.bfloat16
+    loss = torch.nn.functional.cross_entropy(logits.float()[:, :-1].flatten(0, 1), x[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss) and abs(loss.item() - math.log(VOCAB)) < 0.2
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(model.generate(x[:, :4], 5), model.generate(x[:, :4], 5, use_cache=False))
