@@ -15,6 +15,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from tapecli.device import resolve_device
 from tapecli.errors import TapeError
 from tapecli.model import PE_NAMES, ModelConfig, Transformer
 
@@ -52,11 +53,7 @@ def time_steps(model: Transformer, batch: torch.Tensor, steps: int, device: torc
 
 def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_len: int, batch_size: int, steps: int,
               warmup: int, rounds: int, tape_paths: bool, device: str, out: Path | None = None) -> dict:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise TapeError("--device cuda: no CUDA device is available")
-    dev = torch.device(device)
+    dev = resolve_device(device)
     console = Console()
     variants = bench_variants(pes, tape_paths)
     vocab = 1024
@@ -69,7 +66,7 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_len: in
         models[label] = Transformer(config).to(dev).train()
     samples: dict[str, list[float]] = {label: [] for label in models}
     console.print(f"[bold]tape bench[/]: {n_layers} layers, dim {dim}, {n_heads} heads, batch {batch_size} x "
-                  f"{seq_len} tokens, {device} ({torch.get_num_threads()} threads), {rounds} rounds x {steps} steps")
+                  f"{seq_len} tokens, {dev} ({torch.get_num_threads()} threads), {rounds} rounds x {steps} steps")
     with console.status("timing...") as status:
         for label, model in models.items():
             status.update(f"warming up {label}")
@@ -89,7 +86,7 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_len: in
     console.print(table)
     result = {"settings": {"n_layers": n_layers, "dim": dim, "n_heads": n_heads, "seq_len": seq_len,
                            "batch_size": batch_size, "steps": steps, "warmup": warmup, "rounds": rounds,
-                           "device": device, "threads": torch.get_num_threads(), "torch": torch.__version__},
+                           "device": str(dev), "threads": torch.get_num_threads(), "torch": torch.__version__},
               "median_step_s": medians, "ratio_to_rope": {k: v / reference for k, v in medians.items()}}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

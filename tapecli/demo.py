@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tapecli.errors import TapeError
+from tapecli.run import read_metrics
 
 DEFAULT_PES = ("rope", "tape")
 
@@ -122,7 +123,7 @@ def run_demo(pes: list[str], budget: DemoBudget, out: str | Path, seed: int = 0,
 
 def _training_record(run_dir: Path) -> dict[str, Any]:
     """The last logged training row of a run (loss, cumulative elapsed seconds) plus its last validation loss."""
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics(run_dir)
     train_rows = [row for row in rows if "loss" in row]
     if not train_rows:
         raise TapeError(f"{run_dir}/metrics.jsonl has no training rows")

@@ -9,16 +9,39 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tapecli
 
+if TYPE_CHECKING:
+    from tapecli.recipe import Recipe
+
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
+RECIPE = "recipe.yaml"
+RUN_INFO = "run.json"
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary sibling of `path` to write; it replaces `path` only when the block succeeds, so readers (and a
+    resumed command) never see a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    yield tmp
+    os.replace(tmp, path)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def git_revision() -> str | None:
@@ -38,8 +61,8 @@ def _now() -> str:
 def write_run_files(run_dir: Path, recipe_yaml: str, seed: int, command: list[str], resumed_from: Path | None) -> None:
     """Write recipe.yaml and run.json. A resumed run keeps its original run.json and appends to `resumes`."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "recipe.yaml").write_text(recipe_yaml)
-    info_path = run_dir / "run.json"
+    write_atomic(run_dir / RECIPE, recipe_yaml)
+    info_path = run_dir / RUN_INFO
     entry = {"command": shlex.join(command), "time": _now()}
     if resumed_from is not None and info_path.exists():
         info = json.loads(info_path.read_text())
@@ -47,7 +70,7 @@ def write_run_files(run_dir: Path, recipe_yaml: str, seed: int, command: list[st
     else:
         info = {"seed": seed, "version": tapecli.__version__, "git_revision": git_revision(),
                 "command": entry["command"], "start_time": entry["time"]}
-    info_path.write_text(json.dumps(info, indent=2) + "\n")
+    write_atomic(info_path, json.dumps(info, indent=2) + "\n")
 
 
 class MetricsLog:
@@ -72,6 +95,14 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def run_recipe(checkpoint: Path) -> Recipe | None:
+    """The resolved recipe of the run a checkpoint belongs to (RUN/checkpoints/step-N -> RUN/recipe.yaml), if any."""
+    from tapecli.recipe import load_recipe
+
+    path = Path(checkpoint).parent.parent / RECIPE
+    return load_recipe(str(path)) if path.is_file() else None
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from tapecli.data.text import IGNORE_INDEX
 from tapecli.data.tokenizer import Tokenizer, register_tokenizer
 from tapecli.errors import TapeError
 
-IGNORE_INDEX = -100
 # Length of the training stream: indices are seeds, not rows, so this only bounds what an index may be.
 TRAIN_STREAM_LENGTH = 2**31
 # A fixed-size validation set is enough to track in-distribution loss; its size does not scale with anything.

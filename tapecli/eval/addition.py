@@ -15,13 +15,12 @@ Files in the output directory:
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from rich.progress import (
@@ -34,11 +33,10 @@ from rich.progress import (
 )
 
 from tapecli.data.arithmetic import AdditionTokenizer, eval_problems, prompt_text, reverse_digits
+from tapecli.device import resolve_device
 from tapecli.errors import TapeError
 from tapecli.eval.plots import HeatmapPanel, save_heatmaps
-
-if TYPE_CHECKING:
-    from tapecli.recipe import Recipe
+from tapecli.run import run_recipe, write_atomic
 
 PROTOCOL = (
     "addition grid (McLeish et al. 2024): for each operand-length pair (i, j) in 1..max_len, `samples` fixed "
@@ -103,7 +101,7 @@ def evaluate_addition(
                 done.setdefault((row["i"], row["j"]), []).append(row["correct"])
             progress.advance(task, len(chunk))
     results = _results(settings, done, time.perf_counter() - started)
-    _write_atomic(out / RESULTS_FILE, _results_json(results))
+    write_atomic(out / RESULTS_FILE, _results_json(results))
     title = f"{settings.pe or 'model'}: mean accuracy {results['mean_accuracy']:.1%}"
     save_heatmaps([HeatmapPanel(results["grid"], title, settings.train_digits)], out / HEATMAP_FILE)
     return results
@@ -124,7 +122,7 @@ def _resume(out: Path, settings: AdditionEvalSettings) -> dict[tuple[int, int], 
                             "pass another --out or delete that directory")
     else:
         samples_path.unlink(missing_ok=True)
-        _write_atomic(settings_path, json.dumps(asdict(settings), indent=1) + "\n")
+        write_atomic(settings_path, json.dumps(asdict(settings), indent=1) + "\n")
     rows_by_cell: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
     if samples_path.is_file():
         for line in samples_path.read_text().splitlines():
@@ -134,7 +132,7 @@ def _resume(out: Path, settings: AdditionEvalSettings) -> dict[tuple[int, int], 
                 continue
             rows_by_cell[(row["i"], row["j"])].append(row)
     complete = {cell: rows for cell, rows in rows_by_cell.items() if len(rows) == settings.samples}
-    _write_atomic(samples_path, "".join(json.dumps(row) + "\n" for rows in complete.values() for row in rows))
+    write_atomic(samples_path, "".join(json.dumps(row) + "\n" for rows in complete.values() for row in rows))
     return {cell: [row["correct"] for row in rows] for cell, rows in complete.items()}
 
 
@@ -205,12 +203,6 @@ def _results_json(results: dict[str, Any]) -> str:
     return json.dumps({**results, "grid": "@grid"}, indent=1).replace('"@grid"', f"[\n  {rows}\n ]") + "\n"
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def run_addition_eval(
     checkpoint: str,
     max_len: int | None = None,
@@ -228,16 +220,14 @@ def run_addition_eval(
     from tapecli.checkpoint import load_model, resolve_checkpoint
 
     ckpt = resolve_checkpoint(checkpoint)
-    recipe = _run_recipe(ckpt)
+    recipe = run_recipe(ckpt)
     if max_len is None:
         if recipe is None:
             raise TapeError(f"{ckpt} has no run recipe to take eval.max_len from; pass --max-len")
         max_len = recipe.eval.max_len or 2 * recipe.data.max_digits
     if samples is None:
         samples = recipe.eval.samples if recipe is not None else 100
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_model(ckpt, device=device)
+    model, tokenizer = load_model(ckpt, device=resolve_device(device))
     if not isinstance(tokenizer, AdditionTokenizer):
         raise TapeError(f"{ckpt} was not trained on addition (its tokenizer is {tokenizer.kind!r}, not 'addition')")
     settings = AdditionEvalSettings(
@@ -248,14 +238,3 @@ def run_addition_eval(
     out_dir = Path(out) if out else (ckpt.parent.parent if recipe else ckpt) / "eval-addition" / ckpt.name
     return evaluate_addition(model, tokenizer, settings, out_dir, batch_size=batch_size), out_dir
 
-
-def _run_recipe(ckpt: Path) -> Recipe | None:
-    """The recipe of the run a checkpoint belongs to (RUN/checkpoints/step-N -> RUN/recipe.yaml), if any."""
-    import yaml
-
-    from tapecli.recipe import Recipe
-
-    path = ckpt.parent.parent / "recipe.yaml"
-    if not path.is_file():
-        return None
-    return Recipe.from_dict(yaml.safe_load(path.read_text()), origin=str(path))

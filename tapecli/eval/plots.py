@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from tapecli.run import atomic_path
 
 
 @dataclass
@@ -41,8 +42,7 @@ def save_heatmaps(panels: list[HeatmapPanel], path: str | Path) -> Path:
     fig.colorbar(image, ax=axes[0].tolist(), label="exact-match accuracy", fraction=0.046 / len(panels) ** 0.5)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
-    os.replace(tmp, path)
     return path

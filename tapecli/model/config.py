@@ -55,10 +55,9 @@ class ModelConfig:
         if self.pe not in PE_NAMES:
             raise ValueError(f"model.pe: unknown positional encoding {self.pe!r}; allowed: {', '.join(PE_NAMES)}")
         build_pe(self)  # validates pe_args now (names, types, choices), not at the first forward
-        if self.abacus and sorted(set(self.abacus_digit_ids)) != sorted(self.abacus_digit_ids or [None]):
-            raise ValueError("model.abacus_digit_ids: must list the 10 distinct digit token ids")
-        if self.abacus and len(self.abacus_digit_ids) != 10:
-            raise ValueError("model.abacus: needs model.abacus_digit_ids (the 10 digit token ids of the tokenizer)")
+        if self.abacus and len(set(self.abacus_digit_ids)) != 10:
+            raise ValueError("model.abacus: needs model.abacus_digit_ids (the 10 distinct digit token ids of the "
+                             "tokenizer)")
 
     @property
     def head_dim(self) -> int:

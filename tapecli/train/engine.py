@@ -36,6 +36,7 @@ from tapecli.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
 from tapecli.recipe import Recipe
 from tapecli.run import CHECKPOINTS, METRICS, MetricsLog, write_run_files
@@ -44,7 +45,6 @@ from tapecli.train.distributed import DistEnv
 from tapecli.train.optim import build_optimizer, build_scheduler
 from tapecli.train.progress import TrainProgress
 
-IGNORE_INDEX = -100
 # Model keys that change parameter shapes: a fine-tuning recipe may not change them.
 _SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "pe", "tie_embeddings", "abacus")
 
