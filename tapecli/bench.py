@@ -17,7 +17,9 @@ from rich.table import Table
 
 from tapecli.device import resolve_device
 from tapecli.errors import TapeError
+from tapecli.faults import check_output_file
 from tapecli.model import PE_NAMES, ModelConfig, Transformer
+from tapecli.run import write_atomic
 
 
 def bench_variants(pes: list[str], tape_paths: bool) -> list[tuple[str, str, dict]]:
@@ -51,8 +53,24 @@ def time_steps(model: Transformer, batch: torch.Tensor, steps: int, device: torc
     return times
 
 
+def check_options(n_layers: int, dim: int, n_heads: int, seq_len: int, batch_size: int, steps: int, warmup: int,
+                  rounds: int) -> None:
+    """Every option names its own problem, before any model is built."""
+    for option, value in [("--n-layers", n_layers), ("--dim", dim), ("--n-heads", n_heads), ("--seq-len", seq_len),
+                          ("--batch-size", batch_size), ("--steps", steps), ("--rounds", rounds)]:
+        if value <= 0:
+            raise TapeError(f"{option} must be a positive integer, got {value}")
+    if warmup < 0:
+        raise TapeError(f"--warmup must be >= 0, got {warmup}")
+    if dim % n_heads:
+        raise TapeError(f"--n-heads {n_heads} does not divide --dim {dim}")
+
+
 def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_len: int, batch_size: int, steps: int,
               warmup: int, rounds: int, tape_paths: bool, device: str, out: Path | None = None) -> dict:
+    check_options(n_layers, dim, n_heads, seq_len, batch_size, steps, warmup, rounds)
+    if out is not None:
+        check_output_file(out)
     dev = resolve_device(device)
     console = Console()
     variants = bench_variants(pes, tape_paths)
@@ -90,6 +108,6 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_len: in
               "median_step_s": medians, "ratio_to_rope": {k: v / reference for k, v in medians.items()}}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
+        write_atomic(out, json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {out}")
     return result

@@ -6,7 +6,9 @@ A checkpoint is a directory `RUN/checkpoints/step-XXXXXXXX/` holding
     tokenizer/          what `tok.save` writes
     train_state.pt      optimizer, scheduler, step, RNG states, data position, recipe hash (training only)
 It is written into a `.tmp-*` directory next to it and renamed into place, so a directory named `step-*` is
-always complete; a save killed half-way leaves only a `.tmp-*` directory, which is ignored and later removed.
+always complete; a save killed half-way leaves only a `.tmp-*` directory, which is ignored and later removed, and
+a save that fails (a full disk) removes its `.tmp-*` directory itself. Pruning renames a checkpoint out of the
+`step-*` namespace before deleting it. A corrupt or truncated file is reported as one line naming it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tapecli.errors import TapeError
+from tapecli.faults import reading, writing
 from tapecli.run import CHECKPOINTS
 
 if TYPE_CHECKING:
@@ -100,14 +103,20 @@ def save_model(model: Transformer, tokenizer: Tokenizer, directory: str | Path) 
 
 def read_model_config(checkpoint: Path) -> dict[str, Any]:
     """The model_config.json of a checkpoint directory, as a dict."""
-    return json.loads((checkpoint / MODEL_CONFIG).read_text())
+    path = checkpoint / MODEL_CONFIG
+    with reading(path, MODEL_CONFIG):
+        config = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(config, dict):
+            raise ValueError(f"expected a JSON object, got {type(config).__name__}")
+    return config
 
 
 def load_weights(model: Transformer, checkpoint: Path) -> None:
     """Copy a checkpoint's weights into `model`; any missing, unexpected or mis-shaped tensor is a TapeError."""
     from safetensors.torch import load_file
 
-    state = load_file(str(checkpoint / WEIGHTS))
+    with reading(checkpoint / WEIGHTS, WEIGHTS):
+        state = load_file(str(checkpoint / WEIGHTS))
     expected = model.state_dict()
     if model.config.tie_embeddings:
         expected.pop("lm_head.weight", None)
@@ -124,7 +133,6 @@ def load_weights(model: Transformer, checkpoint: Path) -> None:
 
 def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer]:
     """(model in eval mode, tokenizer) from a run directory (its newest checkpoint) or a checkpoint directory."""
-    from tapecli.data.tokenizer import load_tokenizer_dir
     from tapecli.model import ModelConfig, Transformer
 
     checkpoint = resolve_checkpoint(path)
@@ -134,7 +142,15 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, Toke
         raise TapeError(f"{checkpoint / MODEL_CONFIG}: {e}") from None
     model = Transformer(config)
     load_weights(model, checkpoint)
-    return model.to(device).eval(), load_tokenizer_dir(checkpoint / TOKENIZER)
+    return model.to(device).eval(), load_checkpoint_tokenizer(checkpoint)
+
+
+def load_checkpoint_tokenizer(checkpoint: Path) -> Tokenizer:
+    """The tokenizer saved in a checkpoint; a corrupt one is one line naming it."""
+    from tapecli.data.tokenizer import load_tokenizer_dir
+
+    with reading(checkpoint / TOKENIZER, "the saved tokenizer"):
+        return load_tokenizer_dir(checkpoint / TOKENIZER)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -150,17 +166,27 @@ def save_checkpoint(root: Path, step: int, model: Transformer, tokenizer: Tokeni
     final = root / checkpoint_name(step)
     temp = root / f"{TEMP_PREFIX}{final.name}-{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
-    save_model(model, tokenizer, temp)
-    torch.save(train_state, temp / TRAIN_STATE)
+    try:
+        with writing(final):
+            save_model(model, tokenizer, temp)
+            torch.save(train_state, temp / TRAIN_STATE)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)  # no partial checkpoint is left behind; older ones are untouched
+        raise
     if final.exists():  # only when resuming from an older checkpoint of the same run: the old future is replaced
-        stale = root / f"{TEMP_PREFIX}stale-{final.name}-{os.getpid()}"
-        final.rename(stale)
-        shutil.rmtree(stale)
+        _delete(final)
     temp.rename(final)
     if keep_last > 0:
         for old in list_checkpoints(root)[:-keep_last]:
-            shutil.rmtree(old)
+            _delete(old)
     return final
+
+
+def _delete(checkpoint: Path) -> None:
+    """Rename out of the `step-*` namespace first, so a kill half-way through leaves only a `.tmp-*` directory."""
+    doomed = checkpoint.with_name(f"{TEMP_PREFIX}deleted-{checkpoint.name}-{os.getpid()}")
+    checkpoint.rename(doomed)
+    shutil.rmtree(doomed)
 
 
 def remove_temp_dirs(root: Path) -> None:
@@ -178,4 +204,5 @@ def load_train_state(checkpoint: Path) -> dict[str, Any]:
     if not path.is_file():
         raise TapeError(f"{checkpoint} has no {TRAIN_STATE}; it holds weights only and cannot be resumed "
                         "(use it with --checkpoint / train.init_from instead)")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    with reading(path, TRAIN_STATE):
+        return torch.load(path, map_location="cpu", weights_only=True)

@@ -1,4 +1,9 @@
-"""The `tape` command line. Each command imports its heavy modules lazily so `tape --help` stays fast."""
+"""The `tape` command line. Each command imports its heavy modules lazily so `tape --help` stays fast.
+
+Every command runs inside one error boundary (`tapecli.faults.boundary`, entered by the root group): user
+mistakes and faults (unreadable or corrupt files, a full disk, out of memory) print one line and exit 2 (bad
+input) or 1 (failed run); real bugs keep their traceback. `tape --debug ...` or `TAPE_DEBUG=1` shows tracebacks.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import click
 import typer
+from typer.core import TyperGroup
 
+from tapecli import faults
 from tapecli.errors import TapeError
+
+
+class _Guarded(TyperGroup):
+    """The root group: every command (and sub-command) runs inside the fault boundary."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        with faults.boundary():
+            return super().invoke(ctx)
+
 
 app = typer.Typer(
     name="tape",
@@ -16,17 +33,21 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Guarded,
 )
+
+
+@app.callback()
+def _root(debug: bool = typer.Option(False, "--debug", envvar="TAPE_DEBUG",
+                                     help="Show the full traceback of any error (also: TAPE_DEBUG=1).")) -> None:
+    faults.set_debug(debug)
 
 
 @contextmanager
 def reported_errors() -> Iterator[None]:
-    """Turn a TapeError into one red line and its exit code (2: bad input, 1: a failed run), no traceback."""
-    try:
+    """The same boundary as every command already runs in (kept so a command can enter it explicitly)."""
+    with faults.boundary():
         yield
-    except TapeError as e:
-        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(e.exit_code) from None
 
 
 @app.command()

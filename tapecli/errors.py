@@ -1,13 +1,28 @@
-"""The exception types the CLI reports as one line, without a traceback."""
+"""The exception types the CLI reports as one line, without a traceback (see `tapecli.faults`)."""
 
 
 class TapeError(Exception):
     """Bad input (a recipe key, a file, a value). The message must name the problem in one line."""
 
     exit_code = 2
+    prefix = "error"  # the CLI prints `<prefix>: <message>`
 
 
-class LossNotFinite(TapeError):
-    """The training loss became nan or inf; the bad update was not applied and nothing was saved."""
+class RunFailed(TapeError):
+    """The input was fine but the run failed (a full disk, a file that could not be written)."""
 
-    exit_code = 1  # the input was fine; the run failed
+    exit_code = 1
+
+
+class LossNotFinite(RunFailed):
+    """The training loss or the weights became nan or inf; the bad update was not saved."""
+
+
+class Stopped(TapeError):
+    """A run stopped on request (SIGTERM, Ctrl-C) after saving a checkpoint; exits 128 + the signal number."""
+
+    prefix = "stopped"
+
+    def __init__(self, message: str, signal_number: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signal_number

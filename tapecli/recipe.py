@@ -25,10 +25,12 @@ from typing import Any, Literal
 import yaml
 
 from tapecli.errors import TapeError
+from tapecli.faults import reading
 
 DataKind = Literal["text", "pairs", "addition"]
 Schedule = Literal["linear", "cosine", "constant"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
+LoggerName = Literal["jsonl", "tensorboard", "wandb"]
 
 
 @dataclass
@@ -92,6 +94,8 @@ class TrainSection:
     freeze: list[str] = field(default_factory=list)  # glob patterns of parameter names to freeze
     unfreeze: list[str] = field(default_factory=list)  # patterns unfrozen again after `freeze`
     init_from: str | None = None  # checkpoint (run or checkpoint dir) to start from
+    # Where metrics go: jsonl (RUN/metrics.jsonl), tensorboard (RUN/tensorboard/), wandb (offline: WANDB_MODE=offline)
+    loggers: list[LoggerName] = field(default_factory=lambda: ["jsonl"])
 
     @property
     def warmup_steps(self) -> int:
@@ -217,6 +221,8 @@ class Recipe:
             _fail("train.betas", f"expected a list of 2 floats in [0, 1), got {t.betas}")
         if t.warmup < 0 or (t.warmup >= 1 and t.warmup != int(t.warmup)):
             _fail("train.warmup", f"expected a fraction in [0, 1) or a whole number of steps, got {t.warmup}")
+        if len(set(t.loggers)) != len(t.loggers):
+            _fail("train.loggers", f"lists a logger twice: {t.loggers}")
         if t.warmup_steps >= t.max_steps:
             _fail("train.warmup", f"{t.warmup_steps} warm-up steps must be fewer than train.max_steps "
                   f"({t.max_steps})")
@@ -304,8 +310,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             _fail(key, f"expected one of {', '.join(str(a) for a in args)}; got {value!r}")
         return value
     if origin is list:
-        if isinstance(value, str) and args[0] is str:
-            return [value]  # `train.freeze=*` means ["*"]
+        if isinstance(value, str) and _accepts_str(args[0]):
+            return [_coerce(value, args[0], key)]  # `train.freeze=*` means ["*"]
         if not isinstance(value, (list, tuple)):
             _fail(key, f"expected {_describe(tp)}, got {value!r}")
         return [_coerce(v, args[0], key) for v in value]
@@ -442,7 +448,8 @@ def _locate(recipe: str) -> tuple[str, str]:
     """(origin for messages, YAML text) of a recipe path or shipped name; an existing file wins over a name."""
     path = Path(recipe).expanduser()
     if path.is_file():
-        return str(path), path.read_text(encoding="utf-8")
+        with reading(path, "recipe"):
+            return str(path), path.read_text(encoding="utf-8")
     shipped = _shipped()
     name = recipe[: -len(".yaml")] if recipe.endswith(".yaml") else recipe
     if name in shipped:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tapecli
+from tapecli.errors import TapeError
+from tapecli.faults import reading, writing
 
 if TYPE_CHECKING:
     from tapecli.recipe import Recipe
@@ -32,11 +35,17 @@ RUN_INFO = "run.json"
 @contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary sibling of `path` to write; it replaces `path` only when the block succeeds, so readers (and a
-    resumed command) never see a half-written file."""
+    resumed command) never see a half-written file. If the block fails (e.g. the disk is full), the temporary file
+    is removed, `path` is left as it was, and a write fault becomes one line naming `path` (`faults.writing`)."""
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
-    yield tmp
-    os.replace(tmp, path)
+    try:
+        with writing(path):
+            yield tmp
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -59,18 +68,40 @@ def _now() -> str:
 
 
 def write_run_files(run_dir: Path, recipe_yaml: str, seed: int, command: list[str], resumed_from: Path | None) -> None:
-    """Write recipe.yaml and run.json. A resumed run keeps its original run.json and appends to `resumes`."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(run_dir / RECIPE, recipe_yaml)
+    """Write recipe.yaml and run.json. A resumed run keeps its original run.json and appends to `resumes`.
+    An unreadable run.json fails before either file is rewritten."""
     info_path = run_dir / RUN_INFO
     entry = {"command": shlex.join(command), "time": _now()}
     if resumed_from is not None and info_path.exists():
-        info = json.loads(info_path.read_text())
-        info.setdefault("resumes", []).append({**entry, "checkpoint": str(resumed_from)})
+        with reading(info_path, RUN_INFO):
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+            info.setdefault("resumes", []).append({**entry, "checkpoint": str(resumed_from)})
     else:
         info = {"seed": seed, "version": tapecli.__version__, "git_revision": git_revision(),
                 "command": entry["command"], "start_time": entry["time"]}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / RECIPE, recipe_yaml)
     write_atomic(info_path, json.dumps(info, indent=2) + "\n")
+
+
+@contextmanager
+def removed_on_failure(run_dir: Path) -> Iterator[None]:
+    """Undo what a failed setup created in `run_dir`: the directory itself if it is new, else new cache entries
+    (a too-small corpus must not leave a tokenized `cache/` behind)."""
+    existed = run_dir.exists()
+    cache = run_dir / "cache"
+    before = set(cache.iterdir()) if cache.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif before is None:
+            shutil.rmtree(cache, ignore_errors=True)
+        elif cache.is_dir():
+            for entry in set(cache.iterdir()) - before:
+                shutil.rmtree(entry, ignore_errors=True)
+        raise
 
 
 class MetricsLog:
@@ -85,13 +116,13 @@ class MetricsLog:
         # A run killed after its last checkpoint logged steps that the resumed run will log again.
         if not self.path.exists():
             return
-        rows = [line for line in self.path.read_text().splitlines() if line.strip()]
-        kept = [line for line in rows if json.loads(line).get("step", 0) <= step]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [json.dumps(row) for row in _read_rows(self.path) if row.get("step", 0) <= step]
+        write_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def log(self, row: dict[str, Any]) -> None:
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        with writing(self.path):
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
 
     def close(self) -> None:
         self._file.close()
@@ -107,5 +138,17 @@ def run_recipe(checkpoint: Path) -> Recipe | None:
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """All rows of RUN/metrics.jsonl."""
-    path = Path(run_dir) / METRICS
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _read_rows(Path(run_dir) / METRICS)
+
+
+def _read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines log; a half-written last line (a run killed mid-write) is skipped."""
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number < len(lines):
+                raise TapeError(f"{path}: line {number} is not JSON; the log is damaged") from None
+    return rows

@@ -41,7 +41,7 @@ from tapecli.data.sources import (
     local_files,
     open_token_memmap,
 )
-from tapecli.data.tokenizer import Tokenizer
+from tapecli.data.tokenizer import Tokenizer, tokenizer_fingerprint
 from tapecli.errors import TapeError
 
 IGNORE_INDEX = -100
@@ -239,8 +239,5 @@ def _cache_key(source: str, tokenizer: Tokenizer, val_fraction: float, seed: int
     h = hashlib.sha256()
     files = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in local_files(source)]
     h.update(json.dumps([CACHE_VERSION, files, text_field, val_fraction, seed]).encode())
-    with tempfile.TemporaryDirectory() as tmp:
-        tokenizer.save(tmp)
-        for f in sorted(Path(tmp).iterdir()):
-            h.update(f.name.encode() + f.read_bytes())
+    h.update(tokenizer_fingerprint(tokenizer).encode())
     return h.hexdigest()[:20]

@@ -229,10 +229,15 @@ def train_tokenizer(
     import sentencepiece as spm
 
     from tapecli.data.sources import iter_documents
+    from tapecli.faults import check_output_file
+    from tapecli.run import atomic_path
 
     out_path = Path(out)
     if out_path.suffix != ".model":
         raise TapeError(f"--out {out} must end with .model (a SentencePiece model file)")
+    if vocab_size < 1:
+        raise TapeError(f"--vocab-size must be a positive integer, got {vocab_size}")
+    check_output_file(out_path)  # a directory or a read-only place fails now, not after the training
     with tempfile.TemporaryDirectory(prefix="tape-spm-") as tmp:
         corpus = Path(tmp) / "corpus.txt"
         written = 0
@@ -256,8 +261,22 @@ def train_tokenizer(
                 pad_id=0, unk_id=1, bos_id=2, eos_id=3, num_threads=2, minloglevel=2,
             )
         except RuntimeError as e:  # e.g. "INTERNAL: src/x.cc(638) [check] Vocabulary size is smaller than ..."
-            reason = str(e).split("] ", 1)[-1]
+            check, _, reason = str(e).partition("] ")  # "INTERNAL: src/x.cc(638) [check] reason"
+            reason = reason.strip() or check.rpartition("[")[-1] or str(e)
             raise TapeError(f"cannot train a {vocab_size}-piece tokenizer on {data}: {reason}") from None
         out_path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(Path(tmp) / "spm.model", out_path)
+        with atomic_path(out_path) as partial:  # a failed copy (full disk) leaves an existing model untouched
+            shutil.copyfile(Path(tmp) / "spm.model", partial)
     return out_path
+
+
+def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
+    """A hash of what `tokenizer.save` writes: equal fingerprints mean the same token ids for every text."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer.save(tmp)
+        for f in sorted(Path(tmp).iterdir()):
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()

@@ -16,7 +16,7 @@ import hashlib
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from tapecli import faults
 from tapecli.checkpoint import (
-    TOKENIZER,
+    checkpoint_step,
     list_checkpoints,
+    load_checkpoint_tokenizer,
     load_train_state,
     load_weights,
     read_model_config,
@@ -39,10 +41,14 @@ from tapecli.checkpoint import (
 from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
 from tapecli.recipe import Recipe
-from tapecli.run import CHECKPOINTS, METRICS, MetricsLog, write_run_files
+from tapecli.run import CHECKPOINTS, removed_on_failure, write_run_files
 from tapecli.train import distributed
+from tapecli.train.continuation import check_continuation
 from tapecli.train.distributed import DistEnv
+from tapecli.train.health import check_finite_weights
+from tapecli.train.loggers import check_loggers, open_loggers
 from tapecli.train.optim import build_optimizer, build_scheduler
+from tapecli.train.preemption import StopSignal, stopped
 from tapecli.train.progress import TrainProgress
 
 # Model keys that change parameter shapes: a fine-tuning recipe may not change them.
@@ -68,6 +74,8 @@ class Job:
     tokens: int = 0  # training tokens seen before start_step
     elapsed: float = 0.0  # training seconds before this process
     last_checkpoint: Path | None = None
+    command: list[str] = field(default_factory=list)  # the command line, for the "resume with" message
+    stop: StopSignal = field(default_factory=StopSignal)  # SIGTERM / Ctrl-C: save after this step, then stop
 
 
 def pretrain(recipe: Recipe, out: str | Path, resume: str = "auto", command: list[str] | None = None) -> Path:
@@ -84,8 +92,10 @@ def finetune(recipe: Recipe, checkpoint: str | Path, out: str | Path, resume: st
 def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str]) -> Path:
     env = distributed.setup()
     try:
-        job = setup(recipe, out, resume, init_from, command, env)
-        fit(job)
+        with removed_on_failure(out):  # a failed setup leaves no run directory or cache behind
+            job = setup(recipe, out, resume, init_from, command, env)
+        with job.stop:
+            fit(job)
         distributed.barrier(env)
     finally:
         distributed.teardown()
@@ -99,6 +109,8 @@ def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command:
 def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str], env: DistEnv) -> Job:
     """Check everything that can be wrong before writing anything, then create the run directory."""
     t = recipe.train
+    faults.check_output_dir(out)
+    check_loggers(t.loggers)
     _check_hardware(recipe, env)
     resume_from = find_resume(out, resume)
     init_checkpoint = resolve_checkpoint(init_from) if init_from else None
@@ -106,6 +118,8 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
 
     tokenizer = _load_tokenizer(recipe, weights_from)
     config = _model_config(recipe, tokenizer, weights_from)
+    if resume_from is not None:
+        check_continuation(recipe, resume_from, tokenizer, config)
     # The resolved recipe describes the model actually trained (vocab size, or a fine-tuned checkpoint's shape).
     for f in dataclasses.fields(recipe.model):
         setattr(recipe.model, f.name, config.to_dict()[f.name])
@@ -119,6 +133,8 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
         load_weights(model, weights_from)
     apply_freeze(model, t.freeze, t.unfreeze)
     counts = count_parameters(model)
+    faults.note_memory_use(f"a {counts['total']:,}-parameter model ({t.micro_batch_size} x {recipe.data.seq_len} "
+                           "tokens per micro-batch)", "lower train.micro_batch_size or data.seq_len")
     if counts["trainable"] == 0:
         raise TapeError("train.freeze: every parameter is frozen; unfreeze some with train.unfreeze")
     model.to(env.device)
@@ -132,7 +148,8 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     train_data[0]  # read one example now, so unreadable data (e.g. an offline hub stream) fails before any writing
 
     job = Job(recipe=recipe, env=env, model=model, tokenizer=tokenizer, train_data=train_data, val_data=val_data,
-              optimizer=optimizer, scheduler=scheduler, scaler=scaler, out=out, recipe_hash=recipe_hash)
+              optimizer=optimizer, scheduler=scheduler, scaler=scaler, out=out, recipe_hash=recipe_hash,
+              command=command)
     if resume_from is not None:
         _restore(job, resume_from)
 
@@ -183,11 +200,12 @@ def find_resume(out: Path, resume: str) -> Path | None:
 
 def _load_tokenizer(recipe: Recipe, checkpoint: Path | None) -> Any:
     """A checkpoint's own tokenizer when starting from one, else the recipe's."""
-    from tapecli.data.tokenizer import load_tokenizer, load_tokenizer_dir
+    from tapecli.data.tokenizer import load_tokenizer
 
     if checkpoint is not None:
-        return load_tokenizer_dir(checkpoint / TOKENIZER)
-    return load_tokenizer(recipe.data.tokenizer)
+        return load_checkpoint_tokenizer(checkpoint)
+    with faults.reading(recipe.data.tokenizer, "tokenizer"):
+        return load_tokenizer(recipe.data.tokenizer)
 
 
 def _model_config(recipe: Recipe, tokenizer: Any, checkpoint: Path | None) -> Any:
@@ -353,7 +371,7 @@ def fit(job: Job) -> None:
     if t.compile:
         train_model = torch.compile(train_model)
     n_train = _num_examples(job.train_data)
-    metrics = MetricsLog(job.out / METRICS, job.start_step) if env.is_main else None
+    metrics = open_loggers(t.loggers, job.out, job.start_step, recipe.to_dict()) if env.is_main else None
     model.train()
 
     t0 = last_time = time.perf_counter()
@@ -385,8 +403,8 @@ def fit(job: Job) -> None:
 
             if job.scaler is not None:
                 job.scaler.unscale_(job.optimizer)
-            if t.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip)
+            grad_norm = (nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else
+                         nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
             lr = job.optimizer.param_groups[0]["lr"]
             if job.scaler is not None:
                 job.scaler.step(job.optimizer)
@@ -402,7 +420,8 @@ def fit(job: Job) -> None:
             progress.step(done, loss, lr, tokens_per_s)
             if metrics is not None and (done % t.log_every == 0 or done == t.max_steps):
                 metrics.log({"step": done, "loss": loss, "lr": lr, "tokens": job.tokens,
-                             "tokens_per_s": round(tokens_per_s, 1), "elapsed": round(job.elapsed + now - t0, 3)})
+                             "tokens_per_s": round(tokens_per_s, 1), "elapsed": round(job.elapsed + now - t0, 3),
+                             "grad_norm": float(grad_norm)})
                 last_time, last_tokens = now, job.tokens
 
             if job.val_data is not None and ((t.eval_every and done % t.eval_every == 0) or done == t.max_steps):
@@ -412,6 +431,12 @@ def fit(job: Job) -> None:
                     metrics.log({"step": done, "val_loss": val_loss})
             if done % t.save_every == 0 or done == t.max_steps:
                 job.last_checkpoint = save(job, done, job.elapsed + time.perf_counter() - t0)
+            if job.stop.requested(env):
+                if job.last_checkpoint is None or checkpoint_step(job.last_checkpoint) != done:
+                    job.last_checkpoint = save(job, done, job.elapsed + time.perf_counter() - t0)
+                if metrics is not None:
+                    metrics.close()
+                raise stopped(job.stop.signal_number, done, job.last_checkpoint, job.command)
 
     if metrics is not None:
         metrics.close()
@@ -448,6 +473,7 @@ def save(job: Job, step: int, elapsed: float) -> Path:
     """Write checkpoint `step` (rank 0 writes; every rank returns its path)."""
     t = job.recipe.train
     root = job.out / CHECKPOINTS
+    check_finite_weights(job.model, step, job.last_checkpoint)
     if job.env.is_main:
         return save_checkpoint(root, step, job.model, job.tokenizer, _train_state(job, step, elapsed),
                                keep_last=t.keep_last)

@@ -90,6 +90,12 @@ class PositionalEncoding(nn.Module):
         return LayerPE()
 
 
+def check_positive_int(key: str, value: object) -> None:
+    """A width or count in pe_args: a whole number >= 1 (0 is not "the default")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"model.pe_args.{key}: must be a positive integer, got {value!r}")
+
+
 def check_pe_args(cls: type, name: str, pe_args: dict) -> dict:
     """Validate `pe_args` against the keyword-only parameters of `cls.__init__` (and its parents).
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.pe.base import LayerPE, PositionalEncoding
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, check_positive_int
 
 EPS = 1e-6
 
@@ -43,6 +43,7 @@ class FIRELayer(LayerPE):
 class FIRE(PositionalEncoding):
     def __init__(self, config, *, hidden: int = 32, init_c: float = 0.1, threshold: float = 512.0) -> None:
         super().__init__(config)
+        check_positive_int("hidden", hidden)
         self.hidden, self.init_c, self.threshold = hidden, init_c, threshold
 
     def make_layer(self, layer_idx: int) -> LayerPE:

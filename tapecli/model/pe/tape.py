@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tapecli.model.pe.base import LayerPE, PositionState, apply_rotary
+from tapecli.model.pe.base import LayerPE, PositionState, apply_rotary, check_positive_int
 from tapecli.model.pe.rope import RoPE
 
 VARIANTS = ("paper", "official")
@@ -127,8 +127,11 @@ class TAPE(RoPE):
                                     ("state_dtype", state_dtype, STATE_DTYPES)):
             if value not in allowed:
                 raise ValueError(f"model.pe_args.{key}: unknown value {value!r}; allowed: {', '.join(allowed)}")
+        if hidden is None:
+            hidden = 4 * config.n_heads
+        check_positive_int("hidden", hidden)
         self.layer_args = dict(dim=config.dim, n_heads=config.n_heads, head_dim=config.head_dim,
-                               hidden=hidden or 4 * config.n_heads, variant=variant, gate_input=gate_input,
+                               hidden=hidden, variant=variant, gate_input=gate_input,
                                attn_update=attn_update, mlp_update=mlp_update, mix=mix)
         # How attention also averages E (None: it doesn't, when the post-attention update is ablated).
         self.aggregation = aggregation if attn_update else None

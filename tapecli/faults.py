@@ -1,0 +1,230 @@
+"""Faults from files, the OS and the hardware, turned into one line naming the file and the problem.
+
+The CLI runs every command inside `boundary()`. It prints a `TapeError` as `error: <message>` and exits with the
+error's code (2: bad input, 1: a failed run). Errors the OS or a library raises for a *fault* rather than a bug --
+an unreadable file, a full disk, a corrupt checkpoint, an out-of-memory GPU -- become one line too. Anything else is
+a bug and keeps its traceback. `tape --debug ...` or `TAPE_DEBUG=1` shows the traceback of every error.
+
+Code that reads or writes a file wraps the call in `reading(path, what)` / `writing(path)`: the exceptions
+libraries raise for a corrupt file (safetensors, sentencepiece, torch.load, json, yaml, UTF-8) or a failed write
+(disk full) say nothing about which file it was, so these turn them into a `TapeError` that does.
+`check_output_file` / `check_output_dir` test an `--out` before any work starts.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tapecli.errors import RunFailed, TapeError
+
+_debug = False
+_memory_context: tuple[str, str] | None = None  # (what is running, hint), see note_memory_use
+
+# errno values that mean the storage, not the input, failed: the run failed (exit 1), the input was fine.
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def set_debug(enabled: bool) -> None:
+    """Show tracebacks instead of one-line messages (`tape --debug`, `TAPE_DEBUG=1`)."""
+    global _debug
+    _debug = enabled or os.environ.get("TAPE_DEBUG", "") not in ("", "0")
+
+
+def note_memory_use(what: str, hint: str) -> None:
+    """What the process is running (e.g. "a 124,000,000-parameter model") and what to lower when memory runs out;
+    used in the out-of-memory message."""
+    global _memory_context
+    _memory_context = (what, hint)
+
+
+@contextmanager
+def boundary() -> Iterator[None]:
+    """Report faults as `error: <one line>` and exit with their code; let real bugs through with a traceback."""
+    import typer
+
+    try:
+        yield
+    except Exception as e:
+        if _debug or os.environ.get("TAPE_DEBUG", "") not in ("", "0"):
+            raise
+        explained = explain(e)
+        if explained is None:
+            raise
+        message, code, prefix = explained
+        typer.secho(f"{prefix}: {message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(code) from None
+
+
+def explain(e: BaseException) -> tuple[str, int, str] | None:
+    """(one-line message, exit code, prefix) for a fault, None for an exception that is a bug."""
+    if isinstance(e, TapeError):
+        return str(e), e.exit_code, e.prefix
+    if _is_out_of_memory(e):
+        return out_of_memory_message(e), 1, "error"
+    if isinstance(e, OSError) and e.errno is not None:
+        return _os_message(e), (1 if e.errno in _STORAGE_ERRNOS else 2), "error"
+    if isinstance(e, UnicodeDecodeError):
+        return f"a file is not UTF-8 text ({e.reason} at byte {e.start})", 2, "error"
+    return None
+
+
+def _os_message(e: OSError) -> str:
+    problem = (e.strerror or os.strerror(e.errno or 0)).lower()
+    if e.filename is None:
+        return problem
+    if e.errno in _STORAGE_ERRNOS:
+        return f"{problem} while writing {e.filename}"
+    return f"{e.filename}: {problem}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reading and writing files
+
+
+def _is_corrupt_file_error(e: BaseException) -> bool:
+    """Exceptions libraries raise for a malformed file (never raised for a missing or unreadable one)."""
+    import pickle
+
+    if isinstance(e, (ValueError, EOFError, KeyError, TypeError, AttributeError, pickle.UnpicklingError)):
+        return True
+    name = type(e).__name__
+    if name in ("SafetensorError", "YAMLError") or any(c.__name__ == "YAMLError" for c in type(e).__mro__):
+        return True
+    # torch.load ("PytorchStreamReader failed ...") and sentencepiece ("could not parse ModelProto") raise these.
+    return isinstance(e, RuntimeError) and not _is_out_of_memory(e)
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    text = re.sub(r"^\[enforce fail at [^\]]*\]\s*\.?\s*", "", text)
+    text = re.sub(r"^(INTERNAL|Internal): ", "", text)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+@contextmanager
+def reading(path: str | Path, what: str = "file") -> Iterator[None]:
+    """Turn a parse error while reading `path` into `TapeError("<path>: <what> is corrupt or truncated (...)")`.
+
+    Keep the block to the read itself: every non-OS error inside it is taken to mean the file is bad. OS errors
+    (permission denied, not found) pass through; the boundary names their file.
+    """
+    try:
+        yield
+    except (TapeError, OSError):
+        raise
+    except Exception as e:
+        if isinstance(e, UnicodeDecodeError):
+            raise TapeError(f"{path}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from e
+        if not _is_corrupt_file_error(e):
+            raise
+        raise TapeError(f"{path}: {what} is corrupt or truncated ({_short(e)})") from e
+
+
+def _write_problem(e: BaseException, path: Path) -> str | None:
+    """What went wrong while writing `path`, or None if `e` is not a write fault."""
+    if isinstance(e, OSError) and e.errno is not None:
+        return (e.strerror or os.strerror(e.errno)).lower()
+    text = str(e)
+    match = re.search(r"\(os error (\d+)\)", text)  # Rust (safetensors): "I/O error: ... (os error 28)"
+    if match:
+        return os.strerror(int(match.group(1))).lower()
+    if isinstance(e, RuntimeError) and ("inline_container" in text or "PytorchStreamWriter" in text):
+        # torch.save reports a short write as "unexpected pos ..."; the usual cause is a full disk.
+        return "no space left on device" if _disk_full(path) else f"write failed ({_short(e)})"
+    return None
+
+
+def _disk_full(path: Path) -> bool:
+    for folder in (path.parent, *path.parents):
+        if folder.exists():
+            stat = os.statvfs(folder)
+            return stat.f_bavail * stat.f_frsize < 1 << 20
+    return False
+
+
+@contextmanager
+def writing(path: str | Path) -> Iterator[None]:
+    """Turn a failed write inside the block (disk full, read-only, ...) into
+    `RunFailed("<problem> while writing <path>")`; cleaning up the partial file is the caller's job."""
+    try:
+        yield
+    except TapeError:
+        raise
+    except Exception as e:
+        problem = _write_problem(e, Path(path))
+        if problem is None:
+            raise
+        raise RunFailed(f"{problem} while writing {path}") from e
+
+
+def _existing_parent(path: Path) -> Path:
+    for folder in (path, *path.parents):
+        if folder.exists():
+            return folder
+    return Path(".")
+
+
+def _check_creatable(path: Path, option: str) -> None:
+    """Whether files can be created where `path` will be (its nearest existing folder); writes nothing lasting."""
+    folder = _existing_parent(path)
+    if not folder.is_dir():
+        raise TapeError(f"{option} {path}: {folder} is a file, not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise TapeError(f"{option} {path}: cannot write in {folder} ({(e.strerror or str(e)).lower()})") from None
+
+
+def check_output_file(path: str | Path, option: str = "--out") -> None:
+    """Fail now, not after the work, if the file `path` cannot be written (a directory, a read-only place...)."""
+    path = Path(path)
+    if path.is_dir():
+        raise TapeError(f"{option} {path} is a directory; give a file path")
+    _check_creatable(path.parent if path.parent != path else path, option)
+
+
+def check_output_dir(path: str | Path, option: str = "--out") -> None:
+    """Fail now if the directory `path` cannot be created or written into (an existing file, read-only...)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise TapeError(f"{option} {path} is a file; give a directory")
+    _check_creatable(path, option)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Out of memory
+
+
+def _is_out_of_memory(e: BaseException) -> bool:
+    if isinstance(e, MemoryError):
+        return True
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(e, getattr(torch, "OutOfMemoryError", ())):
+        return True
+    return isinstance(e, RuntimeError) and ("out of memory" in str(e) or "can't allocate memory" in str(e))
+
+
+def out_of_memory_message(e: BaseException) -> str:
+    """One line: what was being allocated, on which device, what is running, and what to lower."""
+    text = str(e)
+    size = re.search(r"[Tt]ried to allocate ([\d.]+ [KMGT]i?B)", text)
+    cpu_bytes = re.search(r"you tried to allocate (\d+) bytes", text)
+    if size:
+        wanted = f" allocating {size.group(1)}"
+    elif cpu_bytes:
+        wanted = f" allocating {int(cpu_bytes.group(1)) / 2**30:,.2f} GiB"
+    else:
+        wanted = ""
+    device = "GPU" if ("CUDA" in text or "GPU" in text) else "CPU" if ("CPU" in text or isinstance(e, MemoryError)) \
+        else "device"
+    what, hint = _memory_context or ("", "use smaller batches or shorter sequences")
+    running = f" for {what}" if what else ""
+    return f"out of {device} memory{wanted}{running}; {hint}"

@@ -1,0 +1,41 @@
+"""Continuing a checkpoint's training (`--resume`) must not change what the checkpoint means.
+
+The data kind, the tokenizer (the ids it gives) and the model config of the recipe must be those the checkpoint
+was trained with; otherwise the run is refused with one line, before anything in the run directory is written.
+(Starting a *new* run from a checkpoint with other data is fine-tuning: `tape finetune` / `train.init_from`.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tapecli.checkpoint import read_model_config
+from tapecli.errors import TapeError
+from tapecli.recipe import Recipe
+from tapecli.run import run_recipe
+
+_INSTEAD = "use another --out for a new run, or start from it with tape finetune / train.init_from"
+
+
+def check_continuation(recipe: Recipe, checkpoint: Path, tokenizer: Any, config: Any) -> None:
+    """`tokenizer` is the checkpoint's own; `config` is the ModelConfig the recipe builds from the checkpoint."""
+    from tapecli.data.tokenizer import load_tokenizer, tokenizer_fingerprint
+    from tapecli.faults import reading
+
+    previous = run_recipe(checkpoint)  # None for a bare checkpoint directory
+    if previous is not None and previous.data.kind != recipe.data.kind:
+        raise TapeError(f"data.kind: the recipe says {recipe.data.kind!r} but {checkpoint} was trained on "
+                        f"{previous.data.kind!r} data; {_INSTEAD}")
+    if previous is None or previous.data.tokenizer != recipe.data.tokenizer:
+        with reading(recipe.data.tokenizer, "tokenizer"):
+            wanted = load_tokenizer(recipe.data.tokenizer)
+        if tokenizer_fingerprint(wanted) != tokenizer_fingerprint(tokenizer):
+            raise TapeError(f"data.tokenizer: {recipe.data.tokenizer!r} is not the tokenizer {checkpoint} was "
+                            f"trained with; {_INSTEAD}")
+    saved, built = read_model_config(checkpoint), config.to_dict()
+    changed = sorted(k for k in saved.keys() | built.keys() if saved.get(k) != built.get(k))
+    if changed:
+        key = changed[0]
+        raise TapeError(f"model.{key}: the recipe asks for {built.get(key)!r} but {checkpoint} has "
+                        f"{saved.get(key)!r}; a continued run keeps its model ({_INSTEAD})")
