@@ -104,7 +104,7 @@ def save_model(model: Transformer, tokenizer: Tokenizer, directory: str | Path) 
 def read_model_config(checkpoint: Path) -> dict[str, Any]:
     """The model_config.json of a checkpoint directory, as a dict."""
     path = checkpoint / MODEL_CONFIG
-    with reading(path, MODEL_CONFIG):
+    with reading(path):
         config = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(config, dict):
             raise ValueError(f"expected a JSON object, got {type(config).__name__}")
@@ -115,7 +115,7 @@ def load_weights(model: Transformer, checkpoint: Path) -> None:
     """Copy a checkpoint's weights into `model`; any missing, unexpected or mis-shaped tensor is a TapeError."""
     from safetensors.torch import load_file
 
-    with reading(checkpoint / WEIGHTS, WEIGHTS):
+    with reading(checkpoint / WEIGHTS):
         state = load_file(str(checkpoint / WEIGHTS))
     expected = model.state_dict()
     if model.config.tie_embeddings:
@@ -149,7 +149,7 @@ def load_checkpoint_tokenizer(checkpoint: Path) -> Tokenizer:
     """The tokenizer saved in a checkpoint; a corrupt one is one line naming it."""
     from tapecli.data.tokenizer import load_tokenizer_dir
 
-    with reading(checkpoint / TOKENIZER, "the saved tokenizer"):
+    with reading(checkpoint / TOKENIZER):
         return load_tokenizer_dir(checkpoint / TOKENIZER)
 
 
@@ -204,5 +204,5 @@ def load_train_state(checkpoint: Path) -> dict[str, Any]:
     if not path.is_file():
         raise TapeError(f"{checkpoint} has no {TRAIN_STATE}; it holds weights only and cannot be resumed "
                         "(use it with --checkpoint / train.init_from instead)")
-    with reading(path, TRAIN_STATE):
+    with reading(path):
         return torch.load(path, map_location="cpu", weights_only=True)

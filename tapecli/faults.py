@@ -5,7 +5,7 @@ error's code (2: bad input, 1: a failed run). Errors the OS or a library raises 
 an unreadable file, a full disk, a corrupt checkpoint, an out-of-memory GPU -- become one line too. Anything else is
 a bug and keeps its traceback. `tape --debug ...` or `TAPE_DEBUG=1` shows the traceback of every error.
 
-Code that reads or writes a file wraps the call in `reading(path, what)` / `writing(path)`: the exceptions
+Code that reads or writes a file wraps the call in `reading(path)` / `writing(path)`: the exceptions
 libraries raise for a corrupt file (safetensors, sentencepiece, torch.load, json, yaml, UTF-8) or a failed write
 (disk full) say nothing about which file it was, so these turn them into a `TapeError` that does.
 `check_output_file` / `check_output_dir` test an `--out` before any work starts.
@@ -49,6 +49,8 @@ def boundary() -> Iterator[None]:
     """Report faults as `error: <one line>` and exit with their code; let real bugs through with a traceback."""
     import typer
 
+    global _memory_context
+    _memory_context = None  # set again by whatever this command runs (note_memory_use)
     try:
         yield
     except Exception as e:
@@ -102,15 +104,17 @@ def _is_corrupt_file_error(e: BaseException) -> bool:
 
 
 def _short(e: BaseException) -> str:
+    """A library's message, first sentence only, without C++ source locations."""
     text = " ".join(str(e).split()) or type(e).__name__
     text = re.sub(r"^\[enforce fail at [^\]]*\]\s*\.?\s*", "", text)
     text = re.sub(r"^(INTERNAL|Internal): ", "", text)
+    text = text.split(". ", 1)[0]
     return text if len(text) <= 160 else text[:157] + "..."
 
 
 @contextmanager
-def reading(path: str | Path, what: str = "file") -> Iterator[None]:
-    """Turn a parse error while reading `path` into `TapeError("<path>: <what> is corrupt or truncated (...)")`.
+def reading(path: str | Path) -> Iterator[None]:
+    """Turn a parse error while reading `path` into `TapeError("<path> is corrupt or truncated (<reason>)")`.
 
     Keep the block to the read itself: every non-OS error inside it is taken to mean the file is bad. OS errors
     (permission denied, not found) pass through; the boundary names their file.
@@ -121,10 +125,10 @@ def reading(path: str | Path, what: str = "file") -> Iterator[None]:
         raise
     except Exception as e:
         if isinstance(e, UnicodeDecodeError):
-            raise TapeError(f"{path}: {what} is not UTF-8 text ({e.reason} at byte {e.start})") from e
+            raise TapeError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from e
         if not _is_corrupt_file_error(e):
             raise
-        raise TapeError(f"{path}: {what} is corrupt or truncated ({_short(e)})") from e
+        raise TapeError(f"{path} is corrupt or truncated ({_short(e)})") from e
 
 
 def _write_problem(e: BaseException, path: Path) -> str | None:

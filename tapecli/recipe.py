@@ -448,7 +448,7 @@ def _locate(recipe: str) -> tuple[str, str]:
     """(origin for messages, YAML text) of a recipe path or shipped name; an existing file wins over a name."""
     path = Path(recipe).expanduser()
     if path.is_file():
-        with reading(path, "recipe"):
+        with reading(path):
             return str(path), path.read_text(encoding="utf-8")
     shipped = _shipped()
     name = recipe[: -len(".yaml")] if recipe.endswith(".yaml") else recipe

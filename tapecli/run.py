@@ -73,7 +73,7 @@ def write_run_files(run_dir: Path, recipe_yaml: str, seed: int, command: list[st
     info_path = run_dir / RUN_INFO
     entry = {"command": shlex.join(command), "time": _now()}
     if resumed_from is not None and info_path.exists():
-        with reading(info_path, RUN_INFO):
+        with reading(info_path):
             info = json.loads(info_path.read_text(encoding="utf-8"))
             info.setdefault("resumes", []).append({**entry, "checkpoint": str(resumed_from)})
     else:

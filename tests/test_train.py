@@ -85,7 +85,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path: Path, tiny_corp
                                  "train.grad_clip=0"])
     assert result.exit_code == 1, result.output
     # Either the loss is nan/inf, or (first) the weights are: then the step's checkpoint is not saved.
-    match = re.search(r"error: (loss is (nan|inf) at step|after step) (\d+) .*the last good checkpoint is (\S+)",
+    match = re.search(r"error: (loss is (nan|inf) at step|after step) (\d+)[ ;].*the last good checkpoint is (\S+)",
                       result.output)
     assert match, result.output
     bad_step = int(match.group(3))

@@ -36,6 +36,7 @@ from tapecli.data.arithmetic import AdditionTokenizer, eval_problems, prompt_tex
 from tapecli.device import resolve_device
 from tapecli.errors import TapeError
 from tapecli.eval.plots import HeatmapPanel, save_heatmaps
+from tapecli.faults import check_output_dir, reading
 from tapecli.run import run_recipe, write_atomic
 
 PROTOCOL = (
@@ -81,6 +82,8 @@ def evaluate_addition(
     """
     if settings.max_len < 1 or settings.samples < 1:
         raise TapeError(f"--max-len and --samples must be positive, got {settings.max_len} and {settings.samples}")
+    if batch_size < 1:
+        raise TapeError(f"--batch-size must be a positive integer, got {batch_size}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     done = _resume(out, settings)
@@ -114,7 +117,8 @@ def _resume(out: Path, settings: AdditionEvalSettings) -> dict[tuple[int, int], 
     """
     settings_path, samples_path = out / SETTINGS_FILE, out / SAMPLES_FILE
     if settings_path.is_file():
-        previous = json.loads(settings_path.read_text())
+        with reading(settings_path):
+            previous = json.loads(settings_path.read_text(encoding="utf-8"))
         if previous != asdict(settings):
             changed = sorted(k for k in previous.keys() | asdict(settings).keys()
                              if previous.get(k) != asdict(settings).get(k))
@@ -219,6 +223,8 @@ def run_addition_eval(
     """
     from tapecli.checkpoint import load_model, resolve_checkpoint
 
+    if out:
+        check_output_dir(out)
     ckpt = resolve_checkpoint(checkpoint)
     recipe = run_recipe(ckpt)
     if max_len is None:

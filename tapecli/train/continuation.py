@@ -28,7 +28,7 @@ def check_continuation(recipe: Recipe, checkpoint: Path, tokenizer: Any, config:
         raise TapeError(f"data.kind: the recipe says {recipe.data.kind!r} but {checkpoint} was trained on "
                         f"{previous.data.kind!r} data; {_INSTEAD}")
     if previous is None or previous.data.tokenizer != recipe.data.tokenizer:
-        with reading(recipe.data.tokenizer, "tokenizer"):
+        with reading(recipe.data.tokenizer):
             wanted = load_tokenizer(recipe.data.tokenizer)
         if tokenizer_fingerprint(wanted) != tokenizer_fingerprint(tokenizer):
             raise TapeError(f"data.tokenizer: {recipe.data.tokenizer!r} is not the tokenizer {checkpoint} was "

@@ -204,7 +204,7 @@ def _load_tokenizer(recipe: Recipe, checkpoint: Path | None) -> Any:
 
     if checkpoint is not None:
         return load_checkpoint_tokenizer(checkpoint)
-    with faults.reading(recipe.data.tokenizer, "tokenizer"):
+    with faults.reading(recipe.data.tokenizer):
         return load_tokenizer(recipe.data.tokenizer)
 
 

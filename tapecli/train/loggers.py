@@ -106,7 +106,7 @@ class WandbLogger:
         run_id = json.loads(id_file.read_text())["id"] if id_file.is_file() else secrets.token_hex(4)
         try:
             self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "tape"), name=run_dir.name, id=run_id,
-                                  resume="allow", dir=str(run_dir), config=config)
+                                  resume="allow", dir=str(run_dir), config=config, reinit="finish_previous")
         except Exception as e:  # no login, no network: one line saying what to do
             reason = " ".join(str(e).split())
             raise TapeError(f"train.loggers: wandb could not start ({reason}); run `wandb login`, or set "
@@ -118,4 +118,7 @@ class WandbLogger:
         self.run.log(scalars(row), step=row["step"])
 
     def close(self) -> None:
+        import wandb
+
         self.run.finish()
+        wandb.teardown()  # waits for the W&B service to write everything (finish alone may return before)

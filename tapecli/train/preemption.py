@@ -55,10 +55,9 @@ class StopSignal:
 
             from tapecli.train import distributed
 
-            signals = torch.tensor(float(self.signal_number or 0), device=env.device)
-            agreed = int(distributed.all_sum(signals, env).item())
-            if agreed and self.signal_number is None:
-                self.signal_number = signal.SIGTERM if agreed % signal.SIGTERM == 0 else signal.SIGINT
+            flag = torch.tensor(float(self.signal_number is not None), device=env.device)
+            if distributed.all_sum(flag, env).item() > 0 and self.signal_number is None:
+                self.signal_number = signal.SIGTERM  # another process was told to stop
         return self.signal_number is not None
 
 
