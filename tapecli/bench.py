@@ -17,7 +17,7 @@ from rich.table import Table
 
 from tapecli.device import resolve_device
 from tapecli.errors import TapeError
-from tapecli.faults import check_output_file
+from tapecli.faults import check_output_file, note_memory_use
 from tapecli.model import PE_NAMES, ModelConfig, Transformer
 from tapecli.run import write_atomic
 
@@ -74,6 +74,8 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_len: in
     dev = resolve_device(device)
     console = Console()
     variants = bench_variants(pes, tape_paths)
+    note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {seq_len} tokens per "
+                    "step)", "lower --batch-size or --seq-len, or time fewer --pe at once")
     vocab = 1024
     batch = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=torch.Generator().manual_seed(0)).to(dev)
     models = {}

@@ -175,9 +175,9 @@ def _existing_parent(path: Path) -> Path:
     return Path(".")
 
 
-def _check_creatable(path: Path, option: str) -> None:
-    """Whether files can be created where `path` will be (its nearest existing folder); writes nothing lasting."""
-    folder = _existing_parent(path)
+def _check_creatable(path: Path, option: str, inside: Path) -> None:
+    """Whether files can be created in `inside` (or its nearest existing parent); writes nothing lasting."""
+    folder = _existing_parent(inside)
     if not folder.is_dir():
         raise TapeError(f"{option} {path}: {folder} is a file, not a directory")
     try:
@@ -192,7 +192,7 @@ def check_output_file(path: str | Path, option: str = "--out") -> None:
     path = Path(path)
     if path.is_dir():
         raise TapeError(f"{option} {path} is a directory; give a file path")
-    _check_creatable(path.parent if path.parent != path else path, option)
+    _check_creatable(path, option, path.parent)
 
 
 def check_output_dir(path: str | Path, option: str = "--out") -> None:
@@ -200,7 +200,7 @@ def check_output_dir(path: str | Path, option: str = "--out") -> None:
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise TapeError(f"{option} {path} is a file; give a directory")
-    _check_creatable(path, option)
+    _check_creatable(path, option, path)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -208,26 +208,43 @@ def test_unusable_out_fails_at_once(tmp_path: Path, corpus: Path, args: list[str
 # Disk full
 
 
-def test_full_disk_while_saving_keeps_the_previous_checkpoint(base_run: Path, tmp_path: Path) -> None:
-    """A real out-of-space file system: a tmpfs mounted in a user namespace, just big enough for the run so far."""
+def with_tmpfs(mount: Path, options: str, script: str) -> subprocess.CompletedProcess:
+    """Run `script` (sh) with a fresh tmpfs mounted at `mount` (in a user namespace: no root needed where the
+    kernel allows them); skip the test where it cannot be mounted. Exit codes 98/99 are reserved."""
     if shutil.which("unshare") is None:
-        pytest.skip("needs unshare (util-linux) to mount a small tmpfs")
-    mount, out = tmp_path / "mnt", tmp_path / "after"
-    mount.mkdir()
-    size_kb = sum(len(b) for b in snapshot(base_run).values()) // 1024 + 200  # < one more checkpoint (~630 KB)
-    script = (f"mount -t tmpfs -o size={size_kb}k tmpfs {mount} || exit 99; cp -a {base_run} {mount}/run || exit 98; "
-              f"{sys.executable} -m tapecli.cli pretrain --recipe {mount}/run/recipe.yaml --out {mount}/run "
-              f"train.max_steps=4; rc=$?; cp -a {mount}/run {out}; exit $rc")
-    proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=120)
-    if proc.returncode in (98, 99) or "unshare:" in proc.stderr:
+        pytest.skip("needs unshare (util-linux) to mount a tmpfs")
+    mount.mkdir(exist_ok=True)
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o {options} tmpfs {mount} || exit 99; "
+                           + script], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    if proc.returncode in (98, 99) or proc.stderr.startswith("unshare:"):
         pytest.skip(f"cannot mount a tmpfs in a user namespace here: {proc.stderr.strip()[:200]}")
+    return proc
+
+
+def test_full_disk_while_saving_keeps_the_previous_checkpoint(base_run: Path, tmp_path: Path) -> None:
+    """A real out-of-space file system: a tmpfs just big enough for the run so far."""
+    mount, out = tmp_path / "mnt", tmp_path / "after"
+    size_kb = sum(len(b) for b in snapshot(base_run).values()) // 1024 + 200  # < one more checkpoint (~630 KB)
+    proc = with_tmpfs(mount, f"size={size_kb}k", f"cp -a {base_run} {mount}/run || exit 98; "
+                      f"{sys.executable} -m tapecli.cli pretrain --recipe {mount}/run/recipe.yaml --out {mount}/run "
+                      f"train.max_steps=4; rc=$?; cp -a {mount}/run {out}; exit $rc")
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (f"error: no space left on device while writing "
                                                     f"{mount}/run/checkpoints/step-00000004")
     assert snapshot(out / STEP2) == snapshot(base_run / STEP2)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002"]  # no partial save left
+
+
+def test_read_only_file_system_fails_before_any_work(tmp_path: Path, corpus: Path) -> None:
+    mount = tmp_path / "ro"
+    proc = with_tmpfs(mount, "ro", f"{sys.executable} -m tapecli.cli tokenizer train --data {corpus} "
+                      f"--vocab-size 300 --out {mount}/tok.model; echo rc=$?; {sys.executable} -m tapecli.cli bench "
+                      f"--out {mount}/bench.json --dim 8 --n-heads 2 --n-layers 1 --seq-len 4 --rounds 1 --steps 1")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.stdout.strip() == "rc=2" and proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert lines == [f"error: --out {mount}/tok.model: cannot write in {mount} (read-only file system)",
+                     f"error: --out {mount}/bench.json: cannot write in {mount} (read-only file system)"]
 
 
 def test_full_disk_while_writing_a_tokenizer_keeps_the_old_one(tmp_path: Path, corpus: Path,

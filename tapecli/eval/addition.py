@@ -36,7 +36,7 @@ from tapecli.data.arithmetic import AdditionTokenizer, eval_problems, prompt_tex
 from tapecli.device import resolve_device
 from tapecli.errors import TapeError
 from tapecli.eval.plots import HeatmapPanel, save_heatmaps
-from tapecli.faults import check_output_dir, reading
+from tapecli.faults import check_output_dir, reading, writing
 from tapecli.run import run_recipe, write_atomic
 
 PROTOCOL = (
@@ -98,8 +98,9 @@ def evaluate_addition(
         task = progress.add_task("cells", total=len(cells), completed=len(cells) - len(todo))
         for chunk in _batches(todo, settings.samples, batch_size):
             rows = _solve(model, tokenizer, chunk, settings)
-            log.write("".join(json.dumps(row) + "\n" for row in rows))
-            log.flush()  # a finished cell survives an interruption from here on
+            with writing(out / SAMPLES_FILE):
+                log.write("".join(json.dumps(row) + "\n" for row in rows))
+                log.flush()  # a finished cell survives an interruption from here on
             for row in rows:
                 done.setdefault((row["i"], row["j"]), []).append(row["correct"])
             progress.advance(task, len(chunk))
