@@ -74,6 +74,10 @@ def explain(e: BaseException) -> tuple[str, int, str] | None:
         return _os_message(e), (1 if e.errno in _STORAGE_ERRNOS else 2), "error"
     if isinstance(e, UnicodeDecodeError):
         return f"a file is not UTF-8 text ({e.reason} at byte {e.start})", 2, "error"
+    code = re.search(r"\(os error (\d+)\)", str(e))  # an OS error inside a Rust library (safetensors, tokenizers)
+    if code:
+        number = int(code.group(1))
+        return f"{os.strerror(number).lower()} ({_short(e)})", (1 if number in _STORAGE_ERRNOS else 2), "error"
     return None
 
 

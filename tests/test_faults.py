@@ -444,3 +444,25 @@ def test_tokenizer_vocab_size_zero(tmp_path: Path, corpus: Path) -> None:
     result = runner.invoke(app, ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "0",
                                  "--out", str(tmp_path / "t.model")])
     one_line_error(result, 2, "--vocab-size must be a positive integer, got 0")
+
+
+def test_faults_are_explained_and_bugs_are_not() -> None:
+    from tapecli.faults import explain
+
+    assert explain(PermissionError(errno.EACCES, "Permission denied", "/data/x.txt")) == (
+        "/data/x.txt: permission denied", 2, "error")
+    assert explain(IsADirectoryError(errno.EISDIR, "Is a directory", "out.json")) == (
+        "out.json: is a directory", 2, "error")
+    assert explain(OSError(errno.ENOSPC, "No space left on device", "/runs/a/metrics.jsonl")) == (
+        "no space left on device while writing /runs/a/metrics.jsonl", 1, "error")
+    assert explain(OSError(errno.EROFS, "Read-only file system", "/mnt/x")) == ("/mnt/x: read-only file system", 2,
+                                                                               "error")
+    rust = Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert explain(rust) == ("no space left on device (Error while serializing: I/O error: No space left on device "
+                             "(os error 28))", 1, "error")
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")
+    message, code, _ = explain(cpu)
+    assert code == 1 and message.startswith("out of CPU memory allocating 1.00 GiB")
+    for bug in (ZeroDivisionError(), KeyError("x"), RuntimeError("shape mismatch"), ValueError("bad")):
+        assert explain(bug) is None

@@ -431,7 +431,7 @@ def fit(job: Job) -> None:
                     metrics.log({"step": done, "val_loss": val_loss})
             if done % t.save_every == 0 or done == t.max_steps:
                 job.last_checkpoint = save(job, done, job.elapsed + time.perf_counter() - t0)
-            if job.stop.requested(env):
+            if done < t.max_steps and job.stop.requested(env):
                 if job.last_checkpoint is None or checkpoint_step(job.last_checkpoint) != done:
                     job.last_checkpoint = save(job, done, job.elapsed + time.perf_counter() - t0)
                 if metrics is not None:
