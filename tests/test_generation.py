@@ -162,3 +162,24 @@ def test_chunked_prefill_memory_is_linear_in_the_context(pe):
     assert peak(512, 16) <= 2.2 * peak(256, 16)
     ratio = peak(512, None) / peak(256, None)
     assert ratio >= 3.9 if pe in BIAS_PES else ratio <= 2.2
+
+
+def test_bench_decode_reports_ratios_to_rope(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from tapecli.cli import app
+
+    out = tmp_path / "decode.json"
+    result = CliRunner().invoke(app, ["bench", "--decode", "--pe", "rope,alibi,tape", "--no-tape-paths",
+                                      "--n-layers", "2", "--dim", "32", "--prompt-len", "24", "--new-tokens", "3",
+                                      "--uncached-tokens", "2", "--prefill-chunk", "8", "--rounds", "1",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert set(data["token_ratio_to_rope"]) == {"rope", "alibi", "tape", "tape (no cache)"}
+    assert data["token_ratio_to_rope"]["rope"] == 1.0 and data["prefill_ratio_to_rope"]["rope"] == 1.0
+    assert set(data["median_prefill_s"]) == {"rope", "alibi", "tape"}
+    assert data["tape_cache_speedup"] > 0 and data["settings"]["prompt_len"] == 24
+    assert "ms / token" in result.output
