@@ -40,7 +40,7 @@ def test_logits_equal_transformers(tmp_path, name):
     shards = list((tmp_path / "hf").glob("*.safetensors"))
     assert len(shards) > 1 and (tmp_path / "hf" / "model.safetensors.index.json").is_file()
     model, _ = load_hf_model(str(tmp_path / "hf"))
-    x = torch.randint(0, 128, (2, 48), generator=torch.Generator().manual_seed(1))  # past max_pos=32: dynamic NTK
+    x = torch.randint(0, 320, (2, 48), generator=torch.Generator().manual_seed(1))  # past max_pos=32: dynamic NTK
     with torch.no_grad():
         assert torch.equal(model(x), hf(x).logits)
     assert model.lm_head.weight is model.model.embed_tokens.weight if CASES[name].get("tie") else True

@@ -290,10 +290,15 @@ def load_hf_tokenizer(directory: Path, hf: dict[str, Any] | None = None) -> Toke
         if value is not None:
             specials[kind] = value
     if (directory / "tokenizer.json").is_file():
-        return HFTokenizer(directory / "tokenizer.json", specials)
-    if (directory / "tokenizer.model").is_file():
-        return SentencePieceTokenizer(directory / "tokenizer.model", specials)
-    raise TapeError(f"{directory} has no tokenizer.json or tokenizer.model")
+        tok: Tokenizer = HFTokenizer(directory / "tokenizer.json", specials)
+    elif (directory / "tokenizer.model").is_file():
+        tok = SentencePieceTokenizer(directory / "tokenizer.model", specials)
+    else:
+        raise TapeError(f"{directory} has no tokenizer.json or tokenizer.model")
+    if tok.vocab_size > hf.get("vocab_size", tok.vocab_size):
+        raise TapeError(f"{directory}: the tokenizer has {tok.vocab_size} tokens, more than config.json's "
+                        f"vocab_size {hf['vocab_size']}")
+    return tok
 
 
 def load_hf_model(source: str, *, dtype: torch.dtype | None = None,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import hashlib
 import math
 import random
@@ -27,21 +26,18 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tapecli.checkpoint import (
-    TOKENIZER,
     list_checkpoints,
     load_train_state,
-    load_weights,
-    read_model_config,
     remove_temp_dirs,
     resolve_checkpoint,
     save_checkpoint,
 )
 from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
-from tapecli.model.merge import new_parameter_names
 from tapecli.recipe import Recipe
 from tapecli.run import CHECKPOINTS, METRICS, MetricsLog, write_run_files
 from tapecli.train import distributed
+from tapecli.train.build import build_model
 from tapecli.train.distributed import DistEnv
 from tapecli.train.optim import build_optimizer, build_scheduler
 from tapecli.train.progress import TrainProgress
@@ -99,23 +95,15 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     t = recipe.train
     _check_hardware(recipe, env)
     resume_from = find_resume(out, resume)
-    init_checkpoint = resolve_checkpoint(init_from) if init_from else None
-    weights_from = resume_from or init_checkpoint
-
-    tokenizer = _load_tokenizer(recipe, weights_from)
-    config, grown = _model_config(recipe, tokenizer, weights_from)
+    seed_everything(t.seed)
+    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device)
     # The resolved recipe describes the model actually trained (vocab size, or a fine-tuned checkpoint's shape).
     for f in dataclasses.fields(recipe.model):
-        setattr(recipe.model, f.name, config.to_dict()[f.name])
+        setattr(recipe.model, f.name, model.config.to_dict()[f.name])
     recipe_hash = hashlib.sha256(recipe.to_yaml().encode()).hexdigest()[:16]
 
-    from tapecli.model import Transformer, count_parameters
+    from tapecli.model import count_parameters
 
-    seed_everything(t.seed)
-    model = Transformer(config)
-    if weights_from is not None:
-        load_weights(model, weights_from, missing_ok=new_parameter_names(model) if grown else set())
-    apply_freeze(model, t.freeze, t.unfreeze)
     counts = count_parameters(model)
     if counts["trainable"] == 0:
         raise TapeError("train.freeze: every parameter is frozen; unfreeze some with train.unfreeze")
@@ -141,8 +129,8 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
               f"({counts['pe']:,} in the positional encoding)")
         if resume_from is not None:
             print(f"resuming from {resume_from} (step {job.start_step} of {t.max_steps})")
-        elif init_checkpoint is not None:
-            print(f"initialised from {init_checkpoint}")
+        if origin is not None:
+            print(origin)
     return job
 
 
@@ -179,34 +167,6 @@ def find_resume(out: Path, resume: str) -> Path | None:
     return resolve_checkpoint(resume)
 
 
-def _load_tokenizer(recipe: Recipe, checkpoint: Path | None) -> Any:
-    """A checkpoint's own tokenizer when starting from one, else the recipe's."""
-    from tapecli.data.tokenizer import load_tokenizer, load_tokenizer_dir
-
-    if checkpoint is not None:
-        return load_tokenizer_dir(checkpoint / TOKENIZER)
-    return load_tokenizer(recipe.data.tokenizer)
-
-
-def _model_config(recipe: Recipe, tokenizer: Any, checkpoint: Path | None) -> tuple[Any, bool]:
-    """(ModelConfig to build, whether its PE grew): the recipe's, or a checkpoint's merged with the keys the recipe
-    set (tapecli.model.merge owns the rule)."""
-    from tapecli.model import ModelConfig
-    from tapecli.model.merge import merge_model_config
-
-    if checkpoint is not None:
-        return merge_model_config(read_model_config(checkpoint), recipe.set_values("model"), str(checkpoint))
-    kwargs = recipe.model_config_kwargs(tokenizer.vocab_size)
-    if kwargs["abacus"]:
-        if not hasattr(tokenizer, "digit_ids"):
-            raise TapeError("model.abacus: needs a tokenizer with digit ids (data.tokenizer: addition)")
-        kwargs["abacus_digit_ids"] = list(tokenizer.digit_ids)
-    try:
-        return ModelConfig.from_dict(kwargs), False
-    except ValueError as e:
-        raise TapeError(f"recipe: {e}") from None
-
-
 def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Dataset, Dataset | None]:
     """(train, validation or None) for `data.kind`; every dataset yields (input_ids, labels) with -100 = ignore."""
     d, seed = recipe.data, recipe.train.seed
@@ -224,22 +184,6 @@ def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Dat
 
     return build_text_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed, text_field=d.text_field,
                                cache_dir=cache_dir)
-
-
-def apply_freeze(model: nn.Module, freeze: list[str], unfreeze: list[str]) -> None:
-    """Freeze parameters whose name matches a `freeze` glob, then unfreeze those matching an `unfreeze` glob.
-    Parameters the model declares inert (they never get a gradient) stay frozen, which DDP requires."""
-    inert = getattr(model, "inert_parameters", set())
-    names = [name for name, _ in model.named_parameters()]
-    for key, patterns in (("train.freeze", freeze), ("train.unfreeze", unfreeze)):
-        for pattern in patterns:
-            if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-                raise TapeError(f"{key}: pattern {pattern!r} matches no parameter (names look like {names[-1]!r})")
-    for name, param in model.named_parameters():
-        frozen = any(fnmatch.fnmatchcase(name, p) for p in freeze)
-        if frozen and any(fnmatch.fnmatchcase(name, p) for p in unfreeze):
-            frozen = False
-        param.requires_grad_(not frozen and name not in inert)
 
 
 def seed_everything(seed: int) -> None:
