@@ -198,6 +198,34 @@ def extend_context(
         run_pretrain(load_recipe(recipe, [*(overrides or []), *settings]), out, resume=resume, command=command)
 
 
+@app.command("export")
+def export(
+    checkpoint: str = typer.Option(..., "--checkpoint", "-c", help="Run directory (newest checkpoint) or checkpoint."),
+    out: Path = typer.Option(..., "--out", help="The Hugging Face directory to write (new or empty)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16 weights."),
+) -> None:
+    """Write a checkpoint as a Hugging Face Llama directory that `AutoModelForCausalLM.from_pretrained` opens.
+
+    config.json (with rope_parameters for RoPE's scaling), safetensors, the tokenizer. LoRA adapters are merged into the weights.
+
+    Only RoPE models (any scaling) export: TAPE, FIRE, T5, ALiBi and xPos have no Llama equivalent in transformers; keep their native checkpoints, which every `tape eval` opens.
+
+    Example: tape export --checkpoint runs/extend-lora-pi --out exported/llama2-7b-8k --dtype bfloat16
+    """
+    import torch
+
+    from tapecli.checkpoint import load_model
+    from tapecli.model.hf_export import export_hf
+
+    with reported_errors():
+        if dtype not in ("float32", "bfloat16"):
+            raise TapeError(f"--dtype: expected float32 or bfloat16, got {dtype!r}")
+        model, tokenizer = load_model(checkpoint)
+        wrote_tokenizer = export_hf(model, tokenizer, out, dtype=getattr(torch, dtype))
+    note = "" if wrote_tokenizer else f" (no tokenizer: the {tokenizer.kind} tokenizer has no Hugging Face form)"
+    typer.echo(f"wrote a Hugging Face Llama to {out}{note}")
+
+
 tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
 
