@@ -89,8 +89,8 @@ def own_parameter_names(model: Transformer) -> set[str] | None:
     return set(model.new_parameters) | {name for name, p in model.named_parameters() if p.requires_grad}
 
 
-def _weights_to_save(model: Transformer) -> dict[str, torch.Tensor]:
-    state = model.state_dict()
+def _weights_to_save(model: Transformer, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    state = dict(model.state_dict() if state is None else state)
     if model.config.tie_embeddings:
         # safetensors refuses tensors that share memory; the tied head is rebuilt from the embedding on load.
         state.pop("lm_head.weight", None)
@@ -100,13 +100,15 @@ def _weights_to_save(model: Transformer) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().contiguous().cpu() for name, tensor in state.items()}
 
 
-def save_model(model: Transformer, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """Write model.safetensors, model_config.json and tokenizer/ into `directory` (created if needed)."""
+def save_model(model: Transformer, tokenizer: Tokenizer, directory: str | Path,
+               weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write model.safetensors, model_config.json and tokenizer/ into `directory` (created if needed). `weights`
+    replaces `model.state_dict()` (e.g. the full tensors gathered from a sharded model)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(_weights_to_save(model), str(directory / WEIGHTS), metadata={"format": "pt"})
+    save_file(_weights_to_save(model, weights), str(directory / WEIGHTS), metadata={"format": "pt"})
     (directory / MODEL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     if getattr(model, "base_model", None) is not None:
         (directory / BASE_MODEL).write_text(json.dumps(model.base_model, indent=2) + "\n")
@@ -183,7 +185,7 @@ def load_on_base(checkpoint: Path, config: Any, *, dtype: torch.dtype, device: A
 
 
 def save_checkpoint(root: Path, step: int, model: Transformer, tokenizer: Tokenizer, train_state: dict[str, Any],
-                    keep_last: int = 0) -> Path:
+                    keep_last: int = 0, weights: dict[str, torch.Tensor] | None = None) -> Path:
     """Atomically write `root/step-XXXXXXXX/`, then keep only the newest `keep_last` checkpoints (0 = all)."""
     import torch
 
@@ -191,7 +193,7 @@ def save_checkpoint(root: Path, step: int, model: Transformer, tokenizer: Tokeni
     final = root / checkpoint_name(step)
     temp = root / f"{TEMP_PREFIX}{final.name}-{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
-    save_model(model, tokenizer, temp)
+    save_model(model, tokenizer, temp, weights)
     torch.save(train_state, temp / TRAIN_STATE)
     if final.exists():  # only when resuming from an older checkpoint of the same run: the old future is replaced
         stale = root / f"{TEMP_PREFIX}stale-{final.name}-{os.getpid()}"

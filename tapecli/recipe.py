@@ -89,7 +89,8 @@ class TrainSection:
     compile: bool = False
     freeze: list[str] = field(default_factory=list)  # glob patterns of parameter names to freeze
     unfreeze: list[str] = field(default_factory=list)  # patterns unfrozen again after `freeze`
-    init_from: str | None = None  # checkpoint (run or checkpoint dir) to start from
+    init_from: str | None = None  # checkpoint (run or checkpoint dir), or a Hugging Face model, to start from
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (ddp) or shard (fsdp, FSDP2) the model
 
     @property
     def warmup_steps(self) -> int:

@@ -36,7 +36,7 @@ from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
 from tapecli.recipe import Recipe
 from tapecli.run import CHECKPOINTS, METRICS, MetricsLog, write_run_files
-from tapecli.train import distributed
+from tapecli.train import distributed, fsdp, memory
 from tapecli.train.build import build_model
 from tapecli.train.distributed import DistEnv
 from tapecli.train.optim import build_optimizer, build_scheduler
@@ -109,6 +109,8 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
         raise TapeError("train.freeze: every parameter is frozen; unfreeze some with train.unfreeze")
     model.to(env.device)
     model.gradient_checkpointing = t.activation_checkpointing
+    if t.parallel == "fsdp" and env.world_size > 1:
+        fsdp.shard(model, env)  # before the optimizer: it must hold the sharded parameters
 
     optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.betas[0], t.betas[1]))
     scheduler = build_scheduler(optimizer, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
@@ -127,6 +129,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
         write_run_files(out, recipe.to_yaml(), t.seed, command, resume_from)
         print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "
               f"({counts['pe']:,} in the positional encoding)")
+        print(memory.describe(memory.estimate_memory(model, recipe, env.world_size, fsdp.is_sharded(model))))
         if resume_from is not None:
             print(f"resuming from {resume_from} (step {job.start_step} of {t.max_steps})")
         if origin is not None:
@@ -217,7 +220,10 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 def _restore(job: Job, checkpoint: Path) -> None:
     state = load_train_state(checkpoint)
-    job.optimizer.load_state_dict(state["optimizer"])
+    if fsdp.is_sharded(job.model):
+        fsdp.load_optimizer_state(job.model, job.optimizer, state["optimizer"])
+    else:
+        job.optimizer.load_state_dict(state["optimizer"])
     job.scheduler.load_state_dict(state["scheduler"])
     if job.scaler is not None and state["scaler"] is not None:
         job.scaler.load_state_dict(state["scaler"])
@@ -228,11 +234,11 @@ def _restore(job: Job, checkpoint: Path) -> None:
         print(f"note: the recipe differs from the one that wrote {checkpoint}; continuing with the new one")
 
 
-def _train_state(job: Job, step: int, elapsed: float) -> dict[str, Any]:
+def _train_state(job: Job, step: int, elapsed: float, optimizer_state: dict | None = None) -> dict[str, Any]:
     return {
         "step": step,
         "data_position": step,  # the next batch is global_indices(step, ...): the position is the step
-        "optimizer": job.optimizer.state_dict(),
+        "optimizer": job.optimizer.state_dict() if optimizer_state is None else optimizer_state,
         "scheduler": job.scheduler.state_dict(),
         "scaler": job.scaler.state_dict() if job.scaler is not None else None,
         "rng": _rng_state(),
@@ -283,7 +289,8 @@ def fit(job: Job) -> None:
         return
 
     train_model: nn.Module = model
-    if env.world_size > 1:
+    sharded = fsdp.is_sharded(model)  # FSDP2 reduce-scatters (and averages) gradients itself
+    if env.world_size > 1 and not sharded:
         train_model = nn.parallel.DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda"
                                                           else None)
     ddp = train_model
@@ -308,7 +315,7 @@ def fit(job: Job) -> None:
             for i, (inputs, labels) in enumerate(batches):
                 # DDP all-reduces gradients on the last micro-batch only; it averages over ranks, hence * world_size.
                 last = i == len(batches) - 1
-                sync = contextlib.nullcontext() if last or env.world_size == 1 else ddp.no_sync()
+                sync = contextlib.nullcontext() if last or env.world_size == 1 or sharded else ddp.no_sync()
                 with sync:
                     with _autocast(recipe, env.device):
                         micro_loss = _loss_sum(train_model, inputs, labels)
@@ -385,7 +392,10 @@ def save(job: Job, step: int, elapsed: float) -> Path:
     """Write checkpoint `step` (rank 0 writes; every rank returns its path)."""
     t = job.recipe.train
     root = job.out / CHECKPOINTS
+    weights = optimizer_state = None
+    if fsdp.is_sharded(job.model):  # every rank takes part in gathering the full tensors
+        weights, optimizer_state = fsdp.full_state(job.model, job.optimizer)
     if job.env.is_main:
-        return save_checkpoint(root, step, job.model, job.tokenizer, _train_state(job, step, elapsed),
-                               keep_last=t.keep_last)
+        return save_checkpoint(root, step, job.model, job.tokenizer, _train_state(job, step, elapsed, optimizer_state),
+                               keep_last=t.keep_last, weights=weights)
     return root / f"step-{step:08d}"
