@@ -89,6 +89,26 @@ def test_llama2_7b_parameter_counts_match_method_md():
     assert count_parameters(paper_tape)["trainable"] == counts["trainable"] + 31 * 32 * 32  # P trains too
 
 
+def test_memory_estimate_of_the_paper_setting():
+    """Llama-2-7B + TAPE at 8192 tokens, bf16 base, 8 processes: FSDP divides weights, gradients and optimizer
+    states by 8; activations stay per device."""
+    from tapecli.train.memory import estimate_memory
+
+    _, model = plan_on_meta("tape")
+    model.to(torch.bfloat16)
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    recipe = load_recipe("context-extension", ["extend.method=tape", "train.precision=bf16"])
+    ddp, sharded = estimate_memory(model, recipe, 8, False), estimate_memory(model, recipe, 8, True)
+    trainable = count_parameters(model)["trainable"]
+    assert ddp["gradients"] == 4 * trainable and ddp["optimizer"] == 8 * trainable
+    assert sharded["weights"] == ddp["weights"] // 8 and sharded["activations"] == ddp["activations"]
+    assert 1.5 * 2**30 < sharded["weights"] < 1.7 * 2**30 and sharded["total"] < 8 * 2**30  # 7.19 GiB
+    recipe.train.activation_checkpointing = False
+    assert estimate_memory(model, recipe, 8, True)["activations"] > 8 * sharded["activations"]
+
+
 def reference_logits(base: Path, scaling: str, x: torch.Tensor) -> torch.Tensor:
     config = transformers.AutoConfig.from_pretrained(base)
     config.rope_parameters = dict(HF_ROPE[scaling])

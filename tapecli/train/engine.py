@@ -127,13 +127,13 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     if env.is_main:
         remove_temp_dirs(out / CHECKPOINTS)
         write_run_files(out, recipe.to_yaml(), t.seed, command, resume_from)
+        if origin is not None:
+            print(origin)
         print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "
               f"({counts['pe']:,} in the positional encoding)")
         print(memory.describe(memory.estimate_memory(model, recipe, env.world_size, fsdp.is_sharded(model))))
         if resume_from is not None:
             print(f"resuming from {resume_from} (step {job.start_step} of {t.max_steps})")
-        if origin is not None:
-            print(origin)
     return job
 
 

@@ -49,8 +49,10 @@ def estimate_memory(model: nn.Module, recipe: Recipe, world_size: int, sharded: 
     return estimate
 
 
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 def describe(estimate: dict[str, int]) -> str:
-    gib = {k: v / 2**30 for k, v in estimate.items()}
-    return (f"memory per device (estimate): weights {gib['weights']:.2f} GiB, gradients {gib['gradients']:.2f} GiB, "
-            f"optimizer {gib['optimizer']:.2f} GiB, activations {gib['activations']:.2f} GiB; "
-            f"total {gib['total']:.2f} GiB")
+    parts = ", ".join(f"{key} {_size(estimate[key])}" for key in ("weights", "gradients", "optimizer", "activations"))
+    return f"memory per device (estimate): {parts}; total {_size(estimate['total'])}"
