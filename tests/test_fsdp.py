@@ -14,7 +14,8 @@ from train_helpers import REPO, assert_same_weights, subprocess_env, weights, wr
 from tapecli.recipe import load_recipe
 from tapecli.train.engine import pretrain
 
-TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+# `python -m torch.distributed.run` is torchrun with this interpreter (and so this checkout's shipped recipes).
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 # TAPE brings frozen (inert) parameters into the sharded blocks; tied embeddings a parameter shared by two modules.
 MODEL = {"pe": "tape", "tie_embeddings": True}
 TRAIN = {"batch_size": 8, "max_steps": 4, "save_every": 2, "keep_last": 0, "eval_every": 2, "schedule": "constant",
@@ -22,9 +23,9 @@ TRAIN = {"batch_size": 8, "max_steps": 4, "save_every": 2, "keep_last": 0, "eval
 
 
 def torchrun(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([TORCHRUN, "--standalone", "--nproc_per_node", "2", *args], cwd=REPO, env=subprocess_env(),
+    proc = subprocess.run([*TORCHRUN, "--standalone", "--nproc_per_node", "2", *args], cwd=REPO, env=subprocess_env(),
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return proc
 
 
@@ -60,3 +61,25 @@ def test_sharded_run_matches_one_process_and_resumes_exactly(tmp_path: Path, tin
                    "train.micro_batch_size=2").stdout
     assert "resuming from" in out
     assert_same_weights(weights(whole), weights(split))
+
+
+@pytest.mark.slow
+def test_sharded_context_extension_over_a_bf16_base(tmp_path: Path, tiny_corpus: Path) -> None:
+    """A frozen bf16 base under fp32 adapters (mixed dtypes, which FSDP2 stores as one), bf16 compute."""
+    pytest.importorskip("transformers")
+    from hf_helpers import make_hf_llama
+
+    from tapecli.checkpoint import load_model
+
+    make_hf_llama(tmp_path / "hf", n_kv_heads=2, max_position_embeddings=32)
+    run = tmp_path / "run"
+    out = torchrun("-m", "tapecli.cli", "extend-context", "--base", str(tmp_path / "hf"), "--method", "lora",
+                   "--recipe", "context-extension-smoke", "--out", str(run), "model.max_seq_len=64",
+                   f"data.source={tiny_corpus}", "train.parallel=fsdp", "train.precision=bf16", "train.max_steps=2",
+                   "train.save_every=2").stdout
+    assert out.count("done: 2 steps") == 1 and "method lora" in out
+    saved = weights(run)
+    assert any("lora_B" in k for k in saved) and not any(k.endswith("q_proj.weight") for k in saved)
+    assert all(t.dtype == torch.float32 for t in saved.values())
+    model, _ = load_model(run)
+    assert model.config.max_seq_len == 64

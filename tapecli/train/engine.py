@@ -110,7 +110,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     model.to(env.device)
     model.gradient_checkpointing = t.activation_checkpointing
     if t.parallel == "fsdp" and env.world_size > 1:
-        fsdp.shard(model, env)  # before the optimizer: it must hold the sharded parameters
+        fsdp.shard(model, env, t.precision)  # before the optimizer: it must hold the sharded parameters
 
     optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.betas[0], t.betas[1]))
     scheduler = build_scheduler(optimizer, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,

@@ -24,15 +24,24 @@ from torch import nn
 from tapecli.train.distributed import DistEnv
 
 
-def shard(model: nn.Module, env: DistEnv) -> None:
-    """Shard `model` in place over all ranks (parameters become DTensors); build the optimizer afterwards."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+def shard(model: nn.Module, env: DistEnv, precision: str = "fp32") -> None:
+    """Shard `model` in place over all ranks (parameters become DTensors); build the optimizer afterwards.
 
+    FSDP2 keeps one parameter dtype per unit, so a frozen bf16 base under fp32 trained weights is stored in fp32
+    (sharded, so 4 bytes / world size per parameter); with `precision` bf16 the blocks are all-gathered and computed
+    in bf16 and gradients reduced in fp32 (MixedPrecisionPolicy)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if len({p.dtype for p in model.parameters()}) > 1:
+        model.float()
+    policy = MixedPrecisionPolicy()
+    if precision == "bf16":
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     mesh = init_device_mesh(env.device.type, (env.world_size,))
     for block in model.model.layers:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     model.sharded = True
 
 
