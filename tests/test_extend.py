@@ -183,6 +183,13 @@ def test_checkpoints_hold_only_trained_tensors_and_open_like_any_other(base, tmp
     reference = reference_logits(base, "pi", x)
     assert (trained - reference).abs().max() > 1e-3  # training moved it away from the base
 
+    # Fine-tuning an extended checkpoint further gives a self-contained model (LoRA merged, every tensor saved).
+    run_cli("finetune", "--checkpoint", str(out), "--recipe", "context-extension-smoke", "--out", str(tmp_path / "ft"),
+            f"model.max_seq_len={TARGET}", f"data.source={base.parent / 'corpus.txt'}", "train.max_steps=1",
+            "train.save_every=1", "train.eval_every=0", "train.warmup=0", "train.batch_size=1")
+    assert not (resolve_checkpoint(tmp_path / "ft") / "base_model.json").exists()
+    assert "model.layers.0.self_attn.q_proj.weight" in weights(tmp_path / "ft")
+
 
 @pytest.mark.slow
 def test_sigkill_then_resume_matches_uninterrupted(base, tmp_path):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tapecli.checkpoint import BASE_MODEL, TOKENIZER, load_weights, read_model_config, resolve_checkpoint
+from tapecli.checkpoint import BASE_MODEL, TOKENIZER, load_on_base, load_weights, read_model_config, resolve_checkpoint
 from tapecli.errors import TapeError
 from tapecli.recipe import Recipe
 
@@ -70,12 +70,20 @@ def build_model(recipe: Recipe, resume_from: Path | None, init_from: str | None,
 def _tape_model(recipe: Recipe, checkpoint: Path | None) -> tuple[nn.Module, Any]:
     from tapecli.data.tokenizer import load_tokenizer, load_tokenizer_dir
     from tapecli.model import ModelConfig, Transformer
+    from tapecli.model.lora import merge_lora
     from tapecli.model.merge import merge_model_config, new_parameter_names
 
     if checkpoint is not None:
         config, grown = merge_model_config(read_model_config(checkpoint), recipe.set_values("model"), str(checkpoint))
-        model = Transformer(config)
-        load_weights(model, checkpoint, missing_ok=new_parameter_names(model) if grown else set())
+        if (checkpoint / BASE_MODEL).is_file():  # an extended run's checkpoint: opened as a whole, LoRA merged
+            if grown:
+                raise TapeError(f"model.pe: {checkpoint} sits on a frozen base; grow its PE with extend-context")
+            model = load_on_base(checkpoint, config, dtype=torch.float32, device="cpu")
+            merge_lora(model)
+            model.base_model = None  # from now on a self-contained model: checkpoints hold every tensor
+        else:
+            model = Transformer(config)
+            load_weights(model, checkpoint, missing_ok=new_parameter_names(model) if grown else set())
         return model, load_tokenizer_dir(checkpoint / TOKENIZER)
     tokenizer = load_tokenizer(recipe.data.tokenizer)
     kwargs = recipe.model_config_kwargs(tokenizer.vocab_size)
