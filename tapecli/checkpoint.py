@@ -159,6 +159,7 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, Toke
         dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
         model = load_on_base(checkpoint, config, dtype=dtype, device=device)
         merge_lora(model)  # evaluation runs the plain (merged) layers
+        model.base_model = None  # merged weights differ from the base: saving this model must write them all
     else:
         model = Transformer(config)
         load_weights(model, checkpoint)

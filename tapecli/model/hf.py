@@ -87,9 +87,13 @@ def resolve_hf_source(source: str) -> Path:
                         "or pass a local directory") from None
     except RepositoryNotFoundError:
         raise TapeError(f"{repo} does not exist on the Hugging Face hub (or needs a login)") from None
-    except (LocalEntryNotFoundError, OSError):
+    except LocalEntryNotFoundError:
         raise TapeError(f"{repo} is not in the local Hugging Face cache and the hub cannot be reached; pass a local "
                         "directory with config.json, *.safetensors and the tokenizer instead") from None
+    except Exception as e:  # network failures surface as several library-specific types
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TapeError(f"{repo} could not be downloaded ({reason}); pass a local directory with config.json, "
+                        "*.safetensors and the tokenizer instead") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
