@@ -82,6 +82,10 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
     config, grown = merge_model_config(base, requested, origin)
     if x.method == "tape" and not grown and base.get("pe") != "tape":
         raise TapeError(f"extend.method: tape needs a RoPE base, {origin} has pe {base.get('pe')!r}")
+    group = int(recipe.data.seq_len * x.group_fraction)
+    if x.method == "longlora" and (group < 2 or group % 2 or recipe.data.seq_len % group):
+        raise TapeError(f"extend.group_fraction: {x.group_fraction} of data.seq_len {recipe.data.seq_len} gives "
+                        f"groups of {group} tokens; S²-Attn needs an even group size that divides the rows")
     lora = None
     if x.method in ("lora", "longlora"):
         lora = LoraSpec(rank=x.lora_rank, alpha=x.lora_alpha, dropout=x.lora_dropout, targets=list(x.lora_targets))
