@@ -73,6 +73,9 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
             raise TapeError(f"{key}: extend-context trains what --method says plus extend.trainable; "
                             "remove the key and use extend.trainable")
     base_len, target = base["max_seq_len"], recipe.model.max_seq_len
+    if target <= base_len:
+        raise TapeError(f"model.max_seq_len: the target context {target} must exceed the base's {base_len} "
+                        f"({origin} max_position_embeddings)")
     factor = target / base_len
     requested = recipe.set_values("model")
     requested["pe_args"] = {**requested.get("pe_args", {}),
