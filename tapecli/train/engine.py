@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import hashlib
 import math
 import random
@@ -30,10 +29,7 @@ from tapecli import faults
 from tapecli.checkpoint import (
     checkpoint_step,
     list_checkpoints,
-    load_checkpoint_tokenizer,
     load_train_state,
-    load_weights,
-    read_model_config,
     remove_temp_dirs,
     resolve_checkpoint,
     save_checkpoint,
@@ -42,7 +38,8 @@ from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
 from tapecli.recipe import Recipe
 from tapecli.run import CHECKPOINTS, removed_on_failure, write_run_files
-from tapecli.train import distributed
+from tapecli.train import distributed, fsdp, memory
+from tapecli.train.build import build_model
 from tapecli.train.continuation import check_continuation
 from tapecli.train.distributed import DistEnv
 from tapecli.train.health import check_finite_weights
@@ -50,9 +47,6 @@ from tapecli.train.loggers import check_loggers, open_loggers
 from tapecli.train.optim import build_optimizer, build_scheduler
 from tapecli.train.preemption import StopSignal, stopped
 from tapecli.train.progress import TrainProgress
-
-# Model keys that change parameter shapes: a fine-tuning recipe may not change them.
-_SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "pe", "tie_embeddings", "abacus")
 
 
 @dataclass
@@ -113,25 +107,17 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     check_loggers(t.loggers)
     _check_hardware(recipe, env)
     resume_from = find_resume(out, resume)
-    init_checkpoint = resolve_checkpoint(init_from) if init_from else None
-    weights_from = resume_from or init_checkpoint
-
-    tokenizer = _load_tokenizer(recipe, weights_from)
-    config = _model_config(recipe, tokenizer, weights_from)
+    seed_everything(t.seed)
+    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device)
     if resume_from is not None:
-        check_continuation(recipe, resume_from, tokenizer, config)
+        check_continuation(recipe, resume_from, tokenizer, model.config)
     # The resolved recipe describes the model actually trained (vocab size, or a fine-tuned checkpoint's shape).
     for f in dataclasses.fields(recipe.model):
-        setattr(recipe.model, f.name, config.to_dict()[f.name])
+        setattr(recipe.model, f.name, model.config.to_dict()[f.name])
     recipe_hash = hashlib.sha256(recipe.to_yaml().encode()).hexdigest()[:16]
 
-    from tapecli.model import Transformer, count_parameters
+    from tapecli.model import count_parameters
 
-    seed_everything(t.seed)
-    model = Transformer(config)
-    if weights_from is not None:
-        load_weights(model, weights_from)
-    apply_freeze(model, t.freeze, t.unfreeze)
     counts = count_parameters(model)
     faults.note_memory_use(f"a {counts['total']:,}-parameter model ({t.micro_batch_size} x {recipe.data.seq_len} "
                            "tokens per micro-batch)", "lower train.micro_batch_size or data.seq_len")
@@ -139,6 +125,8 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
         raise TapeError("train.freeze: every parameter is frozen; unfreeze some with train.unfreeze")
     model.to(env.device)
     model.gradient_checkpointing = t.activation_checkpointing
+    if t.parallel == "fsdp" and env.world_size > 1:
+        fsdp.shard(model, env, t.precision)  # before the optimizer: it must hold the sharded parameters
 
     optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.betas[0], t.betas[1]))
     scheduler = build_scheduler(optimizer, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
@@ -156,12 +144,13 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     if env.is_main:
         remove_temp_dirs(out / CHECKPOINTS)
         write_run_files(out, recipe.to_yaml(), t.seed, command, resume_from)
+        if origin is not None:
+            print(origin)
         print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "
               f"({counts['pe']:,} in the positional encoding)")
+        print(memory.describe(memory.estimate_memory(model, recipe, env.world_size, fsdp.is_sharded(model))))
         if resume_from is not None:
             print(f"resuming from {resume_from} (step {job.start_step} of {t.max_steps})")
-        elif init_checkpoint is not None:
-            print(f"initialised from {init_checkpoint}")
     return job
 
 
@@ -198,45 +187,6 @@ def find_resume(out: Path, resume: str) -> Path | None:
     return resolve_checkpoint(resume)
 
 
-def _load_tokenizer(recipe: Recipe, checkpoint: Path | None) -> Any:
-    """A checkpoint's own tokenizer when starting from one, else the recipe's."""
-    from tapecli.data.tokenizer import load_tokenizer
-
-    if checkpoint is not None:
-        return load_checkpoint_tokenizer(checkpoint)
-    with faults.reading(recipe.data.tokenizer):
-        return load_tokenizer(recipe.data.tokenizer)
-
-
-def _model_config(recipe: Recipe, tokenizer: Any, checkpoint: Path | None) -> Any:
-    """The ModelConfig to build: the recipe's, or a checkpoint's with the recipe's shape-neutral changes."""
-    from tapecli.model import ModelConfig
-
-    if checkpoint is None:
-        kwargs = recipe.model_config_kwargs(tokenizer.vocab_size)
-        if kwargs["abacus"]:
-            if not hasattr(tokenizer, "digit_ids"):
-                raise TapeError("model.abacus: needs a tokenizer with digit ids (data.tokenizer: addition)")
-            kwargs["abacus_digit_ids"] = list(tokenizer.digit_ids)
-        origin = "recipe"
-    else:
-        kwargs = read_model_config(checkpoint)
-        defaults = type(recipe.model)()
-        # A recipe key still at its default says nothing; one that was set must agree with the checkpoint's shape.
-        for key, value in dataclasses.asdict(recipe.model).items():
-            if value == getattr(defaults, key) or value == kwargs.get(key):
-                continue
-            if key in _SHAPE_KEYS:
-                raise TapeError(f"model.{key}: the recipe asks for {value!r} but {checkpoint} has {kwargs.get(key)!r}; "
-                                "a checkpoint's architecture cannot change (drop the key or match it)")
-            kwargs[key] = value
-        origin = str(checkpoint)
-    try:
-        return ModelConfig.from_dict(kwargs)
-    except ValueError as e:
-        raise TapeError(f"{origin}: {e}") from None
-
-
 def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Dataset, Dataset | None]:
     """(train, validation or None) for `data.kind`; every dataset yields (input_ids, labels) with -100 = ignore."""
     d, seed = recipe.data, recipe.train.seed
@@ -254,17 +204,6 @@ def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Dat
 
     return build_text_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed, text_field=d.text_field,
                                cache_dir=cache_dir)
-
-
-def apply_freeze(model: nn.Module, freeze: list[str], unfreeze: list[str]) -> None:
-    """Freeze parameters whose name matches a `freeze` glob, then unfreeze those matching an `unfreeze` glob.
-    Parameters the model declares inert (they never get a gradient) stay frozen, which DDP requires."""
-    inert = getattr(model, "inert_parameters", set())
-    for name, param in model.named_parameters():
-        frozen = any(fnmatch.fnmatchcase(name, p) for p in freeze)
-        if frozen and any(fnmatch.fnmatchcase(name, p) for p in unfreeze):
-            frozen = False
-        param.requires_grad_(not frozen and name not in inert)
 
 
 def seed_everything(seed: int) -> None:
@@ -298,7 +237,10 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 def _restore(job: Job, checkpoint: Path) -> None:
     state = load_train_state(checkpoint)
-    job.optimizer.load_state_dict(state["optimizer"])
+    if fsdp.is_sharded(job.model):
+        fsdp.load_optimizer_state(job.model, job.optimizer, state["optimizer"])
+    else:
+        job.optimizer.load_state_dict(state["optimizer"])
     job.scheduler.load_state_dict(state["scheduler"])
     if job.scaler is not None and state["scaler"] is not None:
         job.scaler.load_state_dict(state["scaler"])
@@ -309,11 +251,11 @@ def _restore(job: Job, checkpoint: Path) -> None:
         print(f"note: the recipe differs from the one that wrote {checkpoint}; continuing with the new one")
 
 
-def _train_state(job: Job, step: int, elapsed: float) -> dict[str, Any]:
+def _train_state(job: Job, step: int, elapsed: float, optimizer_state: dict | None = None) -> dict[str, Any]:
     return {
         "step": step,
         "data_position": step,  # the next batch is global_indices(step, ...): the position is the step
-        "optimizer": job.optimizer.state_dict(),
+        "optimizer": job.optimizer.state_dict() if optimizer_state is None else optimizer_state,
         "scheduler": job.scheduler.state_dict(),
         "scaler": job.scaler.state_dict() if job.scaler is not None else None,
         "rng": _rng_state(),
@@ -364,7 +306,8 @@ def fit(job: Job) -> None:
         return
 
     train_model: nn.Module = model
-    if env.world_size > 1:
+    sharded = fsdp.is_sharded(model)  # FSDP2 reduce-scatters (and averages) gradients itself
+    if env.world_size > 1 and not sharded:
         train_model = nn.parallel.DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda"
                                                           else None)
     ddp = train_model
@@ -389,7 +332,7 @@ def fit(job: Job) -> None:
             for i, (inputs, labels) in enumerate(batches):
                 # DDP all-reduces gradients on the last micro-batch only; it averages over ranks, hence * world_size.
                 last = i == len(batches) - 1
-                sync = contextlib.nullcontext() if last or env.world_size == 1 else ddp.no_sync()
+                sync = contextlib.nullcontext() if last or env.world_size == 1 or sharded else ddp.no_sync()
                 with sync:
                     with _autocast(recipe, env.device):
                         micro_loss = _loss_sum(train_model, inputs, labels)
@@ -474,7 +417,10 @@ def save(job: Job, step: int, elapsed: float) -> Path:
     t = job.recipe.train
     root = job.out / CHECKPOINTS
     check_finite_weights(job.model, step, job.last_checkpoint)
+    weights = optimizer_state = None
+    if fsdp.is_sharded(job.model):  # every rank takes part in gathering the full tensors
+        weights, optimizer_state = fsdp.full_state(job.model, job.optimizer)
     if job.env.is_main:
-        return save_checkpoint(root, step, job.model, job.tokenizer, _train_state(job, step, elapsed),
-                               keep_last=t.keep_last)
+        return save_checkpoint(root, step, job.model, job.tokenizer, _train_state(job, step, elapsed, optimizer_state),
+                               keep_last=t.keep_last, weights=weights)
     return root / f"step-{step:08d}"
