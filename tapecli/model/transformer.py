@@ -134,7 +134,10 @@ class Attention(nn.Module):
                                          self.causal)
         aggregated = None
         if E is None:
-            y = attend(q, k, v, mask, is_causal)
+            # CoPE and PaTH compute attention themselves (their logits are not q.k plus a bias); others give None.
+            y = pe.attend(x, q, k, v, mask, is_causal, cache)
+            if y is None:
+                y = attend(q, k, v, mask, is_causal)
         elif aggregation == "concat":
             # One attention over [V | E]: the weights are computed once and applied to both. Fused kernels want
             # queries and keys as wide as the values, so they are zero-padded (q.k is unchanged; scale kept).

@@ -5,7 +5,8 @@ A PE has two parts:
   initial `PositionState` (e.g. RoPE's cos/sin);
 - one `LayerPE` per decoder layer, held by the block as `pe` (so its parameters are named
   `model.layers.{i}.pe.*`): it rotates queries/keys, adds attention-logit biases and, for TAPE, updates the
-  positional state after attention and after the MLP.
+  positional state after attention and after the MLP. PEs whose logits are not q.k plus a bias (CoPE, PaTH)
+  compute attention themselves in `attend`.
 The defaults do nothing, which is exactly NoPE.
 """
 
@@ -48,6 +49,14 @@ def apply_rotary(x: Tensor, rotary: Tensor) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
+def visible_keys(mask: Tensor | None, q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """Boolean [..., Tq, Tk]: which keys each query may see, from `attention_mask`'s (mask, is_causal) for causal
+    models (mask None means plain causal: the queries are the last q_len of k_len tokens)."""
+    if mask is None:
+        return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+    return mask if mask.dtype == torch.bool else mask > float("-inf")
+
+
 def default_positions(batch: int, seq_len: int, start_pos: int, device: torch.device) -> Tensor:
     return torch.arange(start_pos, start_pos + seq_len, device=device).unsqueeze(0)
 
@@ -61,6 +70,16 @@ class LayerPE(nn.Module):
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         """Additive attention-logit bias [B or 1, H, Tq, Tk] for query/key positions [B or 1, Tq] / [B or 1, Tk]."""
+        return None
+
+    def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+               cache: dict | None) -> Tensor | None:
+        """The attention output [B, H, Tq, d], for PEs whose logits SDPA cannot express; None: the default path.
+
+        x: the layer's normalised input [B, Tq, C]; q: queries of the current tokens [B, H, Tq, d]; k, v: keys and
+        values of every visible token, the cached ones first, current last, [B, H or H_kv, Tk, d]; (mask, is_causal)
+        as `attention_mask` returns them; cache: this layer's cache dict (None without a cache), where the PE keeps
+        its own state under its own keys."""
         return None
 
     def init_weights(self) -> None:
