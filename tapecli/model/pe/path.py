@@ -5,7 +5,7 @@ defaults: no forget gate, no q/k norm, short convolution on w).
 Every token t carries a Householder-like map, per key/value head (x_t: the layer's normalised input):
 
   H_t = I - beta_t w_t w_t^T,   beta_t = 2 sigmoid(W_beta x_t + b_beta) in (0, 2)
-  w_t = u_t / sqrt(|u_t|^2 + 1e-6),   u = SiLU(causal depthwise conv, width 3, of W_w x)   (fla's l2_norm)
+  w_t = u_t / sqrt(|u_t|^2 + 1e-6),   u = SiLU(causal depthwise conv of W_w x, width conv_size)   (fla's l2_norm)
 
 and the logit of query i for key j <= i accumulates the maps of the tokens after j up to and including i:
 
@@ -18,17 +18,19 @@ key head and full-rank otherwise, as in fla; init follows fla too: weights N(0, 
 
 The exact computation (`path_attention`, any device, any dtype, fp32 at least) runs chunk by chunk. For a chunk
 of C tokens with Householder vectors W (C x d) and betas D = diag(beta), the products of the chunk's maps have the
-UT/WY form: a vector x that has reached the chunk becomes x - sum_s c_s w_s after H_s, ..., H_{c0} with
+UT/WY form: a vector x that has reached the chunk becomes x - sum_s c_s w_s after the maps H_{c0}, ..., H_s, with
 c = A D W x, A = (I + strict_lower(D W W^T))^{-1}; sub-products over a contiguous range use the same entries of A
 (diagonal blocks of a triangular inverse). So for query i in the chunk and every key j (earlier chunks: already
 transformed up to the chunk start; this chunk: masked to t > j),
 
   a_ij = q_i . x_j - sum_{s <= i} sum_t (q_i . w_s) A_st beta_t (w_t . x_j),
 
-and the keys then advance to the chunk's end by x_j <- x_j - sum_s (A D W x_j)_s w_s. Memory is linear in the
-keys per chunk step (plus the C x C and C x T blocks); the cached keys of past tokens are exactly these advanced
-keys, so a KV cache (`path_k` in the layer's cache, with the short convolution's last inputs as `path_conv`) gives
-the same logits as recomputation. Tested against a naive fp64 loop over all (i, j).
+(for earlier keys one matmul: (q_i - sum_t r_it w_t) . x_j with r_it = sum_{s <= i} (q_i . w_s) A_st beta_t),
+and the keys then advance to the chunk's end by x_j <- x_j - sum_s (A D W x_j)_s w_s (for earlier keys one d x d
+map, I - W^T (A D)^T W). Work is about that of attention with materialised logits plus one d x d map per chunk;
+memory per chunk step is linear in the keys (plus the C x T logits). The cached keys of past tokens are exactly
+these advanced keys, so a KV cache (`path_k` in the layer's cache, with the short convolution's last inputs as
+`path_conv`) gives the same logits as recomputation. Tested against a naive fp64 loop over all (i, j).
 
 On CUDA, `kernel: auto` uses fla's fused `parallel_path_attention` when flash-linear-attention is installed (an
 optional extra, imported behind a guard) and applicable (fp16/bf16, head_dim 16/32/64, no cached past, plain causal
@@ -91,15 +93,19 @@ def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, pas
         lower = (bc[..., :, None] * (wc @ wc.transpose(-1, -2))).masked_fill(~later, 0.0)
         A = torch.linalg.solve_triangular(eye + lower, eye.expand_as(lower), upper=False, unitriangular=True)
         AD = A * bc[..., None, :]  # A_st beta_t
-        x = torch.cat((keys, kc), dim=2)  # [B, G, n + C, d]: earlier keys at the chunk start, then this chunk's
-        wx = wc @ x.transpose(-1, -2)  # [t, j] = w_t . x_j
-        wx = torch.cat((wx[..., :n], wx[..., n:].masked_fill(~later, 0.0)), dim=-1)  # this chunk's keys: t > j
-        qw = (qc @ wc.unsqueeze(2).transpose(-1, -2)).tril()  # [i, s] = q_i . w_s for s <= i
-        logits = qc @ x.unsqueeze(2).transpose(-1, -2) - (qw @ AD.unsqueeze(2)) @ wx.unsqueeze(2)
-        logits = (logits * d ** -0.5).masked_fill(~seen[..., c0:c1, :n + C], float("-inf"))
+        corr = (qc @ wc.unsqueeze(2).transpose(-1, -2)).tril() @ AD.unsqueeze(2)  # sum_{s<=i} (q_i.w_s) A_st b_t
+        wk = (wc @ kc.transpose(-1, -2)).masked_fill(~later, 0.0)  # [t, j] = w_t . k_j for t > j
+        # Earlier keys: the correction factors through the key, (q_i - sum_t corr_it w_t) . x_j: one matmul.
+        past_logits = (qc - corr @ wc.unsqueeze(2)) @ keys.unsqueeze(2).transpose(-1, -2)
+        chunk_logits = qc @ kc.unsqueeze(2).transpose(-1, -2) - corr @ wk.unsqueeze(2)
+        logits = torch.cat((past_logits, chunk_logits), dim=-1) * d ** -0.5
+        logits = logits.masked_fill(~seen[..., c0:c1, :n + C], float("-inf"))
         outputs.append(logits.softmax(-1) @ v[..., :n + C, :])
         if c1 < T or keep_keys:
-            keys = x - (AD @ wx).transpose(-1, -2) @ wc  # advance every key through the chunk's maps
+            # Advance every key through the chunk's maps, x_j <- x_j - sum_s (A D W x_j)_s w_s: for the earlier
+            # keys one d x d map, I - W^T (A D)^T W.
+            keys = torch.cat((keys - keys @ (wc.transpose(-1, -2) @ (AD.transpose(-1, -2) @ wc)),
+                              kc - (AD @ wk).transpose(-1, -2) @ wc), dim=2)
     return torch.cat(outputs, dim=-2).reshape(B, H, T, d), keys if keep_keys else None
 
 
