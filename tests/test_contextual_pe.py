@@ -137,7 +137,7 @@ def test_cached_logits_equal_recomputation_with_trained_like_weights(pe, overrid
     assert (torch.cat(pieces, dim=1) - full).abs().max() <= 1e-5
     reference = tiny(pe, **overrides).eval()  # the PE weights really change the output
     with torch.no_grad():
-        assert (reference(x) - full).abs().max() > 1e-3
+        assert (reference(x) - full).abs().max() > 1e-4  # 10x the cache tolerance above
     assert torch.equal(model.generate(x[:, :5], 8), model.generate(x[:, :5], 8, use_cache=False))
 
 
@@ -156,8 +156,9 @@ def test_parameter_counts():
     assert count_parameters(tiny("cope", pe_args={"npos_max": 64}))["pe"] == 2 * 65 * 8
     # Per layer: W_w low-rank (32 x 32 + 32 x 32), conv (kv_dim x 3), W_beta (dim x H_kv) + b_beta (H_kv).
     assert count_parameters(tiny("path"))["pe"] == 2 * (32 * 32 + 32 * 32 + 32 * 3 + 32 * 4 + 4)
-    # Grouped-query: W_w full rank (dim x kv_dim), as in fla.
-    assert count_parameters(tiny("path", n_kv_heads=2))["pe"] == 2 * (32 * 16 + 16 * 3 + 32 * 2 + 2)
+    # Grouped-query (kv_dim 16), and a full-rank W_w.
+    assert count_parameters(tiny("path", n_kv_heads=2))["pe"] == 2 * (32 * 32 + 32 * 16 + 16 * 3 + 32 * 2 + 2)
+    assert count_parameters(tiny("path", n_kv_heads=2, pe_args={"w_rank": 0}))["pe"] == 2 * (32 * 16 + 16 * 3 + 66)
     with torch.device("meta"):
         big = Transformer(ModelConfig(vocab_size=32000, dim=768, n_layers=12, n_heads=12, ffn_dim=3072,
                                       max_seq_len=1024, pe="path"))

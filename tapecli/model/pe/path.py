@@ -13,8 +13,9 @@ and the logit of query i for key j <= i accumulates the maps of the tokens after
 
 i.e. the paper's k_j^T (prod_{s=j+1}^{i} H_s) q_i (each H_s is symmetric), and exactly what fla's decoding does:
 each new token applies its H to every cached key, then appends its own key untransformed. Attention is
-softmax_j(a_ij) v_j; no other PE is applied. W_w is low-rank (dim -> 32 -> kv_dim) when every query head has its own
-key head and full-rank otherwise, as in fla; init follows fla too: weights N(0, init_std), b_beta = 0.
+softmax_j(a_ij) v_j; no other PE is applied. W_w is low-rank (dim -> 32 -> kv_dim), fla's `use_low_rank_w=True`
+default (earlier fla versions used a full-rank W_w for grouped-query attention: `w_rank: 0`); init follows fla
+too: weights N(0, init_std), b_beta = 0.
 
 The exact computation (`path_attention`, any device, any dtype, fp32 at least) runs chunk by chunk. For a chunk
 of C tokens with Householder vectors W (C x d) and betas D = diag(beta), the products of the chunk's maps have the
@@ -37,7 +38,7 @@ optional extra, imported behind a guard) and applicable (fp16/bf16, head_dim 16/
 mask); never required. That path has not been run here (no GPU): the exact path is the tested one.
 
 pe_args:
-  w_rank       rank of W_w (default: 32 when n_kv_heads == n_heads, else full; 0 = full rank)
+  w_rank       rank of W_w (32; 0 = a full-rank dim x kv_dim map)
   short_conv   true (default, fla's default) | false: w comes straight from W_w x
   conv_size    width of the short convolution (3)
   chunk_size   tokens per chunk of the exact path (64)
@@ -175,7 +176,7 @@ class PaTHLayer(LayerPE):
 
 
 class PaTH(PositionalEncoding):
-    def __init__(self, config, *, w_rank: int | None = None, short_conv: bool = True, conv_size: int = 3,
+    def __init__(self, config, *, w_rank: int = 32, short_conv: bool = True, conv_size: int = 3,
                  chunk_size: int = 64, kernel: str = "auto") -> None:
         super().__init__(config)
         if not config.causal:
@@ -184,10 +185,8 @@ class PaTH(PositionalEncoding):
         if kernel not in KERNELS:
             raise ValueError(f"model.pe_args.kernel: unknown value {kernel!r}; allowed: {', '.join(KERNELS)}")
         for key, value, least in (("w_rank", w_rank, 0), ("conv_size", conv_size, 1), ("chunk_size", chunk_size, 1)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ValueError(f"model.pe_args.{key}: expected an integer >= {least}, got {value!r}")
-        if w_rank is None:
-            w_rank = 32 if config.n_kv_heads == config.n_heads else 0
         self.layer_args = dict(dim=config.dim, n_kv_heads=config.n_kv_heads, head_dim=config.head_dim, w_rank=w_rank,
                                short_conv=short_conv, conv_size=conv_size, chunk_size=chunk_size, kernel=kernel,
                                init_std=config.init_std)
