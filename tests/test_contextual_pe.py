@@ -93,6 +93,36 @@ def test_path_cached_keys_are_the_transformed_keys_and_continue_exactly():
     assert (torch.cat(outs, dim=2) - full).abs().max() <= 1e-12
 
 
+def test_path_layer_builds_its_maps_as_documented():
+    """beta = 2 sigmoid(W_beta x + b), w = u / sqrt(|u|^2 + 1e-6) with u the SiLU'd causal conv of W_w x; then the
+    naive loop. The convolution is checked against torch's own padded Conv1d."""
+    model = randomize_pe(tiny("path", n_kv_heads=2)).double()
+    layer = model.model.layers[0].pe
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 6, 32, generator=gen, dtype=torch.float64)
+    q = torch.randn(1, 4, 6, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 6, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    conv = torch.nn.functional.conv1d(layer.w_proj(x).transpose(1, 2), layer.w_conv1d.weight, padding=2,
+                                      groups=16)[..., :6]
+    u = torch.nn.functional.silu(conv).transpose(1, 2).reshape(1, 6, 2, 8).transpose(1, 2)
+    w = u / (u.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
+    beta = 2 * torch.sigmoid(x @ layer.bt_proj.weight.T + layer.bt_proj.bias).transpose(1, 2)
+    with torch.no_grad():
+        got = layer.attend(x, q, k, v, None, True, None)
+        assert (got - naive_path(q, k, v, w, beta)).abs().max() <= 1e-12
+
+
+def test_path_with_identity_maps_is_nope():
+    path = randomize_pe(tiny("path")).double()
+    with torch.no_grad():
+        for layer in path.model.layers:
+            layer.pe.w_proj[1].weight.zero_()  # w = 0: every H_t is the identity
+    nope = tiny("nope").double()
+    nope.load_state_dict(path.state_dict(), strict=False)
+    x = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(7))
+    assert (path(x) - nope(x)).abs().max() <= 1e-12
+
+
 def naive_cope(layer, q, k, v):
     """The CoPE definition with e[p] materialised, one (b, h, i, j) at a time."""
     B, H, T, d = q.shape
