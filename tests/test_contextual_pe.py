@@ -43,8 +43,9 @@ def householder_product(w: torch.Tensor, beta: torch.Tensor, j: int, i: int) -> 
     return product
 
 
-def naive_path(q, k, v, w, beta):
-    """softmax_j(q_i^T H_i ... H_{j+1} k_j / sqrt(d)) v_j for j <= i, one (b, h, i, j) at a time."""
+def naive_path(q, k, v, w, beta, mask=None):
+    """softmax_j(q_i^T H_i ... H_{j+1} k_j / sqrt(d)) v_j for the keys j <= i that mask [T, T] (default: causal)
+    shows, one (b, h, i, j) at a time."""
     B, H, T, d = q.shape
     group = H // k.shape[1]
     out = torch.zeros_like(q)
@@ -52,9 +53,10 @@ def naive_path(q, k, v, w, beta):
         for h in range(H):
             g = h // group
             for i in range(T):
+                keys = [j for j in range(i + 1) if mask is None or mask[i, j]]
                 logits = torch.stack([q[b, h, i] @ householder_product(w[b, g], beta[b, g], j, i) @ k[b, g, j]
-                                      for j in range(i + 1)]) / math.sqrt(d)
-                out[b, h, i] = logits.softmax(0) @ v[b, g, :i + 1]
+                                      for j in keys]) / math.sqrt(d)
+                out[b, h, i] = logits.softmax(0) @ v[b, g, keys]
     return out
 
 
@@ -69,25 +71,30 @@ def random_path_inputs(B=2, H=4, G=2, T=9, d=4, seed=0):
 @pytest.mark.parametrize("chunk_size", [1, 4, 64])
 def test_path_attention_equals_the_naive_loop(chunk_size):
     q, k, v, w, beta = random_path_inputs()
+    want = naive_path(q, k, v, w, beta)
+    got, _ = path_attention(q, k, v, w, beta, None, chunk_size, keep_keys=False)
+    assert (got - want).abs().max() <= 1e-12
+    # The same with an explicit mask that hides key 2 from every query after it (its output is still its own).
     T = q.shape[2]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    got, _ = path_attention(q, k, v, w, beta, None, causal, chunk_size, keep_keys=False)
-    assert (got - naive_path(q, k, v, w, beta)).abs().max() <= 1e-12
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    mask[3:, 2] = False
+    hidden = naive_path(q, k, v, w, beta, mask)
+    got, _ = path_attention(q, k, v, w, beta, mask[None, None], chunk_size, keep_keys=False)
+    assert (got - hidden).abs().max() <= 1e-12 and (hidden - want).abs().max() > 1e-3
 
 
 def test_path_cached_keys_are_the_transformed_keys_and_continue_exactly():
     q, k, v, w, beta = random_path_inputs(T=10)
-    full, keys = path_attention(q, k, v, w, beta, None, torch.ones(10, 10, dtype=torch.bool).tril(), 3, True)
+    full, keys = path_attention(q, k, v, w, beta, None, 3, True)
     for j in range(10):  # each key carries the maps of every later token: H_9 ... H_{j+1} k_j
         expected = torch.einsum("bgde,bge->bgd", torch.stack([torch.stack([
             householder_product(w[b, g], beta[b, g], j, 9) for g in range(2)]) for b in range(2)]), k[:, :, j])
         assert (keys[:, :, j] - expected).abs().max() <= 1e-12
     # Prefill 6 tokens, then 3, then 1: the same outputs as all 10 at once.
-    past, outs, start = None, [], 0
+    past, outs, start = k[:, :, :0], [], 0
     for stop in (6, 9, 10):
-        seen = torch.ones(stop - start, stop, dtype=torch.bool).tril(start)
-        out, past = path_attention(q[:, :, start:stop], k[:, :, start:stop], v[:, :, :stop], w[:, :, start:stop],
-                                   beta[:, :, start:stop], past, seen, 4, True)
+        out, past = path_attention(q[:, :, start:stop], torch.cat((past, k[:, :, start:stop]), dim=2),
+                                   v[:, :, :stop], w[:, :, start:stop], beta[:, :, start:stop], None, 4, True)
         outs.append(out)
         start = stop
     assert (torch.cat(outs, dim=2) - full).abs().max() <= 1e-12
@@ -108,7 +115,7 @@ def test_path_layer_builds_its_maps_as_documented():
     w = u / (u.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
     beta = 2 * torch.sigmoid(x @ layer.bt_proj.weight.T + layer.bt_proj.bias).transpose(1, 2)
     with torch.no_grad():
-        got = layer.attend(x, q, k, v, None, True, None)
+        got = layer.attend(x, q, k, v, None, True, None, None)
         assert (got - naive_path(q, k, v, w, beta)).abs().max() <= 1e-12
 
 
@@ -147,7 +154,7 @@ def test_cope_attention_equals_the_naive_loop(npos_max):
     layer = randomize_pe(tiny("cope", pe_args={"npos_max": npos_max})).double().model.layers[0].pe
     gen = torch.Generator().manual_seed(2)
     q, k, v = (3 * torch.randn(2, 4, 9, 8, generator=gen, dtype=torch.float64) for _ in range(3))
-    got = layer.attend(None, q, k, v, None, True, None)
+    got = layer.attend(None, q, k, v, None, True, None, None)
     assert (got - naive_cope(layer, q, k, v)).abs().max() <= 1e-12
 
 
@@ -169,6 +176,32 @@ def test_cached_logits_equal_recomputation_with_trained_like_weights(pe, overrid
     with torch.no_grad():
         assert (reference(x) - full).abs().max() > 1e-4  # 10x the cache tolerance above
     assert torch.equal(model.generate(x[:, :5], 8), model.generate(x[:, :5], 8, use_cache=False))
+
+
+def test_path_cache_holds_only_transformed_keys_written_in_place():
+    """The key buffer holds the transformed keys (no raw copy), rewritten in place each step: after 6 + 1 + 1 + 1
+    tokens it equals a one-shot prefill's; the conv tail is PaTH's only other state; fp32 keys under autocast."""
+    model = randomize_pe(tiny("path", n_kv_heads=2), std=0.3).eval()
+    x = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(8))
+    stepwise, oneshot, raw = (KVCache(model.config.n_layers, capacity=9) for _ in range(3))
+    with torch.no_grad():
+        model(x[:, :6], cache=stepwise)
+        layer = stepwise.layers[1]
+        pointers = {name: t.data_ptr() for name, t in layer.buffers.items()}
+        for t in range(6, 9):
+            model(x[:, t:t + 1], start_pos=t, cache=stepwise)
+        model(x, cache=oneshot)
+        model(x[:, :1], cache=raw)  # one token: its key is still untransformed
+    assert set(layer.buffers) == {"k", "v"} and set(layer.state) == {"path_conv"}
+    assert {name: t.data_ptr() for name, t in layer.buffers.items()} == pointers
+    assert layer.state["path_conv"].shape == (2, 2, 16)  # [B, conv_size - 1, kv_dim]
+    keys = layer.buffers["k"]
+    assert (keys - oneshot.layers[1].buffers["k"]).abs().max() <= 1e-5
+    assert (keys[:, :, :1] - raw.layers[1].buffers["k"][:, :, :1]).abs().max() > 1e-2  # 8 later maps acted
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        half = KVCache(model.config.n_layers)
+        model(x, cache=half)
+    assert half.layers[1].buffers["k"].dtype == torch.float32 and half.layers[1].buffers["v"].dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("pe", ["cope", "path"])

@@ -18,6 +18,8 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
+from tapecli.model.cache import LayerCache
+
 
 @dataclass
 class PositionState:
@@ -37,6 +39,13 @@ class PositionState:
     def replace(self, **changes) -> PositionState:
         return replace(self, **changes)
 
+    def slice(self, start: int, end: int) -> PositionState:
+        """The state of tokens start..end-1 (e.g. one chunk of a prompt prefilled in pieces)."""
+        def cut(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[..., start:end, :]
+
+        return PositionState(positions=self.positions[..., start:end], rotary=cut(self.rotary), scale=cut(self.scale))
+
 
 def apply_rotary(x: Tensor, rotary: Tensor) -> Tensor:
     """Rotate each half-split pair (x_i, x_{i+d/2}) by the 2x2 map [[c, -s], [s, c]] held in `rotary`.
@@ -49,16 +58,18 @@ def apply_rotary(x: Tensor, rotary: Tensor) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-def visible_keys(mask: Tensor | None, q_len: int, k_len: int, device: torch.device) -> Tensor:
-    """Boolean [..., Tq, Tk]: which keys each query may see, from `attention_mask`'s (mask, is_causal) for causal
-    models (mask None means plain causal: the queries are the last q_len of k_len tokens)."""
-    if mask is None:
-        return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
-    return mask if mask.dtype == torch.bool else mask > float("-inf")
-
-
-def default_positions(batch: int, seq_len: int, start_pos: int, device: torch.device) -> Tensor:
-    return torch.arange(start_pos, start_pos + seq_len, device=device).unsqueeze(0)
+def default_positions(batch: int, seq_len: int, start_pos: int | Tensor, device: torch.device,
+                      attention_mask: Tensor | None = None) -> Tensor:
+    """Positions [1, T] = start_pos + 0..T-1; with a 0/1 `attention_mask` [B, T] they count only real tokens, so
+    each row's first real token sits at start_pos (an int, or [B] per row) and padding repeats its neighbour's."""
+    if attention_mask is None and not isinstance(start_pos, Tensor):
+        return torch.arange(start_pos, start_pos + seq_len, device=device).unsqueeze(0)
+    if attention_mask is None:
+        counted = torch.arange(seq_len, device=device).unsqueeze(0)
+    else:
+        counted = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    offset = start_pos.to(device).view(-1, 1) if isinstance(start_pos, Tensor) else start_pos
+    return counted + offset
 
 
 class LayerPE(nn.Module):
@@ -73,13 +84,15 @@ class LayerPE(nn.Module):
         return None
 
     def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-               cache: dict | None) -> Tensor | None:
+               key_mask: Tensor | None, cache: LayerCache | None) -> Tensor | None:
         """The attention output [B, H, Tq, d], for PEs whose logits SDPA cannot express; None: the default path.
 
         x: the layer's normalised input [B, Tq, C]; q: queries of the current tokens [B, H, Tq, d]; k, v: keys and
-        values of every visible token, the cached ones first, current last, [B, H or H_kv, Tk, d]; (mask, is_causal)
-        as `attention_mask` returns them; cache: this layer's cache dict (None without a cache), where the PE keeps
-        its own state under its own keys."""
+        values of every visible token, the cached ones first, current last, [B, H or H_kv, Tk, d] (with a cache,
+        views of its buffers: a PE that caches transformed keys, PaTH, overwrites k in place); (mask, is_causal)
+        as `attention_mask` returns them; key_mask: [B, Tk], False for padding (None: nothing padded), so the PE
+        can keep padded tokens from acting; cache: this layer's cache (None without one), whose `state` dict holds
+        a PE's fixed-size state between calls (PaTH's convolution tail)."""
         return None
 
     def init_weights(self) -> None:
@@ -98,8 +111,14 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.config = config
 
-    def positions(self, batch: int, seq_len: int, start_pos: int, device: torch.device) -> Tensor:
-        return default_positions(batch, seq_len, start_pos, device)
+    def positions(self, batch: int, seq_len: int, start_pos: int | Tensor, device: torch.device,
+                  attention_mask: Tensor | None = None) -> Tensor:
+        return default_positions(batch, seq_len, start_pos, device, attention_mask)
+
+    def cache_key(self, positions: Tensor) -> object:
+        """What, besides each token's own position, the encoding of keys depends on. Cached keys stay valid only
+        while it is unchanged: None (never changes) except for RoPE's dynamic NTK scaling."""
+        return None
 
     def initial_state(self, positions: Tensor, dtype: torch.dtype) -> PositionState:
         """State entering layer 0; `dtype` is the model's parameter dtype (fp64 models get fp64 states)."""

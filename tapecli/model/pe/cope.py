@@ -4,7 +4,7 @@ Positions are counted, not indexed: each query decides which earlier tokens coun
 (d = head_dim, all per head; this is the official code's default, facebookresearch/RAM projects/cope,
 `ContextPosSelfAttn` with --cope-sep-key, --cope-val-gates and --cope-nodiv off):
 
-  gates       g_ij = sigmoid(q_i . k_j / sqrt(d))                 (0 for keys the query cannot see)
+  gates       g_ij = sigmoid(q_i . k_j / sqrt(d))                 (0 for keys the query cannot see, padding too)
   positions   p_ij = min(sum_{t=j..i} g_it, npos_max)             (fractional; p_ii = g_ii < 1)
   embedding   e[p] = (1 - w) e[floor p] + w e[ceil p],  w = p - floor p   (interpolated between table rows)
   logits      a_ij = (q_i . k_j + q_i . e[p_ij]) / sqrt(d),       attention = softmax_j(a_ij) v_j
@@ -34,7 +34,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, visible_keys
+from tapecli.model.cache import LayerCache
+from tapecli.model.pe.base import LayerPE, PositionalEncoding
+
+
+def visible_keys(mask: Tensor | None, q_len: int, k_len: int, device: torch.device) -> Tensor:
+    """Boolean [..., Tq, Tk]: which keys each query may see, from `attention_mask`'s (mask, is_causal) for causal
+    models (mask None means plain causal: the queries are the last q_len of k_len tokens)."""
+    if mask is None:
+        return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
+    return mask if mask.dtype == torch.bool else mask > float("-inf")
 
 
 class CoPELayer(LayerPE):
@@ -47,7 +56,8 @@ class CoPELayer(LayerPE):
         nn.init.zeros_(self.pos_emb)  # the official init: a fresh CoPE attends like NoPE
 
     def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-               cache: dict | None) -> Tensor:
+               key_mask: Tensor | None, cache: LayerCache | None) -> Tensor:
+        # `mask` already hides padded keys (key_mask), so their gates are zero: padding never counts as a position.
         out_dtype = v.dtype
         if k.shape[1] != q.shape[1]:
             k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))

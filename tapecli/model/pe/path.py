@@ -29,9 +29,14 @@ transformed up to the chunk start; this chunk: masked to t > j),
 (for earlier keys one matmul: (q_i - sum_t r_it w_t) . x_j with r_it = sum_{s <= i} (q_i . w_s) A_st beta_t),
 and the keys then advance to the chunk's end by x_j <- x_j - sum_s (A D W x_j)_s w_s (for earlier keys one d x d
 map, I - W^T (A D)^T W). Work is about that of attention with materialised logits plus one d x d map per chunk;
-memory per chunk step is linear in the keys (plus the C x T logits). The cached keys of past tokens are exactly
-these advanced keys, so a KV cache (`path_k` in the layer's cache, with the short convolution's last inputs as
-`path_conv`) gives the same logits as recomputation. Tested against a naive fp64 loop over all (i, j).
+memory per chunk step is linear in the keys (plus the C x T logits; without padding the causal mask is built per
+chunk too). The cached keys of past tokens are exactly these advanced keys: the KV cache's key buffer (fp32 at
+least, in place; raw keys are never kept) holds them, and its `state["path_conv"]` the short convolution's last
+inputs, so cached decoding gives the logits of recomputation. Tested against a naive fp64 loop over all (i, j).
+
+Padding (`attention_mask`): a padded token gets beta = 0 and u = 0 (H = I, and later tokens' short convolution
+sees zeros there, as before a sequence's first token), and attention hides its key, so with left padding (or right
+padding, for scoring) every real token computes exactly what its row computes alone.
 
 On CUDA, `kernel: auto` uses fla's fused `parallel_path_attention` when flash-linear-attention is installed (an
 optional extra, imported behind a guard) and applicable (fp16/bf16, head_dim 16/32/64, no cached past, plain causal
@@ -53,7 +58,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, visible_keys
+from tapecli.model.cache import LayerCache
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState
 
 KERNELS = ("auto", "torch")
 FLA_HEAD_DIMS = (16, 32, 64)
@@ -69,26 +75,27 @@ def fla_path_attention():
     return parallel_path_attention
 
 
-def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, past: Tensor | None, seen: Tensor,
+def path_attention(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, beta: Tensor, mask: Tensor | None,
                    chunk_size: int, keep_keys: bool) -> tuple[Tensor, Tensor | None]:
-    """Exact PaTH attention of T new tokens (module docstring), computed in the dtype of its inputs.
+    """Exact PaTH attention of T new tokens after n earlier ones (module docstring), in the dtype of its inputs.
 
-    q [B, H, T, d]; k, w [B, G, T, d] with G key heads (H a multiple of G); beta [B, G, T]; v [B, G, n + T, d];
-    past [B, G, n, d] or None: the keys of the n earlier tokens already transformed up to the last of them;
-    seen: bool [..., T, n + T], which keys each query may see. Returns the output [B, H, T, d] and, when keep_keys,
-    the keys of all n + T tokens transformed up to the last one (the next step's `past`)."""
+    q [B, H, T, d]; keys [B, G, n + T, d] with G key heads (H a multiple of G): the n earlier tokens' keys already
+    transformed up to the last of them, then the T current keys; w [B, G, T, d], beta [B, G, T]: the current
+    tokens' maps; v [B, G, n + T, d]; mask: bool [B or 1, 1 or H, T, n + T], which keys each query may see, or None
+    for plain causal (built one chunk at a time, so memory stays linear in n + T). Returns the output [B, H, T, d]
+    and, when keep_keys, all n + T keys transformed up to the last token (what the next call's `keys` starts with)."""
     B, H, T, d = q.shape
-    G = k.shape[1]
+    G, n = keys.shape[1], keys.shape[2] - T
     q = q.view(B, G, H // G, T, d)  # the heads of a group share its keys and maps
     v = v.unsqueeze(2)
-    if seen.dim() == 4:
-        seen = seen.unsqueeze(2) if seen.shape[1] == 1 else seen.unflatten(1, (G, H // G))
-    keys = past if past is not None else k.new_zeros(B, G, 0, d)
+    if mask is not None:
+        mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (G, H // G))
+    keys, k = keys[:, :, :n], keys[:, :, n:]
     outputs = []
     for c0 in range(0, T, chunk_size):
         c1 = min(c0 + chunk_size, T)
         qc, kc, wc, bc = q[..., c0:c1, :], k[:, :, c0:c1], w[:, :, c0:c1], beta[:, :, c0:c1]
-        C, n = c1 - c0, keys.shape[2]
+        C, m = c1 - c0, keys.shape[2]  # m = n + c0 earlier keys
         later = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)  # [s, t]: t < s
         eye = torch.eye(C, dtype=q.dtype, device=q.device)
         lower = (bc[..., :, None] * (wc @ wc.transpose(-1, -2))).masked_fill(~later, 0.0)
@@ -100,8 +107,11 @@ def path_attention(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, pas
         past_logits = (qc - corr @ wc.unsqueeze(2)) @ keys.unsqueeze(2).transpose(-1, -2)
         chunk_logits = qc @ kc.unsqueeze(2).transpose(-1, -2) - corr @ wk.unsqueeze(2)
         logits = torch.cat((past_logits, chunk_logits), dim=-1) * d ** -0.5
-        logits = logits.masked_fill(~seen[..., c0:c1, :n + C], float("-inf"))
-        outputs.append(logits.softmax(-1) @ v[..., :n + C, :])
+        if mask is None:
+            seen = torch.ones(C, m + C, dtype=torch.bool, device=q.device).tril(m)
+        else:
+            seen = mask[..., c0:c1, :m + C]
+        outputs.append(logits.masked_fill(~seen, float("-inf")).softmax(-1) @ v[..., :m + C, :])
         if c1 < T or keep_keys:
             # Advance every key through the chunk's maps, x_j <- x_j - sum_s (A D W x_j)_s w_s: for the earlier
             # keys one d x d map, I - W^T (A D)^T W.
@@ -131,47 +141,57 @@ class PaTHLayer(LayerPE):
             nn.init.normal_(self.w_conv1d.weight, mean=0.0, std=self.init_std)
         nn.init.zeros_(self.bt_proj.bias)
 
-    def householder(self, x: Tensor, cache: dict | None) -> tuple[Tensor, Tensor]:
-        """u [B, G, T, d] (w before its normalisation) and beta [B, G, T] of the current tokens."""
+    def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
+        """No rotation; keys go to fp32 at least, so the cached keys, which every later token transforms, keep the
+        precision the uncached computation has (under bf16 autocast too)."""
+        return q, k.to(torch.promote_types(k.dtype, torch.float32))
+
+    def householder(self, x: Tensor, real: Tensor | None, cache: LayerCache | None) -> tuple[Tensor, Tensor]:
+        """u [B, G, T, d] (w before its normalisation) and beta [B, G, T] of the current tokens; padding (real
+        False) gets u = 0 and beta = 0, H = I, and its zero u is what the short convolution of later tokens sees,
+        as they see zeros before a sequence's first token."""
         B, T, _ = x.shape
         u = self.w_proj(x)  # [B, T, kv_dim]
+        beta = 2 * torch.sigmoid(self.bt_proj(x))  # [B, T, G]
+        if real is not None:
+            u, beta = u * real[..., None], beta * real[..., None]
         if self.w_conv1d is not None:
             width = self.w_conv1d.kernel_size[0]
-            earlier = None if cache is None else cache.get("path_conv")
+            earlier = None if cache is None else cache.state.get("path_conv")
             if earlier is None:
                 earlier = u.new_zeros(B, width - 1, u.shape[-1])
             u = torch.cat((earlier.to(u.dtype), u), dim=1)
             if cache is not None:
-                cache["path_conv"] = u[:, u.shape[1] - (width - 1):]
+                cache.state["path_conv"] = u[:, u.shape[1] - (width - 1):]
             u = F.silu(F.conv1d(u.transpose(1, 2), self.w_conv1d.weight.to(u.dtype), groups=u.shape[-1]))
             u = u.transpose(1, 2)
-        u = u.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        beta = 2 * torch.sigmoid(self.bt_proj(x)).transpose(1, 2)
-        return u, beta
+        return u.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2), beta.transpose(1, 2)
 
     def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-               cache: dict | None) -> Tensor:
+               key_mask: Tensor | None, cache: LayerCache | None) -> Tensor:
+        """With a cache, k is its buffer (earlier keys already transformed, then the current raw keys): it is
+        overwritten in place with every key transformed up to the last token, so only transformed keys are kept."""
         T = q.shape[2]
-        u, beta = self.householder(x, cache)
-        past = None if cache is None else cache.get("path_k")
+        u, beta = self.householder(x, None if key_mask is None else key_mask[:, -T:], cache)
         kernel = fla_path_attention() if self.kernel == "auto" else None
-        if (kernel is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and past is None
+        if (kernel is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and k.shape[2] == T
                 and mask is None and self.head_dim in FLA_HEAD_DIMS):
             w = u * torch.rsqrt(u.float().pow(2).sum(-1, keepdim=True) + 1e-6).to(u.dtype)
-            out, keys = kernel(q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2), w=w.transpose(1, 2),
-                               beta=beta.transpose(1, 2).to(q.dtype), use_cache=cache is not None)
+            out, keys = kernel(q=q.transpose(1, 2), k=k.to(q.dtype).transpose(1, 2), v=v.transpose(1, 2),
+                               w=w.transpose(1, 2), beta=beta.transpose(1, 2).to(q.dtype),
+                               use_cache=cache is not None)
             if cache is not None:
-                cache["path_k"] = keys.transpose(1, 2)
+                k.copy_(keys.transpose(1, 2))
             return out.transpose(1, 2)
         compute = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(q.device.type, enabled=False):
             u = u.to(compute)
             w = u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + 1e-6)
-            seen = visible_keys(mask, T, v.shape[2], q.device)
-            out, keys = path_attention(q.to(compute), k[:, :, -T:].to(compute), v.to(compute), w,
-                                       beta.to(compute), past, seen, self.chunk_size, keep_keys=cache is not None)
+            # No bias, so `mask` is None (plain causal) or boolean, padded keys hidden.
+            out, keys = path_attention(q.to(compute), k.to(compute), v.to(compute), w, beta.to(compute), mask,
+                                       self.chunk_size, keep_keys=cache is not None)
         if cache is not None:
-            cache["path_k"] = keys
+            k.copy_(keys)
         return out.to(v.dtype)
 
 
