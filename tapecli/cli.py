@@ -52,7 +52,8 @@ def reported_errors() -> Iterator[None]:
 
 @app.command()
 def bench(
-    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape", "--pe", help="Comma-separated PEs to time."),
+    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path", "--pe",
+                            help="Comma-separated PEs to time."),
     n_layers: int = typer.Option(4, help="Decoder layers."),
     dim: int = typer.Option(256, help="Hidden width."),
     n_heads: int = typer.Option(4, help="Attention heads."),

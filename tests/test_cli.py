@@ -27,13 +27,13 @@ def test_help_lists_the_commands_and_imports_nothing_heavy():
 
 def test_bench_runs_and_reports_ratios(tmp_path):
     out = tmp_path / "bench.json"
-    result = runner.invoke(app, ["bench", "--pe", "rope,alibi,tape", "--n-layers", "1", "--dim", "32",
+    result = runner.invoke(app, ["bench", "--pe", "rope,alibi,tape,cope,path", "--n-layers", "1", "--dim", "32",
                                  "--seq-len", "16", "--batch-size", "2", "--steps", "1", "--warmup", "0",
                                  "--rounds", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["ratio_to_rope"]["rope"] == 1.0
-    assert set(data["ratio_to_rope"]) == {"rope", "alibi", "tape (separate)", "tape (concat)"}
+    assert set(data["ratio_to_rope"]) == {"rope", "alibi", "cope", "path", "tape (separate)", "tape (concat)"}
     assert all(v > 0 for v in data["median_step_s"].values())
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_model import VOCAB, randomize_tape, tiny, tokens
+from test_model import TRAINED_LIKE, VOCAB, randomize_tape, tiny, tokens
 
 from tapecli.model import PE_NAMES, KVCache
 
@@ -14,6 +14,9 @@ PAD = 0  # also a digit id in the Abacus case: padding must not count as a digit
 BATCH_CASES = [(pe, {}) for pe in PE_NAMES] + [
     ("tape", {"pe_args": {"aggregation": "separate"}}),
     ("tape", {"n_kv_heads": 2}),
+    ("cope", {"n_kv_heads": 2, "pe_args": {"npos_max": 4}}),
+    ("path", {"n_kv_heads": 2, "pe_args": {"chunk_size": 2}}),
+    ("path", {"pe_args": {"short_conv": False}}),
     ("rope", {"abacus": True, "abacus_digit_ids": list(range(10))}),
     ("rope", {"max_seq_len": 8, "pe_args": {"scaling": "dynamic", "factor": 2.0}}),
     ("tape", {"max_seq_len": 8, "pe_args": {"scaling": "dynamic", "factor": 2.0}}),
@@ -23,8 +26,8 @@ IDS = [f"{p}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for p, o in BATCH_CAS
 
 def model_for(pe: str, overrides: dict):
     model = tiny(pe, **overrides)
-    if pe == "tape":
-        randomize_tape(model, std=0.2)  # make the positional-state updates matter
+    if pe in TRAINED_LIKE:
+        randomize_tape(model, std=0.2)  # make TAPE's state updates, CoPE's table and PaTH's maps matter
     return model.eval()
 
 

@@ -23,8 +23,13 @@ def tiny(pe: str, **overrides) -> Transformer:
     return Transformer(ModelConfig(**kwargs))
 
 
+# PEs whose fresh weights hide what they do (TAPE's and CoPE's zeros, PaTH's near-zero w): tests randomise them.
+TRAINED_LIKE = ("tape", "cope", "path")
+
+
 def randomize_tape(model: Transformer, std: float = 0.3) -> Transformer:
-    """Give TAPE's zero-initialised maps real values, as after some training."""
+    """Give every PE parameter (TAPE's zero-initialised maps, CoPE's table, PaTH's maps) real values, as after
+    some training."""
     torch.manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -99,8 +104,8 @@ CACHE_CASES = [(pe, {}) for pe in PE_NAMES] + [
 @pytest.mark.parametrize("pe,overrides", CACHE_CASES, ids=[f"{p}-{'-'.join(map(str, o))}" for p, o in CACHE_CASES])
 def test_cached_generation_equals_uncached(pe, overrides):
     model = tiny(pe, **overrides)
-    if pe == "tape":
-        randomize_tape(model, std=0.2)  # make the positional-state updates matter
+    if pe in TRAINED_LIKE:
+        randomize_tape(model, std=0.2)  # make TAPE's state updates, CoPE's table and PaTH's maps matter
     prompt = tokens(3, 7, seed=3)
     prompt[:, 2:5] = torch.tensor([1, 2, 3])  # a digit run, for the Abacus case
     cached = model.generate(prompt, max_new_tokens=10, use_cache=True)
@@ -306,6 +311,8 @@ def test_bf16_autocast_forward_backward(pe):
     loss = torch.nn.functional.cross_entropy(logits.float()[:, :-1].flatten(0, 1), x[:, 1:].flatten())
     loss.backward()
     assert torch.isfinite(loss) and abs(loss.item() - math.log(VOCAB)) < 0.2
+    if pe in ("cope", "path"):
+        randomize_tape(model, std=0.2)  # a fresh CoPE attends like NoPE
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.equal(model.generate(x[:, :4], 5), model.generate(x[:, :4], 5, use_cache=False))
 
@@ -313,7 +320,7 @@ def test_bf16_autocast_forward_backward(pe):
 @pytest.mark.parametrize("pe", PE_NAMES)
 def test_every_pe_runs_in_fp64(pe):
     model = tiny(pe, n_kv_heads=2)
-    if pe == "tape":
+    if pe in TRAINED_LIKE:
         randomize_tape(model, std=0.2)
     x = tokens(2, 9)
     wide = copy.deepcopy(model).double().eval()

@@ -1,7 +1,8 @@
 """The KV cache: what causal attention needs from past tokens, in buffers allocated once, not copied per token.
 
 Per layer it holds the (already position-encoded) keys and the values of past tokens; for TAPE the values are
-[V | E], E being that layer's positional state of past tokens, which causal attention never changes. For the whole
+[V | E], E being that layer's positional state of past tokens, which causal attention never changes; for PaTH the
+keys are transformed by every later token's map, so PaTH rewrites them in place at each call. For the whole
 model it holds each past token's position (bias PEs need them), which past tokens are padding (left-padded
 batches), Abacus's running digit count, and the PE's `cache_key` the keys were encoded under (dynamic NTK).
 
@@ -38,11 +39,13 @@ def write(buffer: Tensor | None, new: Tensor, start: int, capacity: int) -> Tens
 
 
 class LayerCache:
-    """One layer's past keys and values."""
+    """One layer's past keys and values, plus `state`: fixed-size tensors a PE carries from call to call (PaTH's
+    short-convolution tail), replaced, not appended to."""
 
     def __init__(self, owner: KVCache) -> None:
         self.owner = owner
         self.buffers: dict[str, Tensor] = {}
+        self.state: dict[str, Tensor] = {}
 
     def append(self, **new: Tensor) -> list[Tensor]:
         """Store the current tokens' tensors ([B, H, T, d] each, e.g. k=..., v=...) after the past ones; returns,
@@ -88,3 +91,5 @@ class KVCache:
     def reset(self) -> None:
         """Forget every token but keep the buffers (e.g. to re-encode the whole sequence)."""
         self.length, self.key_mask, self.abacus_run, self.pe_key = 0, None, None, None
+        for layer in self.layers:
+            layer.state.clear()

@@ -142,10 +142,12 @@ class Attention(nn.Module):
             k, v = cache.append(k=k, v=v)
         mask, is_causal = attention_mask(pe.bias(state.positions, k_pos), key_mask, T, k.shape[2], q.dtype,
                                          q.device, self.causal)
-        if aggregation == "separate":
+        # CoPE and PaTH compute attention themselves (their logits are not q.k plus a bias); others return None.
+        y = pe.attend(x, q, k, v, mask, is_causal, key_mask, cache)
+        if y is None and aggregation == "separate":
             # Two calls with identical q, k and mask give identical weights: the straightforward reference path.
             y = torch.cat([attend(q, k, v[..., :d], mask, is_causal), attend(q, k, v[..., d:], mask, is_causal)], -1)
-        else:
+        elif y is None:
             y = attend(q, k, v, mask, is_causal)  # `concat`: the weights are computed once for V and E
         y, aggregated = (y[..., :d], y[..., d:]) if aggregation else (y, None)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from tapecli.model.pe.alibi import ALiBi
 from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, apply_rotary, check_pe_args
+from tapecli.model.pe.cope import CoPE
 from tapecli.model.pe.fire import FIRE
 from tapecli.model.pe.nope import NoPE
+from tapecli.model.pe.path import PaTH
 from tapecli.model.pe.randpe import RandPE
 from tapecli.model.pe.rope import RoPE
 from tapecli.model.pe.t5 import T5Bias
@@ -21,6 +23,8 @@ PE_REGISTRY: dict[str, type[PositionalEncoding]] = {
     "xpos": XPos,
     "t5": T5Bias,
     "tape": TAPE,
+    "cope": CoPE,
+    "path": PaTH,
 }
 PE_NAMES: tuple[str, ...] = tuple(PE_REGISTRY)
 

@@ -5,7 +5,8 @@ A PE has two parts:
   initial `PositionState` (e.g. RoPE's cos/sin);
 - one `LayerPE` per decoder layer, held by the block as `pe` (so its parameters are named
   `model.layers.{i}.pe.*`): it rotates queries/keys, adds attention-logit biases and, for TAPE, updates the
-  positional state after attention and after the MLP.
+  positional state after attention and after the MLP. PEs whose logits are not q.k plus a bias (CoPE, PaTH)
+  compute attention themselves in `attend`.
 The defaults do nothing, which is exactly NoPE.
 """
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
+
+from tapecli.model.cache import LayerCache
 
 
 @dataclass
@@ -78,6 +81,18 @@ class LayerPE(nn.Module):
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         """Additive attention-logit bias [B or 1, H, Tq, Tk] for query/key positions [B or 1, Tq] / [B or 1, Tk]."""
+        return None
+
+    def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+               key_mask: Tensor | None, cache: LayerCache | None) -> Tensor | None:
+        """The attention output [B, H, Tq, d], for PEs whose logits SDPA cannot express; None: the default path.
+
+        x: the layer's normalised input [B, Tq, C]; q: queries of the current tokens [B, H, Tq, d]; k, v: keys and
+        values of every visible token, the cached ones first, current last, [B, H or H_kv, Tk, d] (with a cache,
+        views of its buffers: a PE that caches transformed keys, PaTH, overwrites k in place); (mask, is_causal)
+        as `attention_mask` returns them; key_mask: [B, Tk], False for padding (None: nothing padded), so the PE
+        can keep padded tokens from acting; cache: this layer's cache (None without one), whose `state` dict holds
+        a PE's fixed-size state between calls (PaTH's convolution tail)."""
         return None
 
     def init_weights(self) -> None:

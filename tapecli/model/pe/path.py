@@ -1,0 +1,215 @@
+"""PaTH attention (Yang et al. 2025, "PaTH Attention: Position Encoding via Accumulating Householder
+Transformations"), parameterised like the official layer (fla-org/flash-linear-attention, `fla/layers/path_attn.py`,
+defaults: no forget gate, no q/k norm, short convolution on w).
+
+Every token t carries a Householder-like map, per key/value head (x_t: the layer's normalised input):
+
+  H_t = I - beta_t w_t w_t^T,   beta_t = 2 sigmoid(W_beta x_t + b_beta) in (0, 2)
+  w_t = u_t / sqrt(|u_t|^2 + 1e-6),   u = SiLU(causal depthwise conv of W_w x, width conv_size)   (fla's l2_norm)
+
+and the logit of query i for key j <= i accumulates the maps of the tokens after j up to and including i:
+
+  a_ij = q_i^T (H_i H_{i-1} ... H_{j+1}) k_j / sqrt(d)     (a_ii = q_i . k_i / sqrt(d): the empty product)
+
+i.e. the paper's k_j^T (prod_{s=j+1}^{i} H_s) q_i (each H_s is symmetric), and exactly what fla's decoding does:
+each new token applies its H to every cached key, then appends its own key untransformed. Attention is
+softmax_j(a_ij) v_j; no other PE is applied. W_w is low-rank (dim -> 32 -> kv_dim), fla's `use_low_rank_w=True`
+default (earlier fla versions used a full-rank W_w for grouped-query attention: `w_rank: 0`); init follows fla
+too: weights N(0, init_std), b_beta = 0.
+
+The exact computation (`path_attention`, any device, any dtype, fp32 at least) runs chunk by chunk. For a chunk
+of C tokens with Householder vectors W (C x d) and betas D = diag(beta), the products of the chunk's maps have the
+UT/WY form: a vector x that has reached the chunk becomes x - sum_s c_s w_s after the maps H_{c0}, ..., H_s, with
+c = A D W x, A = (I + strict_lower(D W W^T))^{-1}; sub-products over a contiguous range use the same entries of A
+(diagonal blocks of a triangular inverse). So for query i in the chunk and every key j (earlier chunks: already
+transformed up to the chunk start; this chunk: masked to t > j),
+
+  a_ij = q_i . x_j - sum_{s <= i} sum_t (q_i . w_s) A_st beta_t (w_t . x_j),
+
+(for earlier keys one matmul: (q_i - sum_t r_it w_t) . x_j with r_it = sum_{s <= i} (q_i . w_s) A_st beta_t),
+and the keys then advance to the chunk's end by x_j <- x_j - sum_s (A D W x_j)_s w_s (for earlier keys one d x d
+map, I - W^T (A D)^T W). Work is about that of attention with materialised logits plus one d x d map per chunk;
+memory per chunk step is linear in the keys (plus the C x T logits; without padding the causal mask is built per
+chunk too). The cached keys of past tokens are exactly these advanced keys: the KV cache's key buffer (fp32 at
+least, in place; raw keys are never kept) holds them, and its `state["path_conv"]` the short convolution's last
+inputs, so cached decoding gives the logits of recomputation. Tested against a naive fp64 loop over all (i, j).
+
+Padding (`attention_mask`): a padded token gets beta = 0 and u = 0 (H = I, and later tokens' short convolution
+sees zeros there, as before a sequence's first token), and attention hides its key, so with left padding (or right
+padding, for scoring) every real token computes exactly what its row computes alone.
+
+On CUDA, `kernel: auto` uses fla's fused `parallel_path_attention` when flash-linear-attention is installed (an
+optional extra, imported behind a guard) and applicable (fp16/bf16, head_dim 16/32/64, no cached past, plain causal
+mask); never required. That path has not been run here (no GPU): the exact path is the tested one.
+
+pe_args:
+  w_rank       rank of W_w (32; 0 = a full-rank dim x kv_dim map)
+  short_conv   true (default, fla's default) | false: w comes straight from W_w x
+  conv_size    width of the short convolution (3)
+  chunk_size   tokens per chunk of the exact path (64)
+  kernel       auto (default) | torch (always the exact chunked path)
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tapecli.model.cache import LayerCache
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState
+
+KERNELS = ("auto", "torch")
+FLA_HEAD_DIMS = (16, 32, 64)
+
+
+@functools.cache
+def fla_path_attention():
+    """fla's fused kernel, or None when flash-linear-attention is not installed (or broken)."""
+    try:  # optional GPU kernel; a broken build can raise more than ImportError
+        from fla.ops.path_attn.parallel import parallel_path_attention
+    except Exception:  # noqa: BLE001
+        return None
+    return parallel_path_attention
+
+
+def path_attention(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, beta: Tensor, mask: Tensor | None,
+                   chunk_size: int, keep_keys: bool) -> tuple[Tensor, Tensor | None]:
+    """Exact PaTH attention of T new tokens after n earlier ones (module docstring), in the dtype of its inputs.
+
+    q [B, H, T, d]; keys [B, G, n + T, d] with G key heads (H a multiple of G): the n earlier tokens' keys already
+    transformed up to the last of them, then the T current keys; w [B, G, T, d], beta [B, G, T]: the current
+    tokens' maps; v [B, G, n + T, d]; mask: bool [B or 1, 1 or H, T, n + T], which keys each query may see, or None
+    for plain causal (built one chunk at a time, so memory stays linear in n + T). Returns the output [B, H, T, d]
+    and, when keep_keys, all n + T keys transformed up to the last token (what the next call's `keys` starts with)."""
+    B, H, T, d = q.shape
+    G, n = keys.shape[1], keys.shape[2] - T
+    q = q.view(B, G, H // G, T, d)  # the heads of a group share its keys and maps
+    v = v.unsqueeze(2)
+    if mask is not None:
+        mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (G, H // G))
+    keys, k = keys[:, :, :n], keys[:, :, n:]
+    outputs = []
+    for c0 in range(0, T, chunk_size):
+        c1 = min(c0 + chunk_size, T)
+        qc, kc, wc, bc = q[..., c0:c1, :], k[:, :, c0:c1], w[:, :, c0:c1], beta[:, :, c0:c1]
+        C, m = c1 - c0, keys.shape[2]  # m = n + c0 earlier keys
+        later = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)  # [s, t]: t < s
+        eye = torch.eye(C, dtype=q.dtype, device=q.device)
+        lower = (bc[..., :, None] * (wc @ wc.transpose(-1, -2))).masked_fill(~later, 0.0)
+        A = torch.linalg.solve_triangular(eye + lower, eye.expand_as(lower), upper=False, unitriangular=True)
+        AD = A * bc[..., None, :]  # A_st beta_t
+        corr = (qc @ wc.unsqueeze(2).transpose(-1, -2)).tril() @ AD.unsqueeze(2)  # sum_{s<=i} (q_i.w_s) A_st b_t
+        wk = (wc @ kc.transpose(-1, -2)).masked_fill(~later, 0.0)  # [t, j] = w_t . k_j for t > j
+        # Earlier keys: the correction factors through the key, (q_i - sum_t corr_it w_t) . x_j: one matmul.
+        past_logits = (qc - corr @ wc.unsqueeze(2)) @ keys.unsqueeze(2).transpose(-1, -2)
+        chunk_logits = qc @ kc.unsqueeze(2).transpose(-1, -2) - corr @ wk.unsqueeze(2)
+        logits = torch.cat((past_logits, chunk_logits), dim=-1) * d ** -0.5
+        if mask is None:
+            seen = torch.ones(C, m + C, dtype=torch.bool, device=q.device).tril(m)
+        else:
+            seen = mask[..., c0:c1, :m + C]
+        outputs.append(logits.masked_fill(~seen, float("-inf")).softmax(-1) @ v[..., :m + C, :])
+        if c1 < T or keep_keys:
+            # Advance every key through the chunk's maps, x_j <- x_j - sum_s (A D W x_j)_s w_s: for the earlier
+            # keys one d x d map, I - W^T (A D)^T W.
+            keys = torch.cat((keys - keys @ (wc.transpose(-1, -2) @ (AD.transpose(-1, -2) @ wc)),
+                              kc - (AD @ wk).transpose(-1, -2) @ wc), dim=2)
+    return torch.cat(outputs, dim=-2).reshape(B, H, T, d), keys if keep_keys else None
+
+
+class PaTHLayer(LayerPE):
+    """Parameters (as in fla): w_proj (W_w, two linears when low-rank), w_conv1d (depthwise, no bias), bt_proj."""
+
+    def __init__(self, dim: int, n_kv_heads: int, head_dim: int, w_rank: int, short_conv: bool, conv_size: int,
+                 chunk_size: int, kernel: str, init_std: float) -> None:
+        super().__init__()
+        kv_dim = n_kv_heads * head_dim
+        self.n_kv_heads, self.head_dim = n_kv_heads, head_dim
+        self.chunk_size, self.kernel, self.init_std = chunk_size, kernel, init_std
+        if w_rank:
+            self.w_proj = nn.Sequential(nn.Linear(dim, w_rank, bias=False), nn.Linear(w_rank, kv_dim, bias=False))
+        else:
+            self.w_proj = nn.Linear(dim, kv_dim, bias=False)
+        self.w_conv1d = nn.Conv1d(kv_dim, kv_dim, conv_size, groups=kv_dim, bias=False) if short_conv else None
+        self.bt_proj = nn.Linear(dim, n_kv_heads, bias=True)
+
+    def init_weights(self) -> None:
+        if self.w_conv1d is not None:
+            nn.init.normal_(self.w_conv1d.weight, mean=0.0, std=self.init_std)
+        nn.init.zeros_(self.bt_proj.bias)
+
+    def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
+        """No rotation; keys go to fp32 at least, so the cached keys, which every later token transforms, keep the
+        precision the uncached computation has (under bf16 autocast too)."""
+        return q, k.to(torch.promote_types(k.dtype, torch.float32))
+
+    def householder(self, x: Tensor, real: Tensor | None, cache: LayerCache | None) -> tuple[Tensor, Tensor]:
+        """u [B, G, T, d] (w before its normalisation) and beta [B, G, T] of the current tokens; padding (real
+        False) gets u = 0 and beta = 0, H = I, and its zero u is what the short convolution of later tokens sees,
+        as they see zeros before a sequence's first token."""
+        B, T, _ = x.shape
+        u = self.w_proj(x)  # [B, T, kv_dim]
+        beta = 2 * torch.sigmoid(self.bt_proj(x))  # [B, T, G]
+        if real is not None:
+            u, beta = u * real[..., None], beta * real[..., None]
+        if self.w_conv1d is not None:
+            width = self.w_conv1d.kernel_size[0]
+            earlier = None if cache is None else cache.state.get("path_conv")
+            if earlier is None:
+                earlier = u.new_zeros(B, width - 1, u.shape[-1])
+            u = torch.cat((earlier.to(u.dtype), u), dim=1)
+            if cache is not None:
+                cache.state["path_conv"] = u[:, u.shape[1] - (width - 1):]
+            u = F.silu(F.conv1d(u.transpose(1, 2), self.w_conv1d.weight.to(u.dtype), groups=u.shape[-1]))
+            u = u.transpose(1, 2)
+        return u.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2), beta.transpose(1, 2)
+
+    def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
+               key_mask: Tensor | None, cache: LayerCache | None) -> Tensor:
+        """With a cache, k is its buffer (earlier keys already transformed, then the current raw keys): it is
+        overwritten in place with every key transformed up to the last token, so only transformed keys are kept."""
+        T = q.shape[2]
+        u, beta = self.householder(x, None if key_mask is None else key_mask[:, -T:], cache)
+        kernel = fla_path_attention() if self.kernel == "auto" else None
+        if (kernel is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and k.shape[2] == T
+                and mask is None and self.head_dim in FLA_HEAD_DIMS):
+            w = u * torch.rsqrt(u.float().pow(2).sum(-1, keepdim=True) + 1e-6).to(u.dtype)
+            out, keys = kernel(q=q.transpose(1, 2), k=k.to(q.dtype).transpose(1, 2), v=v.transpose(1, 2),
+                               w=w.transpose(1, 2), beta=beta.transpose(1, 2).to(q.dtype),
+                               use_cache=cache is not None)
+            if cache is not None:
+                k.copy_(keys.transpose(1, 2))
+            return out.transpose(1, 2)
+        compute = torch.promote_types(q.dtype, torch.float32)
+        with torch.autocast(q.device.type, enabled=False):
+            u = u.to(compute)
+            w = u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + 1e-6)
+            # No bias, so `mask` is None (plain causal) or boolean, padded keys hidden.
+            out, keys = path_attention(q.to(compute), k.to(compute), v.to(compute), w, beta.to(compute), mask,
+                                       self.chunk_size, keep_keys=cache is not None)
+        if cache is not None:
+            k.copy_(keys)
+        return out.to(v.dtype)
+
+
+class PaTH(PositionalEncoding):
+    def __init__(self, config, *, w_rank: int = 32, short_conv: bool = True, conv_size: int = 3,
+                 chunk_size: int = 64, kernel: str = "auto") -> None:
+        super().__init__(config)
+        if not config.causal:
+            raise ValueError("model.causal: pe 'path' accumulates maps along the causal prefix; it needs causal "
+                             "attention")
+        if kernel not in KERNELS:
+            raise ValueError(f"model.pe_args.kernel: unknown value {kernel!r}; allowed: {', '.join(KERNELS)}")
+        for key, value, least in (("w_rank", w_rank, 0), ("conv_size", conv_size, 1), ("chunk_size", chunk_size, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"model.pe_args.{key}: expected an integer >= {least}, got {value!r}")
+        self.layer_args = dict(dim=config.dim, n_kv_heads=config.n_kv_heads, head_dim=config.head_dim, w_rank=w_rank,
+                               short_conv=short_conv, conv_size=conv_size, chunk_size=chunk_size, kernel=kernel,
+                               init_std=config.init_std)
+
+    def make_layer(self, layer_idx: int) -> LayerPE:
+        return PaTHLayer(**self.layer_args)

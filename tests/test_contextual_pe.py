@@ -1,0 +1,257 @@
+"""CoPE and PaTH: equal to naive fp64 loops over all (i, j), exact under the KV cache, counted, selectable.
+
+The generic tests in test_model.py (forward/backward, cached generation, bf16 autocast) loop over PE_NAMES and
+cover both PEs too; these add the definitions and the cache with non-trivial PE weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tapecli.model import KVCache, ModelConfig, Transformer, count_parameters
+from tapecli.model.pe.path import path_attention
+
+VOCAB = 61
+
+
+def tiny(pe: str, **overrides) -> Transformer:
+    torch.manual_seed(0)
+    kwargs = dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, max_seq_len=32, pe=pe)
+    kwargs.update(overrides)
+    return Transformer(ModelConfig(**kwargs))
+
+
+def randomize_pe(model: Transformer, std: float = 0.5) -> Transformer:
+    """Non-trivial PE weights (CoPE's table starts at zero, PaTH's w at nearly zero), as after training."""
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".pe." in name:
+                p.normal_(0, std)
+    return model
+
+
+def householder_product(w: torch.Tensor, beta: torch.Tensor, j: int, i: int) -> torch.Tensor:
+    """H_i H_{i-1} ... H_{j+1} as a d x d matrix, H_s = I - beta_s w_s w_s^T (identity when j == i)."""
+    d = w.shape[-1]
+    product = torch.eye(d, dtype=w.dtype)
+    for s in range(j + 1, i + 1):
+        product = (torch.eye(d, dtype=w.dtype) - beta[s] * torch.outer(w[s], w[s])) @ product
+    return product
+
+
+def naive_path(q, k, v, w, beta, mask=None):
+    """softmax_j(q_i^T H_i ... H_{j+1} k_j / sqrt(d)) v_j for the keys j <= i that mask [T, T] (default: causal)
+    shows, one (b, h, i, j) at a time."""
+    B, H, T, d = q.shape
+    group = H // k.shape[1]
+    out = torch.zeros_like(q)
+    for b in range(B):
+        for h in range(H):
+            g = h // group
+            for i in range(T):
+                keys = [j for j in range(i + 1) if mask is None or mask[i, j]]
+                logits = torch.stack([q[b, h, i] @ householder_product(w[b, g], beta[b, g], j, i) @ k[b, g, j]
+                                      for j in keys]) / math.sqrt(d)
+                out[b, h, i] = logits.softmax(0) @ v[b, g, keys]
+    return out
+
+
+def random_path_inputs(B=2, H=4, G=2, T=9, d=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, w = (torch.randn(B, n, T, d, generator=gen, dtype=torch.float64) for n in (H, G, G, G))
+    w = w / w.norm(dim=-1, keepdim=True)
+    beta = 2 * torch.rand(B, G, T, generator=gen, dtype=torch.float64)
+    return q, k, v, w, beta
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 64])
+def test_path_attention_equals_the_naive_loop(chunk_size):
+    q, k, v, w, beta = random_path_inputs()
+    want = naive_path(q, k, v, w, beta)
+    got, _ = path_attention(q, k, v, w, beta, None, chunk_size, keep_keys=False)
+    assert (got - want).abs().max() <= 1e-12
+    # The same with an explicit mask that hides key 2 from every query after it (its output is still its own).
+    T = q.shape[2]
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    mask[3:, 2] = False
+    hidden = naive_path(q, k, v, w, beta, mask)
+    got, _ = path_attention(q, k, v, w, beta, mask[None, None], chunk_size, keep_keys=False)
+    assert (got - hidden).abs().max() <= 1e-12 and (hidden - want).abs().max() > 1e-3
+
+
+def test_path_cached_keys_are_the_transformed_keys_and_continue_exactly():
+    q, k, v, w, beta = random_path_inputs(T=10)
+    full, keys = path_attention(q, k, v, w, beta, None, 3, True)
+    for j in range(10):  # each key carries the maps of every later token: H_9 ... H_{j+1} k_j
+        expected = torch.einsum("bgde,bge->bgd", torch.stack([torch.stack([
+            householder_product(w[b, g], beta[b, g], j, 9) for g in range(2)]) for b in range(2)]), k[:, :, j])
+        assert (keys[:, :, j] - expected).abs().max() <= 1e-12
+    # Prefill 6 tokens, then 3, then 1: the same outputs as all 10 at once.
+    past, outs, start = k[:, :, :0], [], 0
+    for stop in (6, 9, 10):
+        out, past = path_attention(q[:, :, start:stop], torch.cat((past, k[:, :, start:stop]), dim=2),
+                                   v[:, :, :stop], w[:, :, start:stop], beta[:, :, start:stop], None, 4, True)
+        outs.append(out)
+        start = stop
+    assert (torch.cat(outs, dim=2) - full).abs().max() <= 1e-12
+
+
+def test_path_layer_builds_its_maps_as_documented():
+    """beta = 2 sigmoid(W_beta x + b), w = u / sqrt(|u|^2 + 1e-6) with u the SiLU'd causal conv of W_w x; then the
+    naive loop. The convolution is checked against torch's own padded Conv1d."""
+    model = randomize_pe(tiny("path", n_kv_heads=2)).double()
+    layer = model.model.layers[0].pe
+    gen = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 6, 32, generator=gen, dtype=torch.float64)
+    q = torch.randn(1, 4, 6, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 6, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    conv = torch.nn.functional.conv1d(layer.w_proj(x).transpose(1, 2), layer.w_conv1d.weight, padding=2,
+                                      groups=16)[..., :6]
+    u = torch.nn.functional.silu(conv).transpose(1, 2).reshape(1, 6, 2, 8).transpose(1, 2)
+    w = u / (u.pow(2).sum(-1, keepdim=True) + 1e-6).sqrt()
+    beta = 2 * torch.sigmoid(x @ layer.bt_proj.weight.T + layer.bt_proj.bias).transpose(1, 2)
+    with torch.no_grad():
+        got = layer.attend(x, q, k, v, None, True, None, None)
+        assert (got - naive_path(q, k, v, w, beta)).abs().max() <= 1e-12
+
+
+def test_path_with_identity_maps_is_nope():
+    path = randomize_pe(tiny("path")).double()
+    with torch.no_grad():
+        for layer in path.model.layers:
+            layer.pe.w_proj[1].weight.zero_()  # w = 0: every H_t is the identity
+    nope = tiny("nope").double()
+    nope.load_state_dict(path.state_dict(), strict=False)
+    x = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(7))
+    assert (path(x) - nope(x)).abs().max() <= 1e-12
+
+
+def naive_cope(layer, q, k, v):
+    """The CoPE definition with e[p] materialised, one (b, h, i, j) at a time."""
+    B, H, T, d = q.shape
+    e, npos_max = layer.pos_emb.detach().double(), layer.npos_max
+    out = torch.zeros_like(q)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                gates = torch.sigmoid(torch.stack([q[b, h, i] @ k[b, h, t] for t in range(i + 1)]) / math.sqrt(d))
+                logits = []
+                for j in range(i + 1):
+                    p = min(float(gates[j:].sum()), npos_max)
+                    lo, hi = math.floor(p), math.ceil(p)
+                    embedding = (1 - (p - lo)) * e[lo] + (p - lo) * e[hi]
+                    logits.append((q[b, h, i] @ k[b, h, j] + q[b, h, i] @ embedding) / math.sqrt(d))
+                out[b, h, i] = torch.stack(logits).softmax(0) @ v[b, h, :i + 1]
+    return out
+
+
+@pytest.mark.parametrize("npos_max", [3, 32])
+def test_cope_attention_equals_the_naive_loop(npos_max):
+    layer = randomize_pe(tiny("cope", pe_args={"npos_max": npos_max})).double().model.layers[0].pe
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (3 * torch.randn(2, 4, 9, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    got = layer.attend(None, q, k, v, None, True, None, None)
+    assert (got - naive_cope(layer, q, k, v)).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("pe,overrides", [
+    ("cope", {}), ("cope", {"n_kv_heads": 2, "pe_args": {"npos_max": 4}}),
+    ("path", {"pe_args": {"chunk_size": 3}}), ("path", {"n_kv_heads": 2, "pe_args": {"conv_size": 4}}),
+    ("path", {"pe_args": {"short_conv": False, "w_rank": 0}}),
+], ids=["cope", "cope-gqa-npos4", "path-chunk3", "path-gqa-conv4", "path-noconv-fullrank"])
+def test_cached_logits_equal_recomputation_with_trained_like_weights(pe, overrides):
+    model = randomize_pe(tiny(pe, **overrides)).eval()
+    x = torch.randint(0, VOCAB, (2, 15), generator=torch.Generator().manual_seed(3))
+    cache = KVCache(model.config.n_layers)
+    with torch.no_grad():
+        full = model(x)
+        pieces = [model(x[:, :7], cache=cache), model(x[:, 7:11], start_pos=7, cache=cache)]
+        pieces += [model(x[:, t:t + 1], start_pos=t, cache=cache) for t in range(11, 15)]
+    assert (torch.cat(pieces, dim=1) - full).abs().max() <= 1e-5
+    reference = tiny(pe, **overrides).eval()  # the PE weights really change the output
+    with torch.no_grad():
+        assert (reference(x) - full).abs().max() > 1e-4  # 10x the cache tolerance above
+    assert torch.equal(model.generate(x[:, :5], 8), model.generate(x[:, :5], 8, use_cache=False))
+
+
+def test_path_cache_holds_only_transformed_keys_written_in_place():
+    """The key buffer holds the transformed keys (no raw copy), rewritten in place each step: after 6 + 1 + 1 + 1
+    tokens it equals a one-shot prefill's; the conv tail is PaTH's only other state; fp32 keys under autocast."""
+    model = randomize_pe(tiny("path", n_kv_heads=2), std=0.3).eval()
+    x = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(8))
+    stepwise, oneshot, raw = (KVCache(model.config.n_layers, capacity=9) for _ in range(3))
+    with torch.no_grad():
+        model(x[:, :6], cache=stepwise)
+        layer = stepwise.layers[1]
+        pointers = {name: t.data_ptr() for name, t in layer.buffers.items()}
+        for t in range(6, 9):
+            model(x[:, t:t + 1], start_pos=t, cache=stepwise)
+        model(x, cache=oneshot)
+        model(x[:, :1], cache=raw)  # one token: its key is still untransformed
+    assert set(layer.buffers) == {"k", "v"} and set(layer.state) == {"path_conv"}
+    assert {name: t.data_ptr() for name, t in layer.buffers.items()} == pointers
+    assert layer.state["path_conv"].shape == (2, 2, 16)  # [B, conv_size - 1, kv_dim]
+    keys = layer.buffers["k"]
+    assert (keys - oneshot.layers[1].buffers["k"]).abs().max() <= 1e-5
+    assert (keys[:, :, :1] - raw.layers[1].buffers["k"][:, :, :1]).abs().max() > 1e-2  # 8 later maps acted
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        half = KVCache(model.config.n_layers)
+        model(x, cache=half)
+    assert half.layers[1].buffers["k"].dtype == torch.float32 and half.layers[1].buffers["v"].dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("pe", ["cope", "path"])
+def test_gradients_reach_every_pe_parameter(pe):
+    model = randomize_pe(tiny(pe, n_kv_heads=2), std=0.3)
+    model(torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))).pow(2).mean().backward()
+    for name, p in model.named_parameters():
+        if ".pe." in name:
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+
+def test_parameter_counts():
+    cope = count_parameters(tiny("cope"))["pe"]
+    assert cope == 2 * (32 + 1) * 8  # n_layers x (npos_max + 1) x head_dim, npos_max = max_seq_len
+    assert count_parameters(tiny("cope", pe_args={"npos_max": 64}))["pe"] == 2 * 65 * 8
+    # Per layer: W_w low-rank (32 x 32 + 32 x 32), conv (kv_dim x 3), W_beta (dim x H_kv) + b_beta (H_kv).
+    assert count_parameters(tiny("path"))["pe"] == 2 * (32 * 32 + 32 * 32 + 32 * 3 + 32 * 4 + 4)
+    # Grouped-query (kv_dim 16), and a full-rank W_w.
+    assert count_parameters(tiny("path", n_kv_heads=2))["pe"] == 2 * (32 * 32 + 32 * 16 + 16 * 3 + 32 * 2 + 2)
+    assert count_parameters(tiny("path", n_kv_heads=2, pe_args={"w_rank": 0}))["pe"] == 2 * (32 * 16 + 16 * 3 + 66)
+    with torch.device("meta"):
+        big = Transformer(ModelConfig(vocab_size=32000, dim=768, n_layers=12, n_heads=12, ffn_dim=3072,
+                                      max_seq_len=1024, pe="path"))
+    assert count_parameters(big)["pe"] == 12 * (768 * 32 + 32 * 768 + 768 * 3 + 768 * 12 + 12) == 728_208
+
+
+def test_fresh_cope_attends_like_nope():
+    """The official init (a zero table) makes a fresh CoPE model compute NoPE's logits exactly."""
+    cope, nope = tiny("cope").double(), tiny("nope").double()
+    nope.load_state_dict(cope.state_dict(), strict=False)
+    x = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(5))
+    assert (cope(x) - nope(x)).abs().max() <= 1e-12
+
+
+def test_bad_pe_args_are_clear():
+    with pytest.raises(ValueError, match=r"model.pe_args.npos_max: expected a positive integer, got 0"):
+        tiny("cope", pe_args={"npos_max": 0})
+    with pytest.raises(ValueError, match=r"model.pe_args.kernel: unknown value 'cuda'; allowed: auto, torch"):
+        tiny("path", pe_args={"kernel": "cuda"})
+    with pytest.raises(ValueError, match=r"model.pe_args.chunk_size: expected an integer >= 1, got 0"):
+        tiny("path", pe_args={"chunk_size": 0})
+    for pe in ("cope", "path"):
+        with pytest.raises(ValueError, match=rf"model.causal: pe '{pe}'"):
+            tiny(pe, causal=False)
+
+
+def test_every_recipe_can_select_them():
+    from tapecli.recipe import list_recipes, load_recipe
+
+    for name, _ in list_recipes():  # (the context-extension recipes hold RoPE's pe_args: cleared)
+        for pe in ("cope", "path"):
+            recipe = load_recipe(name, [f"model.pe={pe}", "model.pe_args={}"])
+            assert ModelConfig(**recipe.model_config_kwargs(tokenizer_vocab_size=1000)).pe == pe
