@@ -1,0 +1,127 @@
+"""`tape eval harness`: any lm-evaluation-harness task on any tape model, through lm-eval's own `simple_evaluate`.
+
+    run_harness(model, tasks, include_path=[...], num_fewshot=None, limit=None, out=DIR, log_samples=False,
+                **model options) -> (results dict, out dir)
+
+Tasks are looked up in a `TaskManager` that indexes only the `--include-path` folders, unless a task is not found
+there: then lm-eval's ~16k built-in task files are indexed too (what lm-eval's own CLI always does, ~10 s).
+A task may also be named by the path of its YAML file.
+
+Files written into the output directory (each through a temporary name and a rename):
+    results.json              lm-eval's results dict, as lm-eval's own tracker dumps it (without the samples)
+    samples_<task>.jsonl      with --log-samples: lm-eval's per-sample records (prompt, responses, metrics)
+Offline, a task whose data (or metric) lives on the Hugging Face Hub fails with one line saying how to point it at
+local files instead.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tapecli.errors import TapeError
+from tapecli.run import write_atomic
+
+RESULTS_FILE = "results.json"
+
+OFFLINE_HINT = ("copy the task's YAML into a folder, set `dataset_path: json` (or csv, parquet, arrow) and "
+                "`dataset_kwargs: {data_files: {test: /absolute/path/file.jsonl}}`, and pass the folder with "
+                "--include-path")
+
+
+def task_manager(tasks: list[str], include_path: list[str] | None = None) -> Any:
+    """A TaskManager that knows every requested task, indexing lm-eval's built-in tasks only when needed."""
+    from lm_eval.tasks import TaskManager
+
+    for folder in include_path or []:
+        if not Path(folder).is_dir():
+            raise TapeError(f"--include-path {folder} is not a directory")
+    paths = [str(Path(p).resolve()) for p in include_path or []] or None
+    manager = TaskManager(include_path=paths, include_defaults=False)
+    if _missing(manager, tasks):
+        manager = TaskManager(include_path=paths, include_defaults=True)
+        missing = _missing(manager, tasks)
+        if missing:
+            where = f" in {', '.join(include_path)} or" if include_path else ""
+            raise TapeError(f"unknown task(s) {', '.join(missing)}: not found{where} among lm-eval's built-in tasks "
+                            "(list them with `lm-eval ls tasks`; local YAMLs need --include-path)")
+    return manager
+
+
+def _missing(manager: Any, tasks: list[str]) -> list[str]:
+    return [t for t in tasks if not (t.endswith((".yaml", ".yml")) and Path(t).is_file()) and not
+            manager.match_tasks([t])]
+
+
+def _offline_error(error: BaseException) -> TapeError | None:
+    """A one-line TapeError when `error` (or its cause) means the Hub could not be reached, else None."""
+    seen = error
+    while seen is not None:
+        name = type(seen).__name__
+        if isinstance(seen, ConnectionError) or name in ("OfflineModeIsEnabled", "LocalEntryNotFoundError"):
+            found = re.search(r"reach '([^']+)'", str(seen))
+            what = f"the Hub dataset {found.group(1)}" if found else "files from the Hugging Face Hub"
+            return TapeError(f"a task needs {what}, which cannot be downloaded here ({str(seen).splitlines()[0]}); "
+                             f"to run it offline, {OFFLINE_HINT}")
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def write_results(results: dict[str, Any], out: Path) -> Path:
+    """results.json and (if lm-eval logged them) samples_<task>.jsonl, serialised as lm-eval's tracker does."""
+    from lm_eval.utils import handle_non_serializable, sanitize_list
+
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {key: value for key, value in results.items() if key != "samples"}
+    write_atomic(out / RESULTS_FILE, json.dumps(summary, indent=2, default=handle_non_serializable,
+                                                ensure_ascii=False) + "\n")
+    for task, samples in (results.get("samples") or {}).items():
+        lines = []
+        for sample in samples:
+            record = dict(sample)
+            # lm-eval's tracker flattens the request arguments so `datasets` can load the file back.
+            record["arguments"] = {f"gen_args_{i}": {f"arg_{j}": arg for j, arg in enumerate(args)}
+                                   for i, args in enumerate(sample["arguments"])}
+            record["resps"], record["filtered_resps"] = (sanitize_list(sample["resps"]),
+                                                         sanitize_list(sample["filtered_resps"]))
+            record["target"] = str(sample["target"])
+            lines.append(json.dumps(record, default=handle_non_serializable, ensure_ascii=False) + "\n")
+        write_atomic(out / f"samples_{task}.jsonl", "".join(lines))
+    return out
+
+
+def run_harness(lm: Any, tasks: list[str], *, include_path: list[str] | None = None, num_fewshot: int | None = None,
+                limit: float | None = None, out: Path | None = None, log_samples: bool = False,
+                bootstrap_iters: int = 100000, seed: int = 1234, model_args: dict[str, Any] | None = None,
+                ) -> dict[str, Any]:
+    """Evaluate `lm` (a TapeLM) on `tasks` with lm-eval's `simple_evaluate`; write the files into `out` if given."""
+    from lm_eval import simple_evaluate
+
+    if not tasks:
+        raise TapeError("--tasks: name at least one task")
+    manager = task_manager(tasks, include_path)
+    try:
+        results = simple_evaluate(model=lm, model_args=model_args, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
+                                  task_manager=manager, log_samples=log_samples, bootstrap_iters=bootstrap_iters,
+                                  random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
+                                  fewshot_random_seed=seed)
+    except Exception as e:  # noqa: BLE001 -- only the offline case is turned into a one-liner
+        offline = _offline_error(e)
+        if offline is None:
+            raise
+        raise offline from None
+    if out is not None:
+        write_results(results, Path(out))
+    return results
+
+
+def results_table(results: dict[str, Any]) -> str:
+    """lm-eval's own markdown tables: per task, then per group when there are groups."""
+    from lm_eval.utils import make_table
+
+    text = make_table(results)
+    if results.get("groups"):
+        text += "\n" + make_table(results, "groups")
+    return text
