@@ -120,57 +120,54 @@ def eval_addition(
 
 @eval_app.command("harness")
 def eval_harness(
-    model: str = typer.Option(..., "--model", "-m", help="A tape run directory (newest checkpoint), a checkpoint "
-                              "directory, or a Hugging Face Llama directory or hub id."),
+    model: str = typer.Option(..., "--model", "-m", help=_MODEL_HELP),
     tasks: str = typer.Option(..., "--tasks", "-t", help="Comma-separated lm-eval task names (globs allowed) or "
                               "task YAML paths."),
     include_path: list[str] | None = typer.Option(None, "--include-path", help="A folder of task YAMLs "
-                                                  "(repeatable)."),
+                                                  "(repeatable).", show_default=False),
     num_fewshot: int | None = typer.Option(None, "--num-fewshot", help="Few-shot examples per prompt (default: "
                                            "each task's own)."),
     limit: float | None = typer.Option(None, "--limit", help="Only the first N documents per task (N < 1: a "
                                        "fraction); for quick checks, not for reporting."),
-    out: Path | None = typer.Option(None, "--out", help="Write results.json (and samples_<task>.jsonl) here."),
-    log_samples: bool = typer.Option(False, "--log-samples", help="Also write every prompt, response and score."),
-    batch_size: int = typer.Option(1, "--batch-size", help="Requests per forward pass; changes speed, not the "
-                                   "selection of scored tokens."),
+    out: Path | None = typer.Option(None, "--out", help="Output directory for results.json (default: "
+                                    "RUN/eval-harness/<checkpoint name>, or eval-harness/<model name>)."),
+    log_samples: bool = typer.Option(False, "--log-samples", help="Also write samples_<task>.jsonl: every prompt, "
+                                     "response and score."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Requests per forward pass (speed only)."),
     max_length: int | None = typer.Option(None, "--max-length", help="Context window in tokens (default: the "
                                           "model's max_seq_len); longer inputs are cut from the left, long "
                                           "documents scored in windows."),
     max_gen_toks: int = typer.Option(256, "--max-gen-toks", help="Generation cap when a task sets none."),
     add_bos: bool = typer.Option(True, "--add-bos/--no-add-bos", help="Start every prompt with BOS, as tape "
                                  "pre-training and Llama tokenizers do."),
-    dtype: str | None = typer.Option(None, "--dtype", help="float32, bfloat16 or float16 (default: as saved)."),
-    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto."),
     seed: int = typer.Option(1234, "--seed", help="Seeds lm-eval (few-shot sampling) and sampled generation."),
     bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", help="Bootstrap resamples for standard "
                                         "errors (0: skip them)."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
 ) -> None:
     """Run any lm-evaluation-harness task on a tape model (every PE, TAPE, FIRE and T5 included).
 
-    Calls lm-eval's own simple_evaluate with the native `tape` model, prints lm-eval's results table, and writes lm-eval's results JSON to --out.
+    Calls lm-eval's own simple_evaluate with the native `tape` model, prints lm-eval's results table and writes lm-eval's results JSON (results.json) to --out.
 
     Offline: write task YAMLs over local files (dataset_path: json, data_files with absolute paths) and pass their folder with --include-path.
 
-    The stock lm-eval CLI with the tape model: `python -m tapecli.harness --model tape --model_args pretrained=RUN --tasks ...`.
+    lm-eval's own CLI with the tape model: `python -m tapecli.harness --model tape --model_args pretrained=RUN --tasks ...`.
 
-    Example: tape eval harness --model runs/c4-tape --tasks lambada_openai --limit 100 --out runs/c4-tape/harness
+    Example: tape eval harness --model runs/c4-tape --tasks lambada_openai --limit 100
     """
     from tapecli.eval.harness import results_table, run_harness
-    from tapecli.eval.lm_adapter import TapeLM
 
     names = [t.strip() for t in tasks.split(",") if t.strip()]
-    options = {"pretrained": model, "dtype": dtype, "device": device, "batch_size": batch_size,
-               "max_length": max_length, "max_gen_toks": max_gen_toks, "add_bos_token": add_bos, "seed": seed}
     with reported_errors():
-        lm = TapeLM(**options)
-        results = run_harness(lm, names, include_path=include_path, num_fewshot=num_fewshot,
-                              limit=int(limit) if limit is not None and limit >= 1 else limit, out=out,
-                              log_samples=log_samples, bootstrap_iters=bootstrap_iters, seed=seed,
-                              model_args=options)
+        results, out_dir = run_harness(
+            model, names, include_path=include_path, num_fewshot=num_fewshot,
+            limit=int(limit) if limit is not None and limit >= 1 else limit, out=out, log_samples=log_samples,
+            bootstrap_iters=bootstrap_iters, seed=seed, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
+            batch_size=batch_size, max_length=max_length, max_gen_toks=max_gen_toks, add_bos_token=add_bos)
     typer.echo(results_table(results))
-    if out is not None:
-        typer.echo(f"wrote {out / 'results.json'}" + (" and samples_<task>.jsonl" if log_samples else ""))
+    typer.echo(f"wrote {out_dir / 'results.json'}" + (" and samples_<task>.jsonl" if log_samples else ""))
 
 
 _OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."

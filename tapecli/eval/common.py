@@ -261,9 +261,10 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 8,
-                   stop_tokens: list[int] | None = None, pad_id: int | None = None) -> list[list[int]]:
-    """Greedy continuations (new tokens only, `max_new_tokens` each, padded with `pad_id` after a stop token) of
-    token-id prompts, in the order given.
+                   stop_tokens: list[int] | None = None, pad_id: int | None = None, temperature: float = 0.0,
+                   top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> list[list[int]]:
+    """Continuations (new tokens only, `max_new_tokens` each, padded with `pad_id` after a stop token) of
+    token-id prompts, in the order given: greedy, or sampled when temperature > 0 (`seed` seeds every batch).
 
     Prompts of equal length are decoded together, `batch_size` at a time, with the KV cache. This is the one place
     evaluations call `Transformer.generate`, so batched decoding of unequal prompts can replace it here alone.
@@ -280,7 +281,8 @@ def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, ba
             chunk = indices[start : start + batch_size]
             input_ids = torch.tensor([prompts[i] for i in chunk], dtype=torch.long, device=device)
             with torch.inference_mode():
-                tokens = model.generate(input_ids, max_new_tokens=max_new_tokens, use_cache=True, temperature=0.0,
+                tokens = model.generate(input_ids, max_new_tokens=max_new_tokens, use_cache=True,
+                                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                         stop_tokens=stop_tokens, pad_id=pad_id)
             for i, row in zip(chunk, tokens[:, length:].tolist(), strict=True):
                 fill = pad_id if pad_id is not None else (stop_tokens[0] if stop_tokens else 0)

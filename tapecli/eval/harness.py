@@ -1,7 +1,8 @@
 """`tape eval harness`: any lm-evaluation-harness task on any tape model, through lm-eval's own `simple_evaluate`.
 
-    run_harness(model, tasks, include_path=[...], num_fewshot=None, limit=None, out=DIR, log_samples=False,
-                **model options) -> (results dict, out dir)
+    run_harness(model_spec, tasks, include_path=[...], num_fewshot=None, limit=None, out=DIR, log_samples=False,
+                dtype=, device=, pe_args=, batch_size=, max_length=, ...) -> (results dict, out dir)
+    evaluate(lm, tasks, task_manager(tasks, include_path), ...) -> results dict   # any lm-eval model object
 
 Tasks are looked up in a `TaskManager` that indexes only the `--include-path` folders, unless a task is not found
 there: then lm-eval's ~16k built-in task files are indexed too (what lm-eval's own CLI always does, ~10 s).
@@ -92,29 +93,57 @@ def write_results(results: dict[str, Any], out: Path) -> Path:
     return out
 
 
-def run_harness(lm: Any, tasks: list[str], *, include_path: list[str] | None = None, num_fewshot: int | None = None,
-                limit: float | None = None, out: Path | None = None, log_samples: bool = False,
-                bootstrap_iters: int = 100000, seed: int = 1234, model_args: dict[str, Any] | None = None,
-                ) -> dict[str, Any]:
-    """Evaluate `lm` (a TapeLM) on `tasks` with lm-eval's `simple_evaluate`; write the files into `out` if given."""
-    from lm_eval import simple_evaluate
+def run_harness(model: str, tasks: list[str], *, include_path: list[str] | None = None,
+                num_fewshot: int | None = None, limit: float | None = None, out: Path | None = None,
+                log_samples: bool = False, bootstrap_iters: int = 100000, seed: int = 1234, dtype: str = "auto",
+                device: str = "auto", pe_args: dict[str, Any] | None = None, **lm_options: Any
+                ) -> tuple[dict[str, Any], Path]:
+    """Open `model`, evaluate it on `tasks` with lm-eval's `simple_evaluate`, write the files; (results, out dir).
 
+    `lm_options` go to `TapeLM` (batch_size, max_length, max_gen_toks, add_bos_token)."""
+    from tapecli.eval.common import open_model
+    from tapecli.eval.lm_adapter import TapeLM, check_lm_eval_version
+
+    check_lm_eval_version()
     if not tasks:
         raise TapeError("--tasks: name at least one task")
-    manager = task_manager(tasks, include_path)
+    manager = task_manager(tasks, include_path)  # before opening the model: a typo fails in a second
+    opened = open_model(model, dtype=dtype, device=device, pe_args=pe_args)
+    lm = TapeLM.from_opened(opened, seed=seed, **lm_options)
+    results = evaluate(lm, tasks, manager, num_fewshot=num_fewshot, limit=limit, log_samples=log_samples,
+                       bootstrap_iters=bootstrap_iters, seed=seed)
+    out_dir = Path(out) if out else default_out(opened)
+    write_results(results, out_dir)
+    return results, out_dir
+
+
+def evaluate(lm: Any, tasks: list[str | dict], manager: Any, *, num_fewshot: int | None = None,
+             limit: float | None = None, log_samples: bool = False, bootstrap_iters: int = 100000,
+             seed: int = 1234) -> dict[str, Any]:
+    """lm-eval's `simple_evaluate` on an lm-eval model object; an unreachable Hub becomes one line."""
+    from lm_eval import simple_evaluate
+
     try:
-        results = simple_evaluate(model=lm, model_args=model_args, tasks=tasks, num_fewshot=num_fewshot, limit=limit,
-                                  task_manager=manager, log_samples=log_samples, bootstrap_iters=bootstrap_iters,
-                                  random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed,
-                                  fewshot_random_seed=seed)
+        return simple_evaluate(model=lm, model_args=getattr(lm, "settings", dict)(), tasks=tasks,
+                               num_fewshot=num_fewshot, limit=limit, task_manager=manager, log_samples=log_samples,
+                               bootstrap_iters=bootstrap_iters, random_seed=seed, numpy_random_seed=seed,
+                               torch_random_seed=seed, fewshot_random_seed=seed)
     except Exception as e:  # noqa: BLE001 -- only the offline case is turned into a one-liner
         offline = _offline_error(e)
         if offline is None:
             raise
         raise offline from None
-    if out is not None:
-        write_results(results, Path(out))
-    return results
+
+
+def default_out(opened: Any) -> Path:
+    """RUN/eval-harness/<checkpoint name> for a checkpoint in a run, CHECKPOINT/eval-harness for a lone one,
+    ./eval-harness/<model name> for a Hugging Face model."""
+    if opened.kind != "tape":
+        return Path("eval-harness") / re.sub(r"[^A-Za-z0-9._-]+", "_", opened.name)
+    checkpoint = Path(opened.source)
+    if checkpoint.parent.name == "checkpoints":
+        return checkpoint.parent.parent / "eval-harness" / checkpoint.name
+    return checkpoint / "eval-harness"
 
 
 def results_table(results: dict[str, Any]) -> str:

@@ -1,9 +1,9 @@
 """A native lm-evaluation-harness model over tape's model core, registered in lm-eval as `tape`.
 
 Contract (lm-eval's `TemplateLM`, see docs/contracts.md):
-    TapeLM(pretrained="runs/x" | checkpoint dir | HF dir or id, dtype=None, device="auto", batch_size=1,
+    TapeLM(pretrained="runs/x" | checkpoint dir | HF dir or id, dtype="auto", device="auto", batch_size=1,
            max_length=None, max_gen_toks=256, add_bos_token=True, seed=1234, pe_args=None)
-    TapeLM.from_loaded(model, tokenizer, **same options)     # an already opened (Transformer, Tokenizer)
+    TapeLM.from_opened(opened, **same options)               # a model opened by tapecli.eval.common.open_model
     lm.loglikelihood(requests) -> [(logprob, is_greedy)]     # via TemplateLM's pair encoding + _loglikelihood_tokens
     lm.loglikelihood_rolling(requests) -> [logprob]          # disjoint max_length windows, as lm-eval's HF model
     lm.generate_until(requests) -> [str]                     # stop strings, max_gen_toks, greedy or seeded sampling
@@ -21,8 +21,8 @@ into tape gives the same per-sample numbers as `HFLM` on the same directory (tes
   - generate_until: `normalize_gen_kwargs` (default max_gen_toks 256), prompts left-truncated to
     max_length - max_gen_toks, generation stops at EOS, text cut at the first stop string
     (`postprocess_generated_text`).
-Padding and generation go through the two small functions `_forward_padded` and `_generate`, the only places that
-know how tape's model core batches sequences of different lengths.
+Padding and generation go through the two small functions `_forward_padded` and `_generate` (which calls
+`tapecli.eval.common.generate_batch`), the only places that know how tape batches sequences of different lengths.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from tapecli.errors import TapeError
+from tapecli.eval.common import generate_batch
 
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance
 
-    from tapecli.data.tokenizer import Tokenizer
-    from tapecli.model import Transformer
+    from tapecli.eval.common import OpenedModel
 
 # The lm-eval versions this adapter is written and tested against; pyproject.toml states the same range.
 LM_EVAL_MIN, LM_EVAL_BELOW = (0, 4, 10), (0, 5)
@@ -95,10 +95,10 @@ def _bool_option(name: str, value: Any) -> bool:
 class TapeLM(TemplateLM):
     """lm-eval's view of a tape model: loglikelihood, rolling loglikelihood and generation (see module docstring)."""
 
-    def __init__(self, pretrained: str | None = None, dtype: str | None = None, device: str | None = "auto",
+    def __init__(self, pretrained: str | None = None, dtype: str = "auto", device: str | None = "auto",
                  batch_size: int | str = 1, max_batch_size: int | None = None, max_length: int | str | None = None,
                  max_gen_toks: int | str = 256, add_bos_token: bool | str = True, seed: int | str = 1234,
-                 pe_args: dict[str, Any] | None = None, _loaded: tuple[Transformer, Tokenizer] | None = None,
+                 pe_args: dict[str, Any] | str | None = None, opened: OpenedModel | None = None,
                  **unused: Any) -> None:
         super().__init__()
         check_lm_eval_version()
@@ -107,14 +107,17 @@ class TapeLM(TemplateLM):
                             "dtype, device, batch_size, max_length, max_gen_toks, add_bos_token, seed, pe_args")
         if str(batch_size) == "auto" or str(batch_size).startswith("auto:"):
             raise TapeError("batch_size=auto is not supported by the tape model; pass a number, e.g. batch_size=8")
-        if _loaded is None:
+        if opened is None:
             if not pretrained:
                 raise TapeError("the tape model needs pretrained=RUN (a tape run, checkpoint, or Hugging Face "
                                 "directory or id)")
-            _loaded = _open(str(pretrained), dtype=dtype, device=device or "auto", pe_args=pe_args)
-        self.model, self.tok = _loaded
-        self.model.eval()
-        self.pretrained = pretrained
+            from tapecli.eval.common import open_model, parse_pe_args
+
+            if isinstance(pe_args, str):  # from lm-eval's CLI: pe_args=scaling=linear;factor=2
+                pe_args = parse_pe_args([pair for pair in pe_args.split(";") if pair])
+            opened = open_model(str(pretrained), dtype=dtype or "auto", device=device or "auto", pe_args=pe_args)
+        self.opened = opened
+        self.model, self.tok = opened.model, opened.tokenizer
         self._device = next(self.model.parameters()).device
         self._batch_size = _int_option("batch_size", batch_size)
         self._max_length = _int_option("max_length", max_length) if max_length else self.model.config.max_seq_len
@@ -123,9 +126,9 @@ class TapeLM(TemplateLM):
         self.seed = int(seed)
 
     @classmethod
-    def from_loaded(cls, model: Transformer, tokenizer: Tokenizer, **options: Any) -> TapeLM:
-        """Wrap a model that is already open (e.g. by `tapecli.eval.common`)."""
-        return cls(_loaded=(model, tokenizer), **options)
+    def from_opened(cls, opened: OpenedModel, **options: Any) -> TapeLM:
+        """Wrap a model already opened with `tapecli.eval.common.open_model`."""
+        return cls(opened=opened, **options)
 
     # --- what lm-eval asks of every model -----------------------------------------------------------------------
 
@@ -157,12 +160,13 @@ class TapeLM(TemplateLM):
     def tokenizer_name(self) -> str:
         return type(self.tok).__name__
 
+    def settings(self) -> dict[str, Any]:
+        """What determines this model's answers (recorded under `config` in lm-eval's results)."""
+        return {**self.opened.record(), "max_length": self.max_length, "max_gen_toks": self.max_gen_toks,
+                "add_bos_token": self.add_bos_token, "seed": self.seed}
+
     def get_model_info(self) -> dict[str, Any]:
-        """Recorded under `config` in lm-eval's results."""
-        cfg = self.model.config
-        return {"model_source": self.pretrained, "pe": cfg.pe, "pe_args": cfg.pe_args, "max_length": self.max_length,
-                "model_dtype": str(next(self.model.parameters()).dtype).removeprefix("torch."),
-                "add_bos_token": self.add_bos_token}
+        return self.settings()
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
                    **kwargs: Any) -> list[int]:
@@ -270,28 +274,8 @@ class TapeLM(TemplateLM):
 
     def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_k: int | None,
                   top_p: float | None, seed: int) -> list[list[int]]:
-        """The new tokens for each prompt (EOS and what follows it removed). Prompts of equal length run together
-        with the KV cache; different lengths run as separate batches, so no padding ever reaches the model."""
-        outputs: list[list[int]] = [[] for _ in prompts]
-        by_length: dict[int, list[int]] = {}
-        for index, prompt in enumerate(prompts):
-            by_length.setdefault(len(prompt), []).append(index)
-        for length, indices in by_length.items():
-            ids = torch.tensor([prompts[i] for i in indices], dtype=torch.long, device=self.device)
-            generated = self.model.generate(ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                                            top_k=top_k, top_p=top_p, seed=seed, stop_tokens=[self.tok.eos_id])
-            for i, row in zip(indices, generated[:, length:].tolist(), strict=True):
-                outputs[i] = row[:row.index(self.tok.eos_id)] if self.tok.eos_id in row else row
-        return outputs
-
-
-def _open(source: str, dtype: str | None, device: str, pe_args: dict[str, Any] | None
-          ) -> tuple[Transformer, Tokenizer]:
-    """Open a model for evaluation (replaced by tapecli.eval.common once it exists)."""
-    from tapecli.checkpoint import load_model
-    from tapecli.device import resolve_device
-
-    model, tokenizer = load_model(source, device=str(resolve_device(device)))
-    if dtype:
-        model = model.to(getattr(torch, dtype))
-    return model, tokenizer
+        """The new tokens for each prompt, EOS and what follows it removed."""
+        eos = self.tok.eos_id
+        outputs = generate_batch(self.model, prompts, max_new_tokens, batch_size=self.batch_size, stop_tokens=[eos],
+                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        return [row[:row.index(eos)] if eos in row else row for row in outputs]
