@@ -46,27 +46,27 @@ if TYPE_CHECKING:
 
     from tapecli.eval.common import OpenedModel
 
-# The lm-eval versions this adapter is written and tested against; pyproject.toml states the same range.
-LM_EVAL_MIN, LM_EVAL_BELOW = (0, 4, 10), (0, 5)
+# The lm-eval versions this adapter is written and tested against; pyproject.toml states the same range (a test checks).
+LM_EVAL_RANGE = ">=0.4.10,<0.5"
 
 
 def check_lm_eval_version(installed: str | None = None) -> str:
     """The installed lm-eval version, or a TapeError naming the supported range when it is outside it."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
     if installed is None:
         try:
             installed = version("lm_eval")
         except PackageNotFoundError:
-            raise TapeError("lm-eval is not installed; pip install 'lm-eval>=0.4.10,<0.5'") from None
-    parts = []
-    for piece in installed.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
-        if not digits:
-            break
-        parts.append(int(digits))
-    key = tuple(parts)
-    if not (LM_EVAL_MIN <= key and key < LM_EVAL_BELOW):
-        raise TapeError(f"lm-eval {installed} is not supported; tape's harness adapter needs lm-eval>=0.4.10,<0.5 "
-                        "(pip install 'lm-eval>=0.4.10,<0.5')")
+            raise TapeError(f"lm-eval is not installed; pip install 'lm-eval{LM_EVAL_RANGE}'") from None
+    try:
+        supported = Version(installed) in SpecifierSet(LM_EVAL_RANGE, prereleases=True)
+    except InvalidVersion:
+        supported = False
+    if not supported:
+        raise TapeError(f"lm-eval {installed} is not supported; tape's harness model needs lm-eval{LM_EVAL_RANGE} "
+                        f"(pip install 'lm-eval{LM_EVAL_RANGE}')")
     return installed
 
 
