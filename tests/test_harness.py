@@ -16,6 +16,7 @@ import math
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,12 @@ from tapecli.cli import app
 from tapecli.errors import TapeError
 
 MC = [
-    {"question": "What color is the sky?", "choices": [" blue", " green", " red"], "answer": 0},
-    {"question": "What is two plus two?", "choices": [" four", " five"], "answer": 0},
-    {"question": "What does the quick brown fox do?", "choices": [" jumps", " sleeps", " runs", " eats"], "answer": 0},
+    {"question": "What color is the sky?", "choices": ["blue", "green", "red"], "answer": 0},  # lm-eval adds " "
+    {"question": "What is two plus two?", "choices": ["four", "five"], "answer": 0},
+    {"question": "What does the quick brown fox do?", "choices": ["jumps", "sleeps", "runs", "eats"], "answer": 0},
     # Longer than the 32-token window: context + continuation are cut from the left, as lm-eval's HF model does.
     {"question": "The sky is blue and the grass is green and the fox jumps over the lazy dog. " * 2
-                 + "What color is the grass?", "choices": [" green", " blue"], "answer": 0},
+                 + "What color is the grass?", "choices": ["green", "blue"], "answer": 0},
 ]
 GEN = [{"q": "what is two plus two?", "a": "four"}, {"q": "what color is the sky?", "a": "blue"},
        {"q": "red green", "a": "blue"}, {"q": "what does the fox do?", "a": "jumps"}]
@@ -43,6 +44,15 @@ TASKS = ["tiny_mc", "tiny_gen", "tiny_ppl"]
 TRAIN_TEXT = ("Question: What color is the sky?\nAnswer: blue\nQuestion: What is two plus two?\nAnswer: four\n"
               "Q: what is two plus two?\nA: four\nQ: what color is the sky?\nA: blue\nQ: what does the fox do?\n"
               "A: jumps\nthe sky is blue and the grass is green. a quick brown fox jumps over the lazy dog.\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and far faster than on oversubscribed ones on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _yaml(name: str, data: Path, body: str) -> str:
@@ -90,9 +100,9 @@ def hf_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
                          max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                          tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
-    ids = torch.tensor([tokenizer(TRAIN_TEXT).input_ids[:96]])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(40):
+    ids = torch.tensor([tokenizer(TRAIN_TEXT).input_ids])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(60):
         optimizer.zero_grad()
         model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
