@@ -206,13 +206,15 @@ def test_sampled_generation_is_seeded_and_stops_at_stop_strings(tape_checkpoints
     assert other_seed != first
 
 
-def test_cli_writes_lm_eval_results_and_samples(tape_checkpoints: dict[str, Path], task_dir: Path,
-                                                tmp_path: Path) -> None:
+def test_cli_writes_lm_eval_results_and_samples_and_resumes_from_its_cache(
+        tape_checkpoints: dict[str, Path], task_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tapecli.eval.lm_adapter import TapeLM
+
     out = tmp_path / "harness"
-    result = CliRunner().invoke(app, ["eval", "harness", "--model", str(tape_checkpoints["fire"]), "--tasks",
-                                      ",".join(TASKS), "--include-path", str(task_dir), "--limit", "2", "--out",
-                                      str(out), "--log-samples", "--batch-size", "2", "--bootstrap-iters", "0",
-                                      "--device", "cpu"])
+    command = ["eval", "harness", "--model", str(tape_checkpoints["fire"]), "--tasks", ",".join(TASKS),
+               "--include-path", str(task_dir), "--limit", "2", "--out", str(out), "--log-samples", "--batch-size",
+               "2", "--bootstrap-iters", "0", "--device", "cpu"]
+    result = CliRunner().invoke(app, command)
     assert result.exit_code == 0, result.output
     assert re.search(r"\|tiny_mc *\|", result.output) and "bits_per_byte" in result.output
     written = json.loads((out / "results.json").read_text())
@@ -222,6 +224,19 @@ def test_cli_writes_lm_eval_results_and_samples(tape_checkpoints: dict[str, Path
     for task in TASKS:
         rows = [json.loads(line) for line in (out / f"samples_{task}.jsonl").read_text().splitlines()]
         assert [row["doc_id"] for row in rows] == [0, 1]
+
+    # Run again (as after an interruption): every answer comes from the request cache, the model is never called.
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was called for a cached request")
+
+    monkeypatch.setattr(TapeLM, "_forward_padded", no_model)
+    monkeypatch.setattr(TapeLM, "_generate", no_model)
+    again = CliRunner().invoke(app, command)
+    assert again.exit_code == 0, again.output
+    assert json.loads((out / "results.json").read_text())["results"] == written["results"]
+    # The cache belongs to one model and its options: another max_length may not reuse the directory.
+    other = CliRunner().invoke(app, [*command, "--max-length", "40"])
+    assert other.exit_code == 2 and "max_length differ" in other.output
 
 
 def test_offline_hub_task_fails_with_one_line(tape_checkpoints: dict[str, Path], tmp_path: Path) -> None:
@@ -268,10 +283,10 @@ def test_lm_evals_own_cli_runs_the_tape_model(tape_checkpoints: dict[str, Path],
                                               tmp_path: Path) -> None:
     """`python -m tapecli.harness` is lm-eval's CLI with `tape` registered (it indexes all built-in tasks: ~15 s)."""
     out = tmp_path / "stock"
-    done = subprocess.run([sys.executable, "-m", "tapecli.harness", "--model", "tape", "--model_args",
-                           f"pretrained={tape_checkpoints['tape']}", "--device", "cpu", "--batch_size", "2", "--include_path",
-                           str(task_dir), "--tasks", "tiny_mc", "--limit", "2", "--output_path", str(out)],
-                          capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=300)
+    command = [sys.executable, "-m", "tapecli.harness", "--model", "tape", "--model_args",
+               f"pretrained={tape_checkpoints['tape']}", "--device", "cpu", "--batch_size", "2", "--include_path",
+               str(task_dir), "--tasks", "tiny_mc", "--limit", "2", "--output_path", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"\|tiny_mc *\|", done.stdout)
     assert list(out.glob("*/results_*.json"))

@@ -191,6 +191,26 @@ def with_pe_args(model: Transformer, overrides: dict[str, Any]) -> Transformer:
 # The resumable settings + samples log
 
 
+def claim_settings(out_dir: Path, settings: dict[str, Any], stale: list[str] = ()) -> bool:
+    """Make `out_dir` hold the evaluation `settings` describe. True when it is new: then the `stale` files (logs of
+    an evaluation whose settings.json never got written) are deleted and settings.json is written. A directory holding
+    other settings is refused with one line naming the keys that differ."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = json.loads(json.dumps(settings))  # as it reads back from disk (tuples -> lists, ...)
+    settings_path = out_dir / SETTINGS_FILE
+    if settings_path.is_file():
+        previous = json.loads(settings_path.read_text())
+        if previous != settings:
+            changed = sorted(k for k in previous.keys() | settings.keys() if previous.get(k) != settings.get(k))
+            raise TapeError(f"{out_dir} holds an evaluation with other settings ({', '.join(changed)} differ); "
+                            "pass another --out or delete that directory")
+        return False
+    for name in stale:
+        (out_dir / name).unlink(missing_ok=True)
+    write_atomic(settings_path, json.dumps(settings, indent=1) + "\n")
+    return True
+
+
 class SamplesLog:
     """`out/settings.json` + `out/samples.jsonl`: what an evaluation is, and every unit it has finished.
 
@@ -205,17 +225,8 @@ class SamplesLog:
                  keep: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> None:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        settings = json.loads(json.dumps(settings))  # as it reads back from disk (tuples -> lists, ...)
-        settings_path, self.path = self.out / SETTINGS_FILE, self.out / SAMPLES_FILE
-        if settings_path.is_file():
-            previous = json.loads(settings_path.read_text())
-            if previous != settings:
-                changed = sorted(k for k in previous.keys() | settings.keys() if previous.get(k) != settings.get(k))
-                raise TapeError(f"{self.out} holds an evaluation with other settings ({', '.join(changed)} differ); "
-                                "pass another --out or delete that directory")
-        else:
-            self.path.unlink(missing_ok=True)
-            write_atomic(settings_path, json.dumps(settings, indent=1) + "\n")
+        self.path = self.out / SAMPLES_FILE
+        claim_settings(self.out, settings, stale=[SAMPLES_FILE])
         rows = read_jsonl(self.path) if self.path.is_file() else []
         self.rows = keep(rows) if keep else rows
         write_atomic(self.path, "".join(json.dumps(row) + "\n" for row in self.rows))

@@ -8,7 +8,10 @@ Tasks are looked up in a `TaskManager` that indexes only the `--include-path` fo
 there: then lm-eval's ~16k built-in task files are indexed too (what lm-eval's own CLI always does, ~10 s).
 A task may also be named by the path of its YAML file.
 
-Files written into the output directory (each through a temporary name and a rename):
+Files in the output directory (the JSON ones written through a temporary name and a rename):
+    settings.json             the model and the options that change its answers (checked when the directory is reused)
+    requests_rank0.db         lm-eval's request cache: every answer, stored as soon as it is computed, so a run
+                              started again after an interruption redoes only the requests it had not answered
     results.json              lm-eval's results dict, as lm-eval's own tracker dumps it (without the samples)
     samples_<task>.jsonl      with --log-samples: lm-eval's per-sample records (prompt, responses, metrics)
 Offline, a task whose data (or metric) lives on the Hugging Face Hub fails with one line saying how to point it at
@@ -23,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from tapecli.errors import TapeError
+from tapecli.eval.common import RESULTS_FILE, claim_settings
 from tapecli.run import write_atomic
 
-RESULTS_FILE = "results.json"
+CACHE_PREFIX = "requests"  # lm-eval appends _rank0.db
+CACHE_FILE = f"{CACHE_PREFIX}_rank0.db"
 
 OFFLINE_HINT = ("copy the task's YAML into a folder, set `dataset_path: json` (or csv, parquet, arrow) and "
                 "`dataset_kwargs: {data_files: {test: /absolute/path/file.jsonl}}`, and pass the folder with "
@@ -110,24 +115,29 @@ def run_harness(model: str, tasks: list[str], *, include_path: list[str] | None 
     manager = task_manager(tasks, include_path)  # before opening the model: a typo fails in a second
     opened = open_model(model, dtype=dtype, device=device, pe_args=pe_args)
     lm = TapeLM.from_opened(opened, seed=seed, **lm_options)
-    results = evaluate(lm, tasks, manager, num_fewshot=num_fewshot, limit=limit, log_samples=log_samples,
-                       bootstrap_iters=bootstrap_iters, seed=seed)
     out_dir = Path(out) if out else default_out(opened)
+    # The request cache holds answers keyed by request only, so the directory is tied to one model and its options.
+    claim_settings(out_dir, lm.settings(), stale=[CACHE_FILE])
+    results = evaluate(lm, tasks, manager, num_fewshot=num_fewshot, limit=limit, log_samples=log_samples,
+                       bootstrap_iters=bootstrap_iters, seed=seed, cache=out_dir / CACHE_PREFIX)
     write_results(results, out_dir)
     return results, out_dir
 
 
 def evaluate(lm: Any, tasks: list[str | dict], manager: Any, *, num_fewshot: int | None = None,
              limit: float | None = None, log_samples: bool = False, bootstrap_iters: int = 100000,
-             seed: int = 1234) -> dict[str, Any]:
-    """lm-eval's `simple_evaluate` on an lm-eval model object; an unreachable Hub becomes one line."""
+             seed: int = 1234, cache: Path | None = None) -> dict[str, Any]:
+    """lm-eval's `simple_evaluate` on an lm-eval model object; an unreachable Hub becomes one line. With `cache`
+    (a path prefix), every answer is stored in lm-eval's sqlite request cache as it is computed, and answers already
+    there are reused: an interrupted run, started again, redoes only what it had not finished."""
     from lm_eval import simple_evaluate
 
     try:
         return simple_evaluate(model=lm, model_args=getattr(lm, "settings", dict)(), tasks=tasks,
                                num_fewshot=num_fewshot, limit=limit, task_manager=manager, log_samples=log_samples,
                                bootstrap_iters=bootstrap_iters, random_seed=seed, numpy_random_seed=seed,
-                               torch_random_seed=seed, fewshot_random_seed=seed)
+                               torch_random_seed=seed, fewshot_random_seed=seed,
+                               use_cache=None if cache is None else str(cache))
     except Exception as e:  # noqa: BLE001 -- only the offline case is turned into a one-liner
         offline = _offline_error(e)
         if offline is None:
