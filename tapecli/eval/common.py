@@ -8,7 +8,7 @@ An evaluation module (`tapecli.eval.addition`, `perplexity`, `passkey`, ...) hol
    evaluation's settings, skips a half-written last line, and hands back the rows an interrupted run finished;
 3. appends result rows with `log.append(rows)` (flushed at once, so a finished unit survives an interruption), and
    writes results.json with `write_json` (atomically) at the end;
-4. decodes greedily with `generate_batch(model, prompts, max_new_tokens)`, the one place that talks to
+4. decodes with `generate_batch(model, prompts, max_new_tokens)` (greedy or sampled), the one place that talks to
    `Transformer.generate`.
 
 Output directory layout shared by all evaluations:
@@ -277,27 +277,27 @@ def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, ba
     """Continuations (new tokens only, `max_new_tokens` each, padded with `pad_id` after a stop token) of
     token-id prompts, in the order given: greedy, or sampled when temperature > 0 (`seed` seeds every batch).
 
-    Prompts of equal length are decoded together, `batch_size` at a time, with the KV cache. This is the one place
-    evaluations call `Transformer.generate`, so batched decoding of unequal prompts can replace it here alone.
+    Prompts are decoded `batch_size` at a time, in the order given, with the KV cache; prompts of different lengths
+    in one batch are left-padded and masked, so each row generates what it generates alone (`Transformer.generate`).
+    This is the one place evaluations call `Transformer.generate`.
     """
     import torch
 
     device = next(model.parameters()).device
-    by_length: dict[int, list[int]] = {}
-    for index, prompt in enumerate(prompts):
-        by_length.setdefault(len(prompt), []).append(index)
-    outputs: list[list[int]] = [[] for _ in prompts]
-    for length, indices in by_length.items():
-        for start in range(0, len(indices), batch_size):
-            chunk = indices[start : start + batch_size]
-            input_ids = torch.tensor([prompts[i] for i in chunk], dtype=torch.long, device=device)
-            with torch.inference_mode():
-                tokens = model.generate(input_ids, max_new_tokens=max_new_tokens, use_cache=True,
-                                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                                        stop_tokens=stop_tokens, pad_id=pad_id)
-            for i, row in zip(chunk, tokens[:, length:].tolist(), strict=True):
-                fill = pad_id if pad_id is not None else (stop_tokens[0] if stop_tokens else 0)
-                outputs[i] = (row + [fill] * max_new_tokens)[:max_new_tokens]
+    fill = pad_id if pad_id is not None else (stop_tokens[0] if stop_tokens else 0)
+    outputs: list[list[int]] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        longest = max(len(p) for p in chunk)
+        input_ids = torch.tensor([[fill] * (longest - len(p)) + p for p in chunk], dtype=torch.long, device=device)
+        mask = None
+        if any(len(p) < longest for p in chunk):
+            mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in chunk], device=device)
+        with torch.inference_mode():
+            tokens = model.generate(input_ids, max_new_tokens=max_new_tokens, use_cache=True, temperature=temperature,
+                                    top_k=top_k, top_p=top_p, seed=seed, stop_tokens=stop_tokens, pad_id=pad_id,
+                                    attention_mask=mask)
+        outputs += [(row + [fill] * max_new_tokens)[:max_new_tokens] for row in tokens[:, longest:].tolist()]
     return outputs
 
 

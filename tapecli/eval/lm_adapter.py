@@ -21,8 +21,11 @@ into tape gives the same per-sample numbers as `HFLM` on the same directory (tes
   - generate_until: `normalize_gen_kwargs` (default max_gen_toks 256), prompts left-truncated to
     max_length - max_gen_toks, generation stops at EOS, text cut at the first stop string
     (`postprocess_generated_text`).
-Padding and generation go through the two small functions `_forward_padded` and `_generate` (which calls
-`tapecli.eval.common.generate_batch`), the only places that know how tape batches sequences of different lengths.
+  - generation batches: longest first (lm-eval's `Collator`, grouped by generation settings), left-padded and
+    masked by `tapecli.eval.common.generate_batch`, KV cache; sampling draws from one generator seeded with
+    `seed` + the batch's index, so a command repeated gives the same samples (another batch size gives others).
+Padding and generation go through the two small functions `_forward_padded` and `_generate`, the only places that
+know how tape batches sequences of different lengths.
 """
 
 from __future__ import annotations
