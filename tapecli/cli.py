@@ -118,6 +118,57 @@ def eval_addition(
     typer.echo(f"{', '.join(parts)}; wrote results.json, samples.jsonl and heatmap.png to {out_dir}")
 
 
+def _numbers(text: str, option: str, kind: type = int) -> list:
+    """`"1024,2048"` -> [1024, 2048] for a comma-separated option; one line naming the option when malformed."""
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise TapeError(f"{option}: expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+
+@eval_app.command("perplexity")
+def eval_perplexity(
+    model: list[str] = typer.Option(..., "--model", "-m", help=_MODELS_HELP),
+    data: str = typer.Option(..., "--data", help="LongLoRA .bin token file (uint16; .u32.bin for uint32) or a text "
+                                                 "source (file, directory, glob, jsonl/parquet, hub id) tokenized "
+                                                 "with each model's tokenizer."),
+    seq_len: str = typer.Option("1024,2048,4096,8192", "--seq-len", help="Comma-separated context lengths."),
+    protocol: str = typer.Option("longlora", "--protocol", help="longlora (the paper's table: windows every --stride "
+                                                                "tokens, every prediction scored), disjoint, or "
+                                                                "sliding (Hugging Face's strided protocol)."),
+    stride: int = typer.Option(256, "--stride", help="Tokens between window starts (longlora, sliding)."),
+    max_windows: int = typer.Option(None, "--max-windows", help="Evaluate a seeded choice of this many windows per "
+                                                                "length [default: all]."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the --max-windows choice."),
+    max_tokens: int = typer.Option(None, "--max-tokens", help="Use only the first N tokens of the data."),
+    text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Windows per forward pass; changes speed, not results."),
+    out: str = typer.Option(..., "--out", help="Output directory: results.json, samples.jsonl, perplexity.png."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Perplexity of one or more models at several context lengths, under a named windowing protocol.
+
+    results.json: for each model and length, perplexity, nll (mean), token_accuracy and tokens scored, with the protocol and settings; perplexity.png: one line per model.
+
+    Interrupted? Run the same command again: finished windows are kept.
+
+    Example (the paper's table): tape eval perplexity --model runs/ext-tape --data pg19/test.bin --seq-len 1024,2048,4096,8192 --out eval/pg19
+    """
+    from tapecli.eval.perplexity import evaluate_perplexity
+
+    with reported_errors():
+        results = evaluate_perplexity(model, data, _numbers(seq_len, "--seq-len"), out, protocol=protocol,
+                                      stride=stride, max_windows=max_windows, seed=seed, max_tokens=max_tokens,
+                                      text_field=text_field, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
+                                      batch_size=batch_size)
+    for entry in results["models"]:
+        cells = ", ".join(f"{n}: {r['perplexity']:.3f}" for n, r in entry["lengths"].items())
+        typer.echo(f"{entry['name']}: perplexity {cells}")
+    typer.echo(f"wrote results.json, samples.jsonl and perplexity.png to {out}")
+
+
 _OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."
 _RESUME_HELP = ("auto: continue from the newest checkpoint in --out if there is one, else start fresh; "
                 "never: always start fresh; or a checkpoint / run directory to continue from.")
