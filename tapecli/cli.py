@@ -169,6 +169,49 @@ def eval_perplexity(
     typer.echo(f"wrote results.json, samples.jsonl and perplexity.png to {out}")
 
 
+@eval_app.command("passkey")
+def eval_passkey(
+    model: str = typer.Option(..., "--model", "-m", help=_MODEL_HELP),
+    max_tokens: int = typer.Option(8192, "--max-tokens", help="Evaluate the protocol's budgets whose prompts fit in "
+                                                              "this many tokens (8192: the paper's 8 lengths)."),
+    trials: int = typer.Option(20, "--trials", help="Trials per budget (trial t is seeded with t)."),
+    depths: str = typer.Option(None, "--depths", help="Depth x length sweep: comma-separated key depths as "
+                                                      "fractions of the filler, e.g. 0,0.25,0.5,0.75,1 [default: "
+                                                      "the protocol's random depth]."),
+    budgets: str = typer.Option(None, "--budgets", help="Comma-separated filler budgets in characters instead of "
+                                                        "the protocol's 3072, 7168, ... (e.g. 256,512 for a small "
+                                                        "model)."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Prompts decoded together; changes speed, not results."),
+    out: str = typer.Option(..., "--out", help="Output directory: results.json, samples.jsonl, passkey.png."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Passkey retrieval as LongLoRA and the official TAPE code run it: find a 1-5 digit key hidden in filler text.
+
+    Budget i hides the key in int(3.75 (i+1) 1000 // 1024 * 1024) filler characters (3072, 7168, ...); trial t draws depth and key from numpy.random.seed(t), so every model sees the same prompts.
+
+    The model decodes greedily exactly as many tokens as the answer " KEY" has; correct iff all match.
+
+    results.json: accuracy and mean prompt length per budget (and per depth with --depths); samples.jsonl: every trial; passkey.png: accuracy vs length, or the depth x length heat-map.
+
+    Interrupted? Run the same command again: finished trials are kept.
+
+    Example (the paper's setting): tape eval passkey --model runs/ext-tape --max-tokens 8192 --out eval/passkey
+    """
+    from tapecli.eval.passkey import evaluate_passkey
+
+    with reported_errors():
+        results = evaluate_passkey(model, out, budgets=_numbers(budgets, "--budgets") if budgets else None,
+                                   max_tokens=max_tokens, trials=trials,
+                                   depths=_numbers(depths, "--depths", float) if depths else None, dtype=dtype,
+                                   device=device, pe_args=_pe_args(pe_arg), batch_size=batch_size)
+    for entry in results["budgets"]:
+        typer.echo(f"{entry['budget']} filler characters (~{entry['mean_prompt_tokens']:.0f} tokens): "
+                   f"accuracy {entry['accuracy']:.0%}")
+    typer.echo(f"wrote results.json, samples.jsonl and passkey.png to {out}")
+
+
 _OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."
 _RESUME_HELP = ("auto: continue from the newest checkpoint in --out if there is one, else start fresh; "
                 "never: always start fresh; or a checkpoint / run directory to continue from.")
