@@ -89,7 +89,8 @@ class Oracle(torch.nn.Module):
     def generate(self, input_ids, max_new_tokens, **_):
         rows = []
         for prompt in input_ids.tolist():
-            key = int(re.search(r"pass key is (\d+)", bytes(prompt[1:]).decode()).group(1)) + self.off_by_one
+            text = bytes(t for t in prompt if t < 256).decode()  # drop BOS and any left padding
+            key = int(re.search(r"pass key is (\d+)", text).group(1)) + self.off_by_one
             rows.append(prompt + list(f" {key}".encode().ljust(max_new_tokens, b"x"))[:max_new_tokens])
         return torch.tensor(rows)
 
