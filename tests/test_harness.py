@@ -211,7 +211,8 @@ def test_cli_writes_lm_eval_results_and_samples_and_resumes_from_its_cache(
     from tapecli.eval.lm_adapter import TapeLM
 
     out = tmp_path / "harness"
-    command = ["eval", "harness", "--model", str(tape_checkpoints["fire"]), "--tasks", ",".join(TASKS),
+    tasks = f"tiny_mc,tiny_gen,{task_dir / 'tiny_ppl.yaml'}"  # a task may be named by its YAML file
+    command = ["eval", "harness", "--model", str(tape_checkpoints["fire"]), "--tasks", tasks,
                "--include-path", str(task_dir), "--limit", "2", "--out", str(out), "--log-samples", "--batch-size",
                "2", "--bootstrap-iters", "0", "--device", "cpu"]
     result = CliRunner().invoke(app, command)

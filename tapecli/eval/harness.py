@@ -37,8 +37,32 @@ OFFLINE_HINT = ("copy the task's YAML into a folder, set `dataset_path: json` (o
                 "--include-path")
 
 
+def resolve_task_files(tasks: list[str], include_path: list[str] | None) -> tuple[list[str], list[str]]:
+    """(task names, include paths) with every task given as a YAML file replaced by its `task:` name and its folder
+    added to the include paths (lm-eval < 0.4.13 accepts only names)."""
+    import yaml
+
+    class _AnyTag(yaml.SafeLoader):  # task files may hold lm-eval's `!function` tags: read them as None
+        pass
+
+    _AnyTag.add_multi_constructor("!", lambda loader, suffix, node: None)
+    names, paths = [], list(include_path or [])
+    for task in tasks:
+        path = Path(task).expanduser()
+        if path.suffix in (".yaml", ".yml") and path.is_file():
+            config = yaml.load(path.read_text(), Loader=_AnyTag) or {}
+            if not isinstance(config, dict) or not isinstance(config.get("task"), str):
+                raise TapeError(f"--tasks {task}: the YAML file has no `task:` name")
+            names.append(config["task"])
+            paths.append(str(path.parent))
+        else:
+            names.append(task)
+    return names, list(dict.fromkeys(paths))
+
+
 def task_manager(tasks: list[str], include_path: list[str] | None = None) -> Any:
-    """A TaskManager that knows every requested task, indexing lm-eval's built-in tasks only when needed."""
+    """A TaskManager that knows every requested task (names, not files: see `resolve_task_files`), indexing
+    lm-eval's built-in tasks only when needed."""
     from lm_eval.tasks import TaskManager
 
     for folder in include_path or []:
@@ -57,14 +81,14 @@ def task_manager(tasks: list[str], include_path: list[str] | None = None) -> Any
 
 
 def _missing(manager: Any, tasks: list[str]) -> list[str]:
-    return [t for t in tasks if not (t.endswith((".yaml", ".yml")) and Path(t).is_file()) and not
-            manager.match_tasks([t])]
+    return [t for t in tasks if not manager.match_tasks([t])]
 
 
 def _offline_error(error: BaseException) -> TapeError | None:
     """A one-line TapeError when `error` (or its cause) means the Hub could not be reached, else None."""
-    seen = error
-    while seen is not None:
+    seen, visited = error, set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
         name = type(seen).__name__
         if isinstance(seen, ConnectionError) or name in ("OfflineModeIsEnabled", "LocalEntryNotFoundError"):
             found = re.search(r"reach '([^']+)'", str(seen))
@@ -112,6 +136,7 @@ def run_harness(model: str, tasks: list[str], *, include_path: list[str] | None 
     check_lm_eval_version()
     if not tasks:
         raise TapeError("--tasks: name at least one task")
+    tasks, include_path = resolve_task_files(tasks, include_path)
     manager = task_manager(tasks, include_path)  # before opening the model: a typo fails in a second
     opened = open_model(model, dtype=dtype, device=device, pe_args=pe_args)
     lm = TapeLM.from_opened(opened, seed=seed, **lm_options)
