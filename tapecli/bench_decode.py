@@ -3,8 +3,9 @@
 Each variant (same seed, same model size as `tape bench`) prefills the same random prompt through a fresh KV cache
 (in chunks of --prefill-chunk tokens) and then decodes --new-tokens tokens greedily, one cached step each; the
 prefill time and every step are timed. TAPE is also timed without a cache (each new token recomputes the whole
-sequence, as the official code does), for --uncached-tokens steps. Variants are interleaved round by round, so
-machine drift hits all alike; every number is a median. The steps are exactly `Transformer.generate`'s.
+sequence, as the official code does), for --uncached-tokens steps. Prefills are interleaved round by round and
+decoding steps token by token (every variant's i-th step in turn), so the machine's drift and load hit all
+variants alike; every number is a median. The steps are exactly `Transformer.generate`'s.
 """
 
 from __future__ import annotations
@@ -32,29 +33,47 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-@torch.no_grad()
-def time_decoding(model: Transformer, prompt: torch.Tensor, new_tokens: int, chunk: int | None,
-                  use_cache: bool) -> tuple[float, list[float]]:
-    """Seconds for the prefill, and for each greedy step after it."""
-    device, T = prompt.device, prompt.shape[1]
-    cache = KVCache(model.config.n_layers, capacity=T + new_tokens) if use_cache else None
+class GreedyRun:
+    """One variant's greedy decoding, timed phase by phase: `prefill()` then `step()` per new token, exactly as
+    `Transformer.generate` does them (with the cache, or recomputing everything)."""
+
+    def __init__(self, model: Transformer, prompt: torch.Tensor, capacity: int, chunk: int | None,
+                 use_cache: bool) -> None:
+        self.model, self.prompt, self.capacity, self.use_cache = model, prompt, capacity, use_cache
+        self.chunk = chunk if use_cache else None
+
+    @torch.no_grad()
+    def prefill(self) -> float:
+        self.cache = KVCache(self.model.config.n_layers, capacity=self.capacity) if self.use_cache else None
+        self.tokens = self.prompt
+
+        def fill() -> None:
+            self.logits = prefill(self.model, self.prompt, None, 0, self.cache, self.chunk)
+
+        return timed(fill, self.prompt.device)
+
+    @torch.no_grad()
+    def step(self) -> float:
+        next_token = self.logits.argmax(-1)[:, None]
+        position = self.tokens.shape[1]
+        self.tokens = torch.cat((self.tokens, next_token), dim=1)
+
+        def decode() -> None:
+            if self.cache is not None:
+                hidden, _ = self.model.run(next_token, position, self.cache)
+                self.logits = self.model.lm_head(hidden[:, -1])
+            else:
+                self.logits = prefill(self.model, self.tokens, None, 0, None, None)
+
+        return timed(decode, self.prompt.device)
+
+
+def timed(fn, device: torch.device) -> float:
     sync(device)
     start = time.perf_counter()
-    logits = prefill(model, prompt, None, 0, cache, chunk if use_cache else None)
+    fn()
     sync(device)
-    prefill_s, steps, tokens = time.perf_counter() - start, [], prompt
-    for i in range(new_tokens):
-        next_token = logits.argmax(-1)
-        tokens = torch.cat((tokens, next_token[:, None]), dim=1)
-        start = time.perf_counter()
-        if cache is not None:
-            hidden, _ = model.run(next_token[:, None], T + i, cache)
-            logits = model.lm_head(hidden[:, -1])
-        else:
-            logits = prefill(model, tokens, None, 0, None, None)
-        sync(device)
-        steps.append(time.perf_counter() - start)
-    return prefill_s, steps
+    return time.perf_counter() - start
 
 
 def run_decode_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, prompt_len: int, new_tokens: int,
@@ -72,24 +91,32 @@ def run_decode_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, prom
                              max_seq_len=prompt_len + new_tokens, pe=pe, pe_args=pe_args)
         models[label] = Transformer(config).to(dev).eval()
     tape_label = next((label for label, pe, args in variants if pe == "tape" and "separate" not in label), None)
-    runs = [(label, model, True, new_tokens) for label, model in models.items()]
+    capacity = prompt_len + new_tokens
+    runs = {label: (GreedyRun(model, prompt, capacity, prefill_chunk, True), new_tokens)
+            for label, model in models.items()}
     if tape_label is not None and uncached_tokens > 0:
-        runs.append((NO_CACHE, models[tape_label], False, uncached_tokens))
-    prefills: dict[str, list[float]] = {label: [] for label, *_ in runs}
-    steps: dict[str, list[float]] = {label: [] for label, *_ in runs}
+        runs[NO_CACHE] = (GreedyRun(models[tape_label], prompt, capacity, None, False), uncached_tokens)
+    prefills: dict[str, list[float]] = {label: [] for label in runs}
+    steps: dict[str, list[float]] = {label: [] for label in runs}
     console.print(f"[bold]tape bench --decode[/]: {n_layers} layers, dim {dim}, {n_heads} heads, {prompt_len}-token "
                   f"prompt (prefill chunk {prefill_chunk}), {new_tokens} greedy tokens ({uncached_tokens} without "
                   f"cache), {dev} ({torch.get_num_threads()} threads), {rounds} rounds")
     with console.status("timing...") as status:
-        for label, model, _, _ in runs[:len(models)]:
+        for label, model in models.items():
             status.update(f"warming up {label}")
-            time_decoding(model, prompt[:, :64], 2, prefill_chunk, True)
+            warm = GreedyRun(model, prompt[:, :64], 66, prefill_chunk, True)
+            warm.prefill(), warm.step(), warm.step()
         for r in range(rounds):
-            for label, model, use_cache, n in runs:
-                status.update(f"round {r + 1}/{rounds}: {label}")
-                prefill_s, step_s = time_decoding(model, prompt, n, prefill_chunk, use_cache)
-                prefills[label].append(prefill_s)
-                steps[label] += step_s
+            # Prefills one after another, then every variant's i-th step in turn: the variants share the
+            # machine's ups and downs step by step.
+            for label, (run, _) in runs.items():
+                status.update(f"round {r + 1}/{rounds}: prefill {label}")
+                prefills[label].append(run.prefill())
+            status.update(f"round {r + 1}/{rounds}: decoding")
+            for i in range(max(n for _, n in runs.values())):
+                for label, (run, n) in runs.items():
+                    if i < n:
+                        steps[label].append(run.step())
     token_s = {label: statistics.median(t) for label, t in steps.items()}
     prefill_s = {label: statistics.median(t) for label, t in prefills.items()}
     table = Table(title=f"greedy decoding after a {prompt_len}-token prompt, median")

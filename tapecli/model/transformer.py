@@ -12,9 +12,9 @@ load and export without renaming. PE parameters live under `model.layers.{i}.pe.
 padding from every query and counts positions over real tokens, so each row's first real token is at `start_pos`
 (an int, or [B] per row) and every real token's output equals what its row computes alone; outputs at padded
 positions are finite and meaningless. Memory: without padding, bias and cache, attention stays implicit-causal and
-SDPA's fused kernel keeps it linear in T; a padding mask is [B, 1, T, T] booleans and a bias PE's bias (ALiBi, T5,
-FIRE) [B, H, T, T] floats per layer (FIRE's MLP briefly holds [B, T, T, hidden]), both [chunk, T] with a KV cache
-and chunked prefill (`generate(..., prefill_chunk=N)`).
+SDPA's fused kernel keeps it linear in T; padding costs a [B, 1, T, T] mask (SDPA turns it into floats) and a bias
+PE (ALiBi, T5, FIRE) a [B, H, T, T] float bias per layer (FIRE's MLP briefly [B, T, T, hidden]): both become
+[chunk, T] with a KV cache and chunked prefill (`generate(..., prefill_chunk=N)`).
 """
 
 from __future__ import annotations
