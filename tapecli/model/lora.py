@@ -75,7 +75,7 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> list[str]:
     """Wrap every nn.Linear whose attribute name is in `spec.targets`; returns the new parameter names.
     A target that names no layer is a ValueError (a typo must not silently train nothing)."""
     found: set[str] = set()
-    for module_name, module in list(model.named_modules()):
+    for module in list(model.modules()):
         for child_name, child in list(module.named_children()):
             if child_name in spec.targets and type(child) is nn.Linear:
                 setattr(module, child_name, LoRALinear(child, spec))
