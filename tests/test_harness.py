@@ -206,6 +206,30 @@ def test_sampled_generation_is_seeded_and_stops_at_stop_strings(tape_checkpoints
     assert other_seed != first
 
 
+def test_generation_stops_as_soon_as_every_row_holds_a_stop_string(tape_checkpoints: dict[str, Path]) -> None:
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.utils import postprocess_generated_text
+
+    from tapecli.eval.lm_adapter import TapeLM
+
+    lm = TapeLM(pretrained=str(tape_checkpoints["t5"]), device="cpu", batch_size=2)
+    steps = []
+    run = lm.model.run
+    lm.model.run = lambda *args, **kwargs: steps.append(1) or run(*args, **kwargs)
+
+    def generate(until: list[str]) -> list[str]:
+        steps.clear()
+        return lm.generate_until([Instance("generate_until", {}, (prompt, {"until": until, "max_gen_toks": 12}), i)
+                                  for i, prompt in enumerate(["Q: 2+2\nA:", "hello"])])
+
+    free = generate([])
+    assert len(steps) == 12 and all(free)  # prefill + 11 decoding steps: nothing stopped them
+    stops = [text[1] for text in free]  # each row's second character
+    cut = generate(stops)
+    assert cut == [postprocess_generated_text(text, stops, None) for text in free]
+    assert len(steps) < 12
+
+
 def test_cli_writes_lm_eval_results_and_samples_and_resumes_from_its_cache(
         tape_checkpoints: dict[str, Path], task_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tapecli.eval.lm_adapter import TapeLM

@@ -282,9 +282,11 @@ def write_json(path: Path, data: Any) -> None:
 
 def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 8,
                    stop_tokens: list[int] | None = None, pad_id: int | None = None, temperature: float = 0.0,
-                   top_k: int | None = None, top_p: float | None = None, seed: int | None = None) -> list[list[int]]:
+                   top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                   stop_check: Callable[[list[int]], bool] | None = None) -> list[list[int]]:
     """Continuations (new tokens only, `max_new_tokens` each, padded with `pad_id` after a stop token) of
     token-id prompts, in the order given: greedy, or sampled when temperature > 0 (`seed` seeds every batch).
+    `stop_check(new tokens of one row) -> bool` also stops a row (e.g. once its text holds a stop string).
 
     Prompts are decoded `batch_size` at a time, in the order given, with the KV cache; prompts of different lengths
     in one batch are left-padded and masked, so each row generates what it generates alone (`Transformer.generate`).
@@ -302,10 +304,12 @@ def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, ba
         mask = None
         if any(len(p) < longest for p in chunk):
             mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in chunk], device=device)
+        rows_stop = None if stop_check is None else (
+            lambda new: torch.tensor([stop_check(row) for row in new.tolist()], dtype=torch.bool))
         with torch.inference_mode():
             tokens = model.generate(input_ids, max_new_tokens=max_new_tokens, use_cache=True, temperature=temperature,
                                     top_k=top_k, top_p=top_p, seed=seed, stop_tokens=stop_tokens, pad_id=pad_id,
-                                    attention_mask=mask)
+                                    attention_mask=mask, stop_check=rows_stop)
         outputs += [(row + [fill] * max_new_tokens)[:max_new_tokens] for row in tokens[:, longest:].tolist()]
     return outputs
 

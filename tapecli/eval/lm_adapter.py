@@ -19,8 +19,8 @@ into tape gives the same per-sample numbers as `HFLM` on the same directory (tes
     the argmax at every continuation position equals the continuation;
   - loglikelihood_rolling: `lm_eval.utils.get_rolling_token_windows` + `make_disjoint_window` with context_len=1;
   - generate_until: `normalize_gen_kwargs` (default max_gen_toks 256), prompts left-truncated to
-    max_length - max_gen_toks, generation stops at EOS, text cut at the first stop string
-    (`postprocess_generated_text`).
+    max_length - max_gen_toks, a row stops at EOS or once its text holds a stop string, text cut at the first
+    stop string (`postprocess_generated_text`).
   - generation batches: longest first (lm-eval's `Collator`, grouped by generation settings), left-padded and
     masked by `tapecli.eval.common.generate_batch`, KV cache; sampling draws from one generator seeded with
     `seed` + the batch's index, so a command repeated gives the same samples (another batch size gives others).
@@ -252,7 +252,7 @@ class TapeLM(TemplateLM):
             prompts = [self.tok_encode(c, left_truncate_len=self.max_length - max_new) for c in contexts]
             # Greedy unless do_sample; sampling without a temperature uses 1.0 (transformers' default).
             temperature = float(kwargs.get("temperature") or 1.0) if kwargs.get("do_sample") else 0.0
-            outputs = self._generate(prompts, max_new, temperature=temperature, top_k=kwargs.get("top_k"),
+            outputs = self._generate(prompts, max_new, until, temperature=temperature, top_k=kwargs.get("top_k"),
                                      top_p=kwargs.get("top_p"), seed=self.seed + batch_index)
             for context, gen_kwargs, tokens in zip(contexts, all_kwargs, outputs, strict=True):
                 text = postprocess_generated_text(self.tok_decode(tokens), stop=until, think_end_token=None)
@@ -275,10 +275,14 @@ class TapeLM(TemplateLM):
                               device=self.device)
         return self.model(padded)
 
-    def _generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_k: int | None,
-                  top_p: float | None, seed: int) -> list[list[int]]:
-        """The new tokens for each prompt, EOS and what follows it removed."""
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, until: list[str], temperature: float,
+                  top_k: int | None, top_p: float | None, seed: int) -> list[list[int]]:
+        """The new tokens for each prompt, EOS and what follows it removed. A row stops at EOS or as soon as its
+        text holds a stop string (what follows is cut off anyway), so short answers cost few decoding steps."""
         eos = self.tok.eos_id
+        stops = [s for s in until if s]
         outputs = generate_batch(self.model, prompts, max_new_tokens, batch_size=self.batch_size, stop_tokens=[eos],
-                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                 stop_check=(lambda new: any(s in self.tok_decode(new) for s in stops)) if stops
+                                 else None)
         return [row[:row.index(eos)] if eos in row else row for row in outputs]
