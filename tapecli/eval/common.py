@@ -203,8 +203,9 @@ def with_pe_args(model: Transformer, overrides: dict[str, Any]) -> Transformer:
 class SamplesLog:
     """`out/settings.json` + `out/samples.jsonl`: what an evaluation is, and every unit it has finished.
 
-    On opening, a directory that holds another evaluation's settings is refused with one line naming the keys that
-    differ; a new directory gets `settings` written. The rows an interrupted run finished are read back (a last line
+    On opening, a directory that holds finished units of an evaluation with other settings is refused with one line
+    naming the keys that differ; a directory without finished units (new, or left by a run that failed before its
+    first unit) gets `settings` written. The rows an interrupted run finished are read back (a last line
     cut off mid-write is skipped; a broken line elsewhere is an error), filtered by `keep` (e.g. "only whole cells")
     and rewritten, so `self.rows` is exactly what the evaluation need not redo.
     Use as a context manager, or call `close()`.
@@ -216,7 +217,8 @@ class SamplesLog:
         self.out.mkdir(parents=True, exist_ok=True)
         settings = json.loads(json.dumps(settings))  # as it reads back from disk (tuples -> lists, ...)
         settings_path, self.path = self.out / SETTINGS_FILE, self.out / SAMPLES_FILE
-        if settings_path.is_file():
+        started = settings_path.is_file() and self.path.is_file() and self.path.stat().st_size > 0
+        if started:
             previous = json.loads(settings_path.read_text())
             if previous != settings:
                 changed = sorted(k for k in previous.keys() | settings.keys() if previous.get(k) != settings.get(k))
