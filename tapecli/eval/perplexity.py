@@ -166,12 +166,11 @@ def evaluate_perplexity(
     if not models:
         raise TapeError("--model: pass at least one model")
     for name, value in (("--seq-len", min(seq_lens, default=0)), ("--stride", stride), ("--batch-size", batch_size),
-                        ("--max-windows", max_windows or 1), ("--max-tokens", max_tokens or 1)):
-        if value < 1:
+                        ("--max-windows", max_windows), ("--max-tokens", max_tokens)):
+        if value is not None and value < 1:
             raise TapeError(f"{name} must be a positive integer, got {value}")
-    if protocol == "sliding" and any(stride > n for n in seq_lens):
-        raise TapeError(f"--stride {stride} exceeds a --seq-len ({min(seq_lens)}); the sliding protocol would skip "
-                        "tokens")
+    if protocol == "sliding" and stride > min(seq_lens):
+        raise TapeError(f"--stride {stride} exceeds --seq-len {min(seq_lens)}; the sliding protocol would skip tokens")
     _check_source(data)  # before anything is written, so a mistyped --data leaves no output directory behind
     data_path = Path(data).expanduser()
     settings = {
