@@ -155,7 +155,7 @@ def eval_perplexity(
                                                                 "sliding (Hugging Face's strided protocol)."),
     stride: int = typer.Option(256, "--stride", help="Tokens between window starts (longlora, sliding)."),
     max_windows: int = typer.Option(None, "--max-windows", help="Evaluate a seeded choice of this many windows per "
-                                                                "length [default: all]."),
+                                                                "length (default: all)."),
     seed: int = typer.Option(0, "--seed", help="Seeds the --max-windows choice."),
     max_tokens: int = typer.Option(None, "--max-tokens", help="Use only the first N tokens of the data."),
     text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
@@ -193,8 +193,8 @@ def eval_passkey(
                                                               "this many tokens (8192: the paper's 8 lengths)."),
     trials: int = typer.Option(20, "--trials", help="Trials per budget (trial t is seeded with t)."),
     depths: str = typer.Option(None, "--depths", help="Depth x length sweep: comma-separated key depths as "
-                                                      "fractions of the filler, e.g. 0,0.25,0.5,0.75,1 [default: "
-                                                      "the protocol's random depth]."),
+                                                      "fractions of the filler, e.g. 0,0.25,0.5,0.75,1 (default: "
+                                                      "the protocol's random depth)."),
     budgets: str = typer.Option(None, "--budgets", help="Comma-separated filler budgets in characters instead of "
                                                         "the protocol's 3072, 7168, ... (e.g. 256,512 for a small "
                                                         "model)."),

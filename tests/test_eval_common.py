@@ -85,6 +85,10 @@ def test_samples_log_resumes_refuses_other_settings_and_skips_a_torn_line(tmp_pa
     assert json.loads((tmp_path / "settings.json").read_text()) == {"a": 1, "lengths": [1, 2]}
     with pytest.raises(TapeError, match=r"other settings \(a, b differ\)"):
         SamplesLog(tmp_path, {"a": 2, "lengths": [1, 2], "b": 0})
+    # A directory without finished units (a run that failed before its first one) takes the new settings.
+    SamplesLog(tmp_path / "fresh", {"a": 1}).close()
+    SamplesLog(tmp_path / "fresh", {"a": 2}).close()
+    assert json.loads((tmp_path / "fresh" / "settings.json").read_text()) == {"a": 2}
     (tmp_path / "samples.jsonl").write_text('{"x": 1}\n{"x"\n{"x": 2}\n')
     with pytest.raises(TapeError, match="line 2 is not JSON"):
         SamplesLog(tmp_path, {"a": 1, "lengths": [1, 2]})

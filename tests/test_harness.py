@@ -264,19 +264,26 @@ def test_cli_writes_lm_eval_results_and_samples_and_resumes_from_its_cache(
     assert other.exit_code == 2 and "max_length differ" in other.output
 
 
-def test_offline_hub_task_fails_with_one_line(tape_checkpoints: dict[str, Path], tmp_path: Path) -> None:
+def test_offline_hub_task_fails_with_one_line(tape_checkpoints: dict[str, Path], task_dir: Path,
+                                              tmp_path: Path) -> None:
     folder = tmp_path / "hub_tasks"
     folder.mkdir()
     (folder / "hub_task.yaml").write_text(
         "task: hub_task\ndataset_path: EleutherAI/lambada_openai\ndataset_name: default\noutput_type: loglikelihood\n"
         'test_split: test\ndoc_to_text: "{{text}}"\ndoc_to_target: " x"\nmetric_list: [{metric: acc}]\n')
+    out = tmp_path / "out"
     result = CliRunner().invoke(app, ["eval", "harness", "--model", str(tape_checkpoints["t5"]), "--tasks",
-                                      "hub_task", "--include-path", str(folder), "--device", "cpu"])
+                                      "hub_task", "--include-path", str(folder), "--device", "cpu", "--out", str(out)])
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert "Traceback" not in result.output and lines[-1].startswith("error: a task needs the Hub dataset "
                                                                      "EleutherAI/lambada_openai")
     assert "--include-path" in lines[-1]
+    # The failed run answered nothing, so its directory takes the corrected command, even with another model.
+    fixed = CliRunner().invoke(app, ["eval", "harness", "--model", str(tape_checkpoints["tape"]), "--tasks",
+                                     "tiny_mc", "--include-path", str(task_dir), "--device", "cpu", "--out", str(out),
+                                     "--limit", "1", "--bootstrap-iters", "0"])
+    assert fixed.exit_code == 0, fixed.output
 
 
 def test_bad_model_arguments_are_one_line_errors(tape_checkpoints: dict[str, Path]) -> None:

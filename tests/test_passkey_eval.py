@@ -151,3 +151,65 @@ def test_sweep_files_resume_and_the_command_line(tmp_path, monkeypatch):
     assert answers("out") == answers("ref")
     bad = runner.invoke(app, [*args, str(tmp_path / "bad"), "--depths", "0,2"])
     assert bad.exit_code == 2 and "--depths" in bad.output
+
+
+def passkey_tokenizer(tmp_path, budget: int):
+    """A real SentencePiece BPE model (tape's training options) whose fixed protocol sentences are single pieces, so
+    a passkey prompt is ~50 tokens and a tiny model can learn the task in seconds."""
+    import sentencepiece as spm
+
+    from tapecli.eval.passkey import FILLER_SENTENCES, INSTRUCTION, QUESTION
+
+    corpus = tmp_path / "passkey.txt"
+    corpus.write_text("\n".join(make_prompt(budget, 10**6 + t).text for t in range(50)))
+    fixed = [INSTRUCTION, QUESTION, "The pass key is", ". Remember it.", "is the pass key."]
+    fixed += [sentence.rstrip(".") + "." for sentence in FILLER_SENTENCES.split(". ")]
+    spm.SentencePieceTrainer.train(
+        input=str(corpus), model_prefix=str(tmp_path / "sp"), vocab_size=300, model_type="bpe",
+        normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        allow_whitespace_only_pieces=True, byte_fallback=True, character_coverage=1.0, pad_id=0, unk_id=1, bos_id=2,
+        eos_id=3, num_threads=1, minloglevel=2, user_defined_symbols=[s.replace(" ", "\u2581") for s in fixed])
+    return load_tokenizer(str(tmp_path / "sp.model"))
+
+
+@pytest.mark.slow
+def test_a_briefly_trained_model_retrieves_keys_at_its_training_length(tmp_path):
+    """Trained on passkey prompts of one budget (other seeds than the evaluation's), a 2-layer model learns to copy
+    the key; scored through the real prompt builder, tokenizer and scorer it must retrieve it. ~30 s of CPU."""
+    budget = 128
+    tok = passkey_tokenizer(tmp_path, budget)
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=tok.vocab_size, dim=64, n_layers=2, n_heads=2, max_seq_len=128))
+    checkpoint = tmp_path / "ckpt"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices: one thread is several times faster on a busy machine
+    try:
+        save_model(model, tok, checkpoint)
+        untrained = evaluate_passkey(str(checkpoint), tmp_path / "untrained", budgets=[budget], device="cpu",
+                                     batch_size=20, show_progress=False)
+        train(model, tok, budget, steps=700)
+        save_model(model, tok, checkpoint)
+        trained = evaluate_passkey(str(checkpoint), tmp_path / "trained", budgets=[budget], device="cpu",
+                                   batch_size=20, show_progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert untrained["accuracy"] == 0.0
+    assert trained["accuracy"] >= 0.9 and trained["budgets"][0]["trials"] == 20
+
+
+def train(model: Transformer, tok, budget: int, steps: int) -> None:
+    """Next-token loss over prompt + answer, batches of 32 prompts drawn with trials >= 1000 (never evaluated)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.98))
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        examples = [encode_prompt(tok, make_prompt(budget, int(t))) for t in rng.integers(1000, 10**6, size=32)]
+        length = max(len(ids) + len(answer) for ids, answer in examples)
+        inputs = torch.zeros(len(examples), length, dtype=torch.long)
+        labels = torch.full((len(examples), length), -100)
+        for row, (ids, answer) in enumerate(examples):
+            inputs[row, : len(ids) + len(answer)] = torch.tensor(ids + answer)
+            labels[row, : len(ids) + len(answer) - 1] = torch.tensor(ids[1:] + answer)
+        loss = torch.nn.functional.cross_entropy(model(inputs).flatten(0, 1), labels.flatten(), ignore_index=-100)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()

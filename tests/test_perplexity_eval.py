@@ -156,6 +156,11 @@ def test_bad_input_is_one_line(tmp_path, checkpoint, token_file):
     result = runner.invoke(app, ["eval", "perplexity", "--model", str(checkpoint), "--data", str(token_file),
                                  "--protocol", "bogus", "--out", str(tmp_path / "c")])
     assert result.exit_code == 2 and "unknown protocol 'bogus'" in result.output
+    with pytest.raises(TapeError, match="--max-windows must be a positive integer, got 0"):
+        evaluate_perplexity([str(checkpoint)], str(token_file), [8], tmp_path / "e", max_windows=0)
+    result = runner.invoke(app, ["eval", "perplexity", "--model", str(checkpoint), "--data", str(token_file),
+                                 "--pe-arg", "bogus=1", "--out", str(tmp_path / "d"), "--device", "cpu"])
+    assert result.exit_code == 2 and "--pe-arg: bogus: not an argument of pe 'rope'" in result.output
 
 
 def save_tiny_llama(directory, vocab_size: int = 300):

@@ -200,31 +200,31 @@ def with_pe_args(model: Transformer, overrides: dict[str, Any]) -> Transformer:
 # The resumable settings + samples log
 
 
-def claim_settings(out_dir: Path, settings: dict[str, Any], stale: list[str] = ()) -> bool:
-    """Make `out_dir` hold the evaluation `settings` describe. True when it is new: then the `stale` files (logs of
-    an evaluation whose settings.json never got written) are deleted and settings.json is written. A directory holding
-    other settings is refused with one line naming the keys that differ."""
+def claim_settings(out_dir: Path, settings: dict[str, Any], started: bool, stale: list[str] = ()) -> None:
+    """Tie `out_dir` to the evaluation `settings` describe. While it holds finished work (`started`), other
+    settings are refused with one line naming the keys that differ; otherwise (a new directory, or one left by a
+    run that failed before finishing anything) the `stale` files are deleted and settings.json is (re)written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     settings = json.loads(json.dumps(settings))  # as it reads back from disk (tuples -> lists, ...)
     settings_path = out_dir / SETTINGS_FILE
-    if settings_path.is_file():
+    if started and settings_path.is_file():
         previous = json.loads(settings_path.read_text())
         if previous != settings:
             changed = sorted(k for k in previous.keys() | settings.keys() if previous.get(k) != settings.get(k))
             raise TapeError(f"{out_dir} holds an evaluation with other settings ({', '.join(changed)} differ); "
                             "pass another --out or delete that directory")
-        return False
+        return
     for name in stale:
         (out_dir / name).unlink(missing_ok=True)
     write_atomic(settings_path, json.dumps(settings, indent=1) + "\n")
-    return True
 
 
 class SamplesLog:
     """`out/settings.json` + `out/samples.jsonl`: what an evaluation is, and every unit it has finished.
 
-    On opening, a directory that holds another evaluation's settings is refused with one line naming the keys that
-    differ; a new directory gets `settings` written. The rows an interrupted run finished are read back (a last line
+    On opening, a directory that holds finished units of an evaluation with other settings is refused with one line
+    naming the keys that differ; a directory without finished units (new, or left by a run that failed before its
+    first unit) gets `settings` written. The rows an interrupted run finished are read back (a last line
     cut off mid-write is skipped; a broken line elsewhere is an error), filtered by `keep` (e.g. "only whole cells")
     and rewritten, so `self.rows` is exactly what the evaluation need not redo.
     Use as a context manager, or call `close()`.
@@ -235,7 +235,8 @@ class SamplesLog:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.path = self.out / SAMPLES_FILE
-        claim_settings(self.out, settings, stale=[SAMPLES_FILE])
+        started = self.path.is_file() and self.path.stat().st_size > 0
+        claim_settings(self.out, settings, started=started, stale=[SAMPLES_FILE])
         rows = read_jsonl(self.path) if self.path.is_file() else []
         self.rows = keep(rows) if keep else rows
         write_atomic(self.path, "".join(json.dumps(row) + "\n" for row in self.rows))

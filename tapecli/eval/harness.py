@@ -142,11 +142,21 @@ def run_harness(model: str, tasks: list[str], *, include_path: list[str] | None 
     lm = TapeLM.from_opened(opened, seed=seed, **lm_options)
     out_dir = Path(out) if out else default_out(opened)
     # The request cache holds answers keyed by request only, so the directory is tied to one model and its options.
-    claim_settings(out_dir, lm.settings(), stale=[CACHE_FILE])
+    claim_settings(out_dir, lm.settings(), started=_cached_answers(out_dir / CACHE_FILE) > 0, stale=[CACHE_FILE])
     results = evaluate(lm, tasks, manager, num_fewshot=num_fewshot, limit=limit, log_samples=log_samples,
                        bootstrap_iters=bootstrap_iters, seed=seed, cache=out_dir / CACHE_PREFIX)
     write_results(results, out_dir)
     return results, out_dir
+
+
+def _cached_answers(path: Path) -> int:
+    """How many answers lm-eval's request cache holds (0 when there is none)."""
+    if not path.is_file():
+        return 0
+    from sqlitedict import SqliteDict  # lm-eval's own cache store
+
+    with SqliteDict(str(path), flag="r") as cache:
+        return len(cache)
 
 
 def evaluate(lm: Any, tasks: list[str | dict], manager: Any, *, num_fewshot: int | None = None,

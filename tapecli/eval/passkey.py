@@ -191,6 +191,7 @@ def _plot(results: dict[str, Any], name: str, path: Path) -> None:
                        title="passkey retrieval", ylim=(-0.03, 1.03))
         return
     grid = [[c["accuracy"] for c in results["grid"] if c["depth_fraction"] == d] for d in depths]
-    save_grid_heatmap(grid, path, x_labels=[f"{b['mean_prompt_tokens']:.0f}" for b in budgets],
-                      y_labels=[f"{d:.0%}" for d in depths], xlabel="prompt length (tokens, mean)",
+    save_grid_heatmap(grid, path, x_labels=[f"{b['budget']}\n~{b['mean_prompt_tokens']:.0f}" for b in budgets],
+                      y_labels=[f"{d:.0%}" for d in depths],
+                      xlabel="filler budget (characters) / mean prompt length (tokens)",
                       ylabel="key depth (share of filler before it)", title=f"passkey retrieval: {name}")

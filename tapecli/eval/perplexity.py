@@ -166,12 +166,12 @@ def evaluate_perplexity(
     if not models:
         raise TapeError("--model: pass at least one model")
     for name, value in (("--seq-len", min(seq_lens, default=0)), ("--stride", stride), ("--batch-size", batch_size),
-                        ("--max-windows", max_windows or 1), ("--max-tokens", max_tokens or 1)):
-        if value < 1:
+                        ("--max-windows", max_windows), ("--max-tokens", max_tokens)):
+        if value is not None and value < 1:
             raise TapeError(f"{name} must be a positive integer, got {value}")
-    if protocol == "sliding" and any(stride > n for n in seq_lens):
-        raise TapeError(f"--stride {stride} exceeds a --seq-len ({min(seq_lens)}); the sliding protocol would skip "
-                        "tokens")
+    if protocol == "sliding" and stride > min(seq_lens):
+        raise TapeError(f"--stride {stride} exceeds --seq-len {min(seq_lens)}; the sliding protocol would skip tokens")
+    _check_source(data)  # before anything is written, so a mistyped --data leaves no output directory behind
     data_path = Path(data).expanduser()
     settings = {
         "task": "perplexity", "models": [model_source(m)[1] for m in models],
@@ -227,6 +227,15 @@ def _batches(todo: list[tuple[int, int, Window]], batch_size: int) -> list[list[
         else:
             batches.append([item])
     return batches
+
+
+def _check_source(data: str) -> None:
+    from tapecli.data.sources import is_hub_source, is_pretokenized, local_files, open_token_memmap
+
+    if is_pretokenized(data):
+        open_token_memmap(data)
+    elif not is_hub_source(data):
+        local_files(data)
 
 
 def _check_vocab(tokens: np.ndarray, vocab_size: int, data: str, name: str) -> None:
