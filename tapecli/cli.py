@@ -354,7 +354,7 @@ def extend_context(
     compat: str = typer.Option("paper", "--compat", help="paper, or official: the official scripts' protocol (PI "
                                "under every method, theta included; TAPE's post-attention map frozen)."),
     recipe: str = typer.Option("context-extension", "--recipe", help="A shipped recipe name or a YAML file."),
-    out: Path = typer.Option(None, "--out", help="Run directory [default: runs/extend-METHOD-SCALING]."),
+    out: Path = typer.Option(None, "--out", help="Run directory (default: runs/extend-METHOD-SCALING)."),
     resume: str = typer.Option("auto", "--resume", help=_RESUME_HELP),
 ) -> None:
     """Extend a pre-trained Llama's context from its max_position_embeddings L to model.max_seq_len N.
@@ -367,7 +367,7 @@ def extend_context(
 
     Checkpoints hold only the trained tensors plus a pointer to the base; `tape eval` and `tape export` open them like any other. Prints trainable and total parameter counts. A killed run continues exactly with the same command.
 
-    Example (CPU-size): tape extend-context --base smollm2-135m --method tape --out runs/ext model.max_seq_len=4096 data.source=corpus/
+    Example (CPU-size, SmolLM2-135M from 8192 to 16384 tokens on short rows): tape extend-context --base smollm2-135m --recipe context-extension-smoke --method tape --out runs/ext model.max_seq_len=16384 data.source=corpus/
     """
     from tapecli.recipe import load_recipe
     from tapecli.train.engine import pretrain as run_pretrain

@@ -220,6 +220,8 @@ def test_sigkill_then_resume_matches_uninterrupted(base, tmp_path):
     (["train.freeze=['*']"], "train.freeze: extend-context trains what --method says"),
     (["extend.trainable=['*embeddings*']"], "extend.trainable: pattern '*embeddings*' matches no parameter"),
     (["model.n_layers=3"], "model.n_layers: the recipe asks for 3"),
+    (["model.max_seq_len=32", "data.seq_len=32"], "model.max_seq_len: the target context 32 must exceed the base's 32"),
+    (["--method", "longlora", "extend.group_fraction=0.3"], "extend.group_fraction: 0.3 of data.seq_len 64"),
 ])
 def test_bad_input_is_one_line(base, tmp_path, args, message):
     result = runner.invoke(app, [*extend_args(base, tmp_path / "run", "tape", "pi"), *args])

@@ -73,6 +73,9 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
             raise TapeError(f"{key}: extend-context trains what --method says plus extend.trainable; "
                             "remove the key and use extend.trainable")
     base_len, target = base["max_seq_len"], recipe.model.max_seq_len
+    if target <= base_len:
+        raise TapeError(f"model.max_seq_len: the target context {target} must exceed the base's {base_len} "
+                        f"({origin} max_position_embeddings)")
     factor = target / base_len
     requested = recipe.set_values("model")
     requested["pe_args"] = {**requested.get("pe_args", {}),
@@ -82,6 +85,10 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
     config, grown = merge_model_config(base, requested, origin)
     if x.method == "tape" and not grown and base.get("pe") != "tape":
         raise TapeError(f"extend.method: tape needs a RoPE base, {origin} has pe {base.get('pe')!r}")
+    group = int(recipe.data.seq_len * x.group_fraction)
+    if x.method == "longlora" and (group < 2 or group % 2 or recipe.data.seq_len % group):
+        raise TapeError(f"extend.group_fraction: {x.group_fraction} of data.seq_len {recipe.data.seq_len} gives "
+                        f"groups of {group} tokens; S²-Attn needs an even group size that divides the rows")
     lora = None
     if x.method in ("lora", "longlora"):
         lora = LoraSpec(rank=x.lora_rank, alpha=x.lora_alpha, dropout=x.lora_dropout, targets=list(x.lora_targets))
