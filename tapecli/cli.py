@@ -264,6 +264,8 @@ def eval_harness(
 
     Offline: write task YAMLs over local files (dataset_path: json, data_files with absolute paths) and pass their folder with --include-path.
 
+    Interrupted? Run the same command again: answers already computed come from lm-eval's request cache in --out.
+
     lm-eval's own CLI with the tape model: `python -m tapecli.harness --model tape --model_args pretrained=RUN --tasks ...`.
 
     Example: tape eval harness --model runs/c4-tape --tasks lambada_openai --limit 100
