@@ -13,6 +13,8 @@
   every row has stopped; decoding ends early then, so n < max_new_tokens only when all rows stopped.
 - Greedy when temperature == 0, else a draw from softmax(logits / temperature) restricted to top_k / top_p, with
   a generator seeded by `seed`.
+- `stop_check(new_tokens [B, n]) -> bool [B]`, called after every step, finishes the rows it marks as a stop
+  token does (e.g. when the decoded text holds a stop string).
 - `use_cache=False` recomputes the whole sequence every step: the reference the cache is tested against.
 - `prefill_chunk=N` runs the prompt through the cache N tokens at a time, so attention (and a bias PE's bias) is
   [N x T] at a time, never [T x T]; every chunk uses the positional state of the whole prompt, so the result is the
@@ -23,6 +25,8 @@
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -66,7 +70,8 @@ def prefill(model, tokens: Tensor, mask: Tensor | None, start_pos: int, cache: K
 def generate(model, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              stop_tokens: list[int] | None = None, pad_id: int | None = None, start_pos: int = 0,
-             attention_mask: Tensor | None = None, prefill_chunk: int | None = None) -> Tensor:
+             attention_mask: Tensor | None = None, prefill_chunk: int | None = None,
+             stop_check: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     if prefill_chunk is not None and (not use_cache or prefill_chunk < 1):
         raise ValueError(f"prefill_chunk: {prefill_chunk} needs use_cache=True and a positive number of tokens")
     mask = check_left_padded(input_ids, attention_mask)
@@ -90,6 +95,8 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, use_cache: bool = Tr
         next_token = torch.where(finished, torch.full_like(next_token, pad), next_token)
         finished |= torch.isin(next_token, stop)
         tokens = torch.cat((tokens, next_token[:, None]), dim=1)
+        if stop_check is not None:
+            finished |= stop_check(tokens[:, input_ids.shape[1]:]).to(device)
         if mask is not None:
             mask = torch.cat((mask, torch.ones_like(mask[:, :1])), dim=1)
         if finished.all() or step == max_new_tokens - 1:

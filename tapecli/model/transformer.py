@@ -19,6 +19,8 @@ PE (ALiBi, T5, FIRE) a [B, H, T, T] float bias per layer (FIRE's MLP briefly [B,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -276,11 +278,12 @@ class Transformer(nn.Module):
     def generate(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  stop_tokens: list[int] | None = None, pad_id: int | None = None, start_pos: int = 0,
-                 attention_mask: Tensor | None = None, prefill_chunk: int | None = None) -> Tensor:
+                 attention_mask: Tensor | None = None, prefill_chunk: int | None = None,
+                 stop_check: Callable[[Tensor], Tensor] | None = None) -> Tensor:
         """Prompt + up to max_new_tokens new tokens, [B, T + n]; see `tapecli.model.generation`."""
         return generate(self, input_ids, max_new_tokens, use_cache=use_cache, temperature=temperature, top_k=top_k,
                         top_p=top_p, seed=seed, stop_tokens=stop_tokens, pad_id=pad_id, start_pos=start_pos,
-                        attention_mask=attention_mask, prefill_chunk=prefill_chunk)
+                        attention_mask=attention_mask, prefill_chunk=prefill_chunk, stop_check=stop_check)
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:
