@@ -26,7 +26,7 @@ import yaml
 
 from tapecli.errors import TapeError
 
-DataKind = Literal["text", "pairs", "addition"]
+DataKind = Literal["text", "pairs", "addition", "scrolls"]
 Schedule = Literal["linear", "cosine", "constant"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -64,6 +64,8 @@ class DataSection:
     target_field: str = "target"
     max_digits: int = 40
     min_digits: int = 1
+    task: str | None = None  # kind scrolls: the SCROLLS task (tapecli.data.scrolls.TASKS)
+    compat: Literal["clean", "official"] = "clean"  # kind scrolls: example construction (official = the code's quirks)
 
 
 @dataclass
@@ -197,6 +199,10 @@ class Recipe:
             _fail("data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
         if d.kind in ("text", "pairs") and not d.source:
             _fail("data.source", f"data.kind '{d.kind}' needs a source (hub id, file, directory or glob)")
+        if d.kind == "scrolls":
+            from tapecli.data.scrolls import check_task
+
+            check_task(d.task)
         if (d.kind == "addition") != (d.tokenizer == "addition"):
             _fail("data.tokenizer", f"'{d.tokenizer}' does not fit data.kind '{d.kind}'; "
                   "addition data and the `addition` tokenizer go together")

@@ -150,7 +150,9 @@ def score_predictions(task: str, predictions: Mapping[str, str], references: Map
     for i, text in predictions.items():
         if not isinstance(text, str):
             raise TapeError(f"{where}: the prediction for id {i!r} is {type(text).__name__}, not a string")
-    return aggregate(task, [example_scores(task, predictions[i], references[i]) for i in references])
+    out = aggregate(task, [example_scores(task, predictions[i], references[i]) for i in references])
+    out["mean_prediction_length_characters"] = round(sum(len(predictions[i]) for i in references) / len(references), 4)
+    return out
 
 
 def task_family(task: str) -> str:

@@ -232,6 +232,10 @@ def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Dat
 
         return build_pair_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed,
                                    prompt_field=d.prompt_field, target_field=d.target_field)
+    if d.kind == "scrolls":
+        from tapecli.data.scrolls import build_scrolls_datasets
+
+        return build_scrolls_datasets(d.task, d.source, tokenizer, d.seq_len, d.val_fraction, d.compat)
     from tapecli.data.text import build_text_datasets
 
     return build_text_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed, text_field=d.text_field,
