@@ -58,20 +58,39 @@ def bench(
                   tape_paths=tape_paths, device=device, out=out)
 
 
-eval_app = typer.Typer(help="Evaluate a trained checkpoint.", no_args_is_help=True)
+eval_app = typer.Typer(help="Evaluate a tape run / checkpoint or a Hugging Face model.", no_args_is_help=True)
 app.add_typer(eval_app, name="eval")
+
+# Options every `tape eval` command shares (tapecli.eval.common opens the model); reuse them in new eval commands.
+_MODEL_HELP = ("A tape run directory (its newest checkpoint), a checkpoint directory, or a Hugging Face model "
+               "directory or hub id.")
+_MODELS_HELP = _MODEL_HELP + " Repeat to compare models."
+DTYPE_OPTION = typer.Option("auto", "--dtype", help="Weights dtype: fp32, bf16, fp16, or auto (bf16 on a GPU, fp32 "
+                                                    "on the CPU).")
+DEVICE_OPTION = typer.Option("auto", "--device", help="cpu, cuda[:N] or auto (the GPU if there is one).")
+PE_ARG_OPTION = typer.Option(None, "--pe-arg", help="Override a positional-encoding argument at evaluation time, "
+                                                    "as in a recipe's model.pe_args; repeatable, e.g. --pe-arg "
+                                                    "scaling=linear --pe-arg factor=2.", show_default=False)
+
+
+def _pe_args(pairs: list[str] | None) -> dict:
+    from tapecli.eval.common import parse_pe_args
+
+    return parse_pe_args(pairs)
 
 
 @eval_app.command("addition")
 def eval_addition(
-    checkpoint: str = typer.Option(..., "--checkpoint", "-c", help="Run directory (newest checkpoint) or checkpoint."),
+    model: str = typer.Option(..., "--model", "--checkpoint", "-c", help=_MODEL_HELP + " --checkpoint is an alias."),
     max_len: int = typer.Option(None, help="Longest operand evaluated, in digits (default: the run's "
                                            "eval.max_len, i.e. 2 x data.max_digits)."),
     samples: int = typer.Option(None, help="Problems per (length, length) cell (default: the run's eval.samples)."),
     seed: int = typer.Option(1234, help="Seeds the problems of every cell (cell (i, j) gets its own stream)."),
-    batch_size: int = typer.Option(1024, help="Problems decoded together; changes speed, not results."),
+    batch_size: int = typer.Option(1024, "--batch-size", help="Problems decoded together; changes speed, not results."),
     out: str = typer.Option(None, help="Output directory (default: RUN/eval-addition/<checkpoint name>)."),
-    device: str = typer.Option("auto", help="cpu, cuda or auto."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
 ) -> None:
     """Addition length generalisation: exact-match accuracy for every pair of operand lengths up to --max-len.
 
@@ -85,13 +104,14 @@ def eval_addition(
 
     Interrupted? Run the same command again: finished cells are kept.
 
-    Example: tape eval addition --checkpoint runs/add-tape --max-len 80 --samples 100
+    Example: tape eval addition --model runs/add-tape --max-len 80 --samples 100
     """
     from tapecli.eval.addition import run_addition_eval
 
     with reported_errors():
-        results, out_dir = run_addition_eval(checkpoint, max_len=max_len, samples=samples, seed=seed,
-                                             batch_size=batch_size, out=out, device=device)
+        results, out_dir = run_addition_eval(model, max_len=max_len, samples=samples, seed=seed,
+                                             batch_size=batch_size, out=out, device=device, dtype=dtype,
+                                             pe_args=_pe_args(pe_arg))
     parts = [f"{name} {results[key]:.1%}" for name, key in [("mean accuracy", "mean_accuracy"),
              ("inside the training box", "in_box_accuracy"), ("outside it", "out_of_box_accuracy")]
              if results[key] is not None]

@@ -5,7 +5,7 @@ exactly i and j digits is answered by greedy decoding with the KV cache. A probl
 model writes the whole reversed sum and then EOS: the same rule as the Abacus evaluator, which decodes as many
 tokens as the gold answer plus EOS and compares the whole sequence.
 
-Files in the output directory:
+Files in the output directory (the shared layout of `tapecli.eval.common`):
   settings.json   what is being evaluated (checked on resume, so cells from different settings never mix)
   samples.jsonl   one row per problem, appended a whole cell at a time -- this is the resume log
   results.json    the grid, the mean accuracies, the protocol and the settings (written at the end, atomically)
@@ -18,23 +18,15 @@ import json
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
 from tapecli.data.arithmetic import AdditionTokenizer, eval_problems, prompt_text, reverse_digits
-from tapecli.device import resolve_device
 from tapecli.errors import TapeError
+from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, open_model, progress_bar
 from tapecli.eval.plots import HeatmapPanel, save_heatmaps
 from tapecli.run import run_recipe, write_atomic
 
@@ -47,9 +39,6 @@ PROTOCOL = (
     "in_box = cells with both lengths <= the training max_digits, out_of_box = all other cells"
 )
 
-SETTINGS_FILE = "settings.json"
-SAMPLES_FILE = "samples.jsonl"
-RESULTS_FILE = "results.json"
 HEATMAP_FILE = "heatmap.png"
 
 
@@ -63,6 +52,8 @@ class AdditionEvalSettings:
     train_digits: int | None = None  # the training box: operands up to this many digits were trained on
     checkpoint: str | None = None  # where the model came from (for the record)
     pe: str | None = None
+    dtype: str = "fp32"  # the weights' dtype
+    pe_overrides: dict[str, Any] = field(default_factory=dict)  # --pe-arg values applied to the model
 
 
 def evaluate_addition(
@@ -82,24 +73,21 @@ def evaluate_addition(
     if settings.max_len < 1 or settings.samples < 1:
         raise TapeError(f"--max-len and --samples must be positive, got {settings.max_len} and {settings.samples}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    done = _resume(out, settings)
     cells = [(i, j) for i in range(1, settings.max_len + 1) for j in range(1, settings.max_len + 1)]
-    todo = [cell for cell in cells if cell not in done]
-
     started = time.perf_counter()
     model.eval()
-    progress = Progress(TextColumn("addition grid"), BarColumn(), MofNCompleteColumn(), TextColumn("cells"),
-                        TimeElapsedColumn(), TimeRemainingColumn(), disable=not show_progress)
-    with progress, (out / SAMPLES_FILE).open("a") as log:
+    # Only whole cells count as done: a cell cut off mid-write is redone.
+    with SamplesLog(out, asdict(settings), keep=lambda rows: _whole_cells(rows, settings.samples)) as log, \
+            progress_bar("addition grid", "cells", show_progress) as progress:
+        finished = {(row["i"], row["j"]) for row in log.rows}
+        todo = [cell for cell in cells if cell not in finished]
         task = progress.add_task("cells", total=len(cells), completed=len(cells) - len(todo))
         for chunk in _batches(todo, settings.samples, batch_size):
-            rows = _solve(model, tokenizer, chunk, settings)
-            log.write("".join(json.dumps(row) + "\n" for row in rows))
-            log.flush()  # a finished cell survives an interruption from here on
-            for row in rows:
-                done.setdefault((row["i"], row["j"]), []).append(row["correct"])
+            log.append(_solve(model, tokenizer, chunk, settings))
             progress.advance(task, len(chunk))
+    done: dict[tuple[int, int], list[bool]] = defaultdict(list)
+    for row in log.rows:
+        done[(row["i"], row["j"])].append(row["correct"])
     results = _results(settings, done, time.perf_counter() - started)
     write_atomic(out / RESULTS_FILE, _results_json(results))
     title = f"{settings.pe or 'model'}: mean accuracy {results['mean_accuracy']:.1%}"
@@ -107,33 +95,11 @@ def evaluate_addition(
     return results
 
 
-def _resume(out: Path, settings: AdditionEvalSettings) -> dict[tuple[int, int], list[bool]]:
-    """Check `out` holds nothing or an evaluation with the same settings; return its finished cells.
-
-    The samples log is rewritten with only the rows of complete cells, so a cell cut off mid-write is redone.
-    """
-    settings_path, samples_path = out / SETTINGS_FILE, out / SAMPLES_FILE
-    if settings_path.is_file():
-        previous = json.loads(settings_path.read_text())
-        if previous != asdict(settings):
-            changed = sorted(k for k in previous.keys() | asdict(settings).keys()
-                             if previous.get(k) != asdict(settings).get(k))
-            raise TapeError(f"{out} holds an evaluation with other settings ({', '.join(changed)} differ); "
-                            "pass another --out or delete that directory")
-    else:
-        samples_path.unlink(missing_ok=True)
-        write_atomic(settings_path, json.dumps(asdict(settings), indent=1) + "\n")
-    rows_by_cell: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
-    if samples_path.is_file():
-        for line in samples_path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # the last line of an interrupted write
-                continue
-            rows_by_cell[(row["i"], row["j"])].append(row)
-    complete = {cell: rows for cell, rows in rows_by_cell.items() if len(rows) == settings.samples}
-    write_atomic(samples_path, "".join(json.dumps(row) + "\n" for rows in complete.values() for row in rows))
-    return {cell: [row["correct"] for row in rows] for cell, rows in complete.items()}
+def _whole_cells(rows: list[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
+    by_cell: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_cell[(row["i"], row["j"])].append(row)
+    return [row for cell_rows in by_cell.values() if len(cell_rows) == samples for row in cell_rows]
 
 
 def _batches(cells: list[tuple[int, int]], samples: int, batch_size: int) -> Iterator[list[tuple[int, int]]]:
@@ -154,13 +120,12 @@ def _solve(
 ) -> list[dict[str, Any]]:
     """Greedy-decode every problem of `cells` (equal prompt lengths) in one batch; one result row per problem."""
     problems = [(i, j, a, b) for i, j in cells for a, b in eval_problems(i, j, settings.samples, settings.seed)]
-    prompts = torch.tensor([tokenizer.encode(prompt_text(a, b)) for _, _, a, b in problems])
+    prompts = [tokenizer.encode(prompt_text(a, b)) for _, _, a, b in problems]
     longest_answer = max(max(i, j) + 1 for i, j in cells)
-    device = next(model.parameters()).device
-    output = model.generate(prompts.to(device), max_new_tokens=longest_answer + 1, use_cache=True, temperature=0.0,
-                            stop_tokens=[tokenizer.eos_id], pad_id=tokenizer.pad_id)
+    outputs = generate_batch(model, prompts, max_new_tokens=longest_answer + 1, batch_size=len(prompts),
+                             stop_tokens=[tokenizer.eos_id], pad_id=tokenizer.pad_id)
     rows = []
-    for (i, j, a, b), generated in zip(problems, output[:, prompts.shape[1] :].tolist(), strict=True):
+    for (i, j, a, b), generated in zip(problems, outputs, strict=True):
         stopped = tokenizer.eos_id in generated
         answer = generated[: generated.index(tokenizer.eos_id)] if stopped else generated
         gold = str(a + b)
@@ -204,22 +169,26 @@ def _results_json(results: dict[str, Any]) -> str:
 
 
 def run_addition_eval(
-    checkpoint: str,
+    model: str,
     max_len: int | None = None,
     samples: int | None = None,
     seed: int = 1234,
     batch_size: int = 1024,
     out: str | None = None,
     device: str = "auto",
+    dtype: str = "auto",
+    pe_args: dict[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Path]:
-    """`tape eval addition`: load a checkpoint, evaluate (or resume) its grid; returns (results, output dir).
+    """`tape eval addition`: open a run or checkpoint, evaluate (or resume) its grid; returns (results, output dir).
 
     The training box and the defaults of `max_len` / `samples` come from the run's recipe.yaml when the checkpoint
     lives in a run directory: `eval.max_len` (2 x `data.max_digits` when null) and `eval.samples`.
     """
-    from tapecli.checkpoint import load_model, resolve_checkpoint
-
-    ckpt = resolve_checkpoint(checkpoint)
+    opened = open_model(model, dtype=dtype, device=device, pe_args=pe_args)
+    ckpt = Path(opened.source)
+    if not isinstance(opened.tokenizer, AdditionTokenizer):
+        raise TapeError(f"{opened.spec} was not trained on addition (its tokenizer is "
+                        f"{getattr(opened.tokenizer, 'kind', type(opened.tokenizer).__name__)!r}, not 'addition')")
     recipe = run_recipe(ckpt)
     if max_len is None:
         if recipe is None:
@@ -227,14 +196,11 @@ def run_addition_eval(
         max_len = recipe.eval.max_len or 2 * recipe.data.max_digits
     if samples is None:
         samples = recipe.eval.samples if recipe is not None else 100
-    model, tokenizer = load_model(ckpt, device=resolve_device(device))
-    if not isinstance(tokenizer, AdditionTokenizer):
-        raise TapeError(f"{ckpt} was not trained on addition (its tokenizer is {tokenizer.kind!r}, not 'addition')")
     settings = AdditionEvalSettings(
-        max_len=max_len, samples=samples, seed=seed, checkpoint=str(ckpt.resolve()), pe=model.config.pe,
+        max_len=max_len, samples=samples, seed=seed, checkpoint=opened.source, pe=opened.model.config.pe,
         train_digits=recipe.data.max_digits if recipe is not None and recipe.data.kind == "addition" else None,
+        dtype=opened.dtype, pe_overrides=opened.pe_args,
     )
     # Next to the run's checkpoints by default, one folder per checkpoint step.
     out_dir = Path(out) if out else (ckpt.parent.parent if recipe else ckpt) / "eval-addition" / ckpt.name
-    return evaluate_addition(model, tokenizer, settings, out_dir, batch_size=batch_size), out_dir
-
+    return evaluate_addition(opened.model, opened.tokenizer, settings, out_dir, batch_size=batch_size), out_dir

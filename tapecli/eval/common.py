@@ -1,0 +1,306 @@
+"""What every evaluation shares: opening a model, the resumable settings + samples log, greedy generation, progress.
+
+An evaluation module (`tapecli.eval.addition`, `perplexity`, `passkey`, ...) holds only its protocol. It
+1. opens each model with `open_model(spec, dtype=..., device=..., pe_args=...)`, where `spec` is a tape run directory
+   (its newest checkpoint), a tape checkpoint directory, or a Hugging Face model directory / hub id (through the
+   importer, `tapecli.model.hf`); `OpenedModel.record()` is what goes into the evaluation's settings;
+2. opens its output directory with `SamplesLog(out, settings, keep=...)`, which refuses a directory holding another
+   evaluation's settings, skips a half-written last line, and hands back the rows an interrupted run finished;
+3. appends result rows with `log.append(rows)` (flushed at once, so a finished unit survives an interruption), and
+   writes results.json with `write_json` (atomically) at the end;
+4. decodes greedily with `generate_batch(model, prompts, max_new_tokens)`, the one place that talks to
+   `Transformer.generate`.
+
+Output directory layout shared by all evaluations:
+  settings.json   what is being evaluated (compared on resume)
+  samples.jsonl   one JSON object per finished unit (problem, window, trial); the resume log
+  results.json    the aggregated numbers, the protocol and the settings
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from tapecli.errors import TapeError
+from tapecli.run import write_atomic
+
+if TYPE_CHECKING:
+    import torch
+    from rich.progress import Progress
+
+    from tapecli.data.tokenizer import Tokenizer
+    from tapecli.model import Transformer
+
+SETTINGS_FILE = "settings.json"
+SAMPLES_FILE = "samples.jsonl"
+RESULTS_FILE = "results.json"
+DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Opening a model
+
+
+@dataclass
+class OpenedModel:
+    """A model ready for evaluation (eval mode, on its device, in its dtype) and where it came from."""
+
+    model: Transformer
+    tokenizer: Tokenizer
+    spec: str  # what the user passed to --model
+    source: str  # the resolved checkpoint directory, Hugging Face directory or hub id
+    kind: str  # "tape" or "hf"
+    dtype: str  # fp32 | bf16 | fp16
+    device: str
+    pe_args: dict[str, Any] = field(default_factory=dict)  # the --pe-arg overrides applied (empty: none)
+    name: str = ""  # a short label for tables and plots
+
+    def record(self) -> dict[str, Any]:
+        """What determines this model's results, for an evaluation's settings.json (the device is not in it:
+        a run may resume on another device)."""
+        return {"name": self.name, "source": self.source, "kind": self.kind, "dtype": self.dtype,
+                "pe": self.model.config.pe, "pe_args": self.model.config.pe_args, "pe_overrides": self.pe_args}
+
+
+def parse_pe_args(pairs: list[str] | None) -> dict[str, Any]:
+    """`["scaling=linear", "factor=2"]` -> `{"scaling": "linear", "factor": 2}`; values read as YAML, like recipe
+    overrides. Names and types are checked later, by the PE itself, when the model is rebuilt with them."""
+    parsed: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise TapeError(f"--pe-arg {pair!r} must look like key=value (e.g. --pe-arg scaling=linear)")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, str):  # YAML reads 1e6 as a string; a number was meant
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        parsed[key.strip()] = value
+    return parsed
+
+
+def resolve_dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
+    """(name, torch dtype); `auto` is bf16 on a GPU and fp32 on the CPU."""
+    import torch
+
+    if name == "auto":
+        name = "bf16" if device.type == "cuda" else "fp32"
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+    if name not in dtypes:
+        raise TapeError(f"--dtype: unknown dtype {name!r}; allowed: {', '.join(DTYPE_NAMES)}")
+    return name, dtypes[name]
+
+
+def open_model(spec: str, *, dtype: str = "auto", device: str = "auto",
+               pe_args: dict[str, Any] | None = None) -> OpenedModel:
+    """Open a tape run / checkpoint or a Hugging Face model (directory or hub id) for evaluation.
+
+    The model comes back in eval mode, on `device` (auto: the GPU if there is one), with its weights in `dtype`
+    (auto: bf16 on a GPU, fp32 on the CPU). `pe_args` override the model's positional-encoding arguments (e.g.
+    `{"scaling": "linear", "factor": 2}` to evaluate a RoPE model with position interpolation); they are validated
+    by the PE exactly as a recipe's `model.pe_args` are, and may not change the shapes of the weights.
+    """
+    from tapecli.checkpoint import load_model, resolve_checkpoint
+    from tapecli.device import resolve_device
+
+    torch_device = resolve_device(device)
+    dtype_name, torch_dtype = resolve_dtype(dtype, torch_device)
+    path = Path(spec).expanduser()
+    if _is_tape(path):
+        checkpoint = resolve_checkpoint(path)
+        model, tokenizer = load_model(checkpoint, device=str(torch_device))
+        kind, source = "tape", str(checkpoint.resolve())
+        # A run is named after its directory; a checkpoint inside a run after both.
+        in_run = checkpoint.parent.name == "checkpoints"
+        name = (checkpoint.parent.parent.name if checkpoint != path else
+                f"{checkpoint.parent.parent.name}/{checkpoint.name}" if in_run else checkpoint.name)
+    else:
+        hf = _hf_importer(spec)
+        model, tokenizer = hf.load_hf_model(spec, dtype=torch_dtype, device=torch_device)
+        kind = "hf"
+        source = str(path.resolve()) if path.exists() else spec
+        name = path.resolve().name if path.exists() else spec
+    model = model.to(device=torch_device, dtype=torch_dtype)
+    if pe_args:
+        model = with_pe_args(model, pe_args)
+    return OpenedModel(model=model.eval(), tokenizer=tokenizer, spec=spec, source=source, kind=kind,
+                       dtype=dtype_name, device=str(torch_device), pe_args=dict(pe_args or {}), name=name)
+
+
+def _is_tape(path: Path) -> bool:
+    """A tape checkpoint, or a run directory (one with checkpoints/ or step-* directories)."""
+    from tapecli.checkpoint import is_checkpoint, list_checkpoints
+
+    return path.is_dir() and (is_checkpoint(path) or (path / "checkpoints").is_dir() or bool(list_checkpoints(path)))
+
+
+def _hf_importer(spec: str):
+    """The Hugging Face importer, or one line saying why `spec` cannot be opened."""
+    try:
+        from tapecli.model import hf
+    except ImportError:
+        hf = None
+    if hf is None or not hf.is_hf_source(spec):
+        path = Path(spec).expanduser()
+        what = "does not exist" if not path.exists() else "holds no tape checkpoint"
+        hint = "" if hf is not None else " (this version of tape cannot import Hugging Face models)"
+        raise TapeError(f"--model {spec}: {what}; pass a tape run directory, a checkpoint directory or a "
+                        f"Hugging Face model directory or hub id{hint}")
+    return hf
+
+
+def with_pe_args(model: Transformer, overrides: dict[str, Any]) -> Transformer:
+    """The same weights in a model whose PE arguments are updated by `overrides` (validated by the PE).
+
+    The model is rebuilt on its device and loaded with the old weights, so a moment it exists twice; an override
+    that changes the shape of any weight (e.g. TAPE's `hidden`) is refused with one line.
+    """
+    import torch
+
+    from tapecli.model import ModelConfig, Transformer
+
+    config = model.config
+    try:
+        new_config = ModelConfig.from_dict({**config.to_dict(), "pe_args": {**config.pe_args, **overrides}})
+    except ValueError as e:
+        raise TapeError(f"--pe-arg: {str(e).replace('model.pe_args.', '')}") from None
+    param = next(model.parameters())
+    with torch.device(param.device):
+        rebuilt = Transformer(new_config).to(param.dtype)
+    try:
+        rebuilt.load_state_dict(model.state_dict())
+    except RuntimeError as e:
+        raise TapeError(f"--pe-arg {', '.join(overrides)}: changes the shape of the model's weights "
+                        f"({str(e).splitlines()[-1].strip()}); only PE arguments without weights can change at "
+                        "evaluation time") from None
+    return rebuilt.eval()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The resumable settings + samples log
+
+
+class SamplesLog:
+    """`out/settings.json` + `out/samples.jsonl`: what an evaluation is, and every unit it has finished.
+
+    On opening, a directory that holds another evaluation's settings is refused with one line naming the keys that
+    differ; a new directory gets `settings` written. The rows an interrupted run finished are read back (a last line
+    cut off mid-write is skipped; a broken line elsewhere is an error), filtered by `keep` (e.g. "only whole cells")
+    and rewritten, so `self.rows` is exactly what the evaluation need not redo.
+    Use as a context manager, or call `close()`.
+    """
+
+    def __init__(self, out_dir: str | Path, settings: dict[str, Any],
+                 keep: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> None:
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        settings = json.loads(json.dumps(settings))  # as it reads back from disk (tuples -> lists, ...)
+        settings_path, self.path = self.out / SETTINGS_FILE, self.out / SAMPLES_FILE
+        if settings_path.is_file():
+            previous = json.loads(settings_path.read_text())
+            if previous != settings:
+                changed = sorted(k for k in previous.keys() | settings.keys() if previous.get(k) != settings.get(k))
+                raise TapeError(f"{self.out} holds an evaluation with other settings ({', '.join(changed)} differ); "
+                                "pass another --out or delete that directory")
+        else:
+            self.path.unlink(missing_ok=True)
+            write_atomic(settings_path, json.dumps(settings, indent=1) + "\n")
+        rows = read_jsonl(self.path) if self.path.is_file() else []
+        self.rows = keep(rows) if keep else rows
+        write_atomic(self.path, "".join(json.dumps(row) + "\n" for row in self.rows))
+        self._file = self.path.open("a")
+
+    def append(self, rows: list[dict[str, Any]]) -> None:
+        """Log finished rows now (one write + flush, so a unit is either whole in the log or redone)."""
+        self._file.write("".join(json.dumps(row) + "\n" for row in rows))
+        self._file.flush()
+        self.rows.extend(rows)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> SamplesLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a JSONL log; a last line cut off mid-write is dropped, any other broken line is an error."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            if number == len(lines):  # the interrupted write
+                break
+            raise TapeError(f"{path} line {number} is not JSON; the log is damaged, delete that directory") from None
+    return rows
+
+
+def write_json(path: Path, data: Any) -> None:
+    """results.json and friends: indented JSON, written atomically."""
+    write_atomic(Path(path), json.dumps(data, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Generation and progress
+
+
+def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 8,
+                   stop_tokens: list[int] | None = None, pad_id: int | None = None) -> list[list[int]]:
+    """Greedy continuations (new tokens only, `max_new_tokens` each, padded with `pad_id` after a stop token) of
+    token-id prompts, in the order given.
+
+    Prompts of equal length are decoded together, `batch_size` at a time, with the KV cache. This is the one place
+    evaluations call `Transformer.generate`, so batched decoding of unequal prompts can replace it here alone.
+    """
+    import torch
+
+    device = next(model.parameters()).device
+    by_length: dict[int, list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        by_length.setdefault(len(prompt), []).append(index)
+    outputs: list[list[int]] = [[] for _ in prompts]
+    for length, indices in by_length.items():
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start : start + batch_size]
+            input_ids = torch.tensor([prompts[i] for i in chunk], dtype=torch.long, device=device)
+            with torch.inference_mode():
+                tokens = model.generate(input_ids, max_new_tokens=max_new_tokens, use_cache=True, temperature=0.0,
+                                        stop_tokens=stop_tokens, pad_id=pad_id)
+            for i, row in zip(chunk, tokens[:, length:].tolist(), strict=True):
+                fill = pad_id if pad_id is not None else (stop_tokens[0] if stop_tokens else 0)
+                outputs[i] = (row + [fill] * max_new_tokens)[:max_new_tokens]
+    return outputs
+
+
+@contextmanager
+def progress_bar(description: str, unit: str, show: bool = True) -> Iterator[Progress]:
+    """A Rich progress bar: description, bar, done/total `unit`, elapsed and remaining time (hidden if not show)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    progress = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+                        TimeElapsedColumn(), TimeRemainingColumn(), disable=not show)
+    with progress:
+        yield progress
