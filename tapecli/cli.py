@@ -118,6 +118,84 @@ def eval_addition(
     typer.echo(f"{', '.join(parts)}; wrote results.json, samples.jsonl and heatmap.png to {out_dir}")
 
 
+@eval_app.command("scrolls")
+def eval_scrolls(
+    model: list[str] | None = typer.Option(None, "--model", help=_MODELS_HELP + " `{task}` in it is replaced by "
+                                           "each task's name (one fine-tuned model per task).", show_default=False),
+    task: list[str] | None = typer.Option(None, "--task", help="SCROLLS task (repeatable): gov_report, "
+                                          "summ_screen_fd, qmsum, narrative_qa, qasper, quality, contract_nli.",
+                                          show_default=False),
+    all_tasks: bool = typer.Option(False, "--all-tasks", help="All seven tasks; prints the paper's table."),
+    split: str = typer.Option("validation", "--split", help="train, validation or test (test has no references)."),
+    data: str | None = typer.Option(None, "--data", help="A downloaded tau/scrolls {task}.zip or the folder holding "
+                                    "the zips [default: the hub, online]."),
+    predictions: str | None = typer.Option(None, "--predictions", help="Score this predictions.json ({id: text}) "
+                                           "instead of running a model."),
+    compat: str | None = typer.Option(None, "--compat", help="Prompt construction: clean or official [default: "
+                                      "the fine-tuning run's data.compat, else clean]."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Prompt + answer tokens [default: the run's "
+                                       "data.seq_len, else the model's max_seq_len]; budgets scale from 8192."),
+    sample: bool = typer.Option(False, "--sample", help="Summaries: sample (temperature 1, top-k 3) as the official "
+                                "run did, seeded per example, instead of greedy decoding."),
+    seed: int = typer.Option(0, "--seed", help="Seeds --sample."),
+    limit: int | None = typer.Option(None, "--limit", help="Only the first N examples (a quick look, not the "
+                                     "official score)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Examples decoded together; changes speed, not results."),
+    out: str | None = typer.Option(None, "--out", help="Output folder [default: RUN/eval-scrolls/TASK-SPLIT]."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """SCROLLS: generate answers for every example of a split and score them with the official metric.
+
+    F1 (qasper, narrative_qa), exact match (quality, contract_nli), or the geometric mean of ROUGE-1/2/L (summaries).
+
+    Writes predictions.json (official format), results.json and samples.jsonl per model and task; rerun to resume.
+
+    Examples: tape eval scrolls --model runs/ft-qasper --task qasper --data scrolls/ ;
+    tape eval scrolls --all-tasks --model runs/rope-{task} --model runs/tape-{task} --data scrolls/ ;
+    tape eval scrolls --task qasper --predictions predictions.json --data scrolls/
+    """
+    import json
+
+    from tapecli.eval import scrolls
+
+    with reported_errors():
+        tasks = list(scrolls.data.TASKS) if all_tasks else list(task or [])
+        if not tasks:
+            raise TapeError("pass --task TASK (repeatable) or --all-tasks")
+        if compat not in (None, "clean", "official"):
+            raise TapeError(f"--compat: expected clean or official, got {compat!r}")
+        if predictions is not None:
+            if len(tasks) != 1 or model:
+                raise TapeError("--predictions scores one --task and takes no --model")
+            result = scrolls.score_predictions_file(tasks[0], predictions, split, data)
+            typer.echo(json.dumps(result, indent=1))
+            return
+        if not model:
+            raise TapeError("pass --model (or --predictions to score a predictions file)")
+        run = scrolls.ScrollsRun(split=split, data=data, compat=compat, seq_len=seq_len, sample=sample, seed=seed,
+                                 batch_size=batch_size, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
+                                 limit=limit)
+        results = scrolls.run_scrolls_eval(model, tasks, run, out)
+    header, rows = scrolls.table(model, results, tasks)
+    _print_table(header, rows)
+    typer.echo(f"wrote predictions.json, results.json and samples.jsonl to {results[0][0]['out_dir']}"
+               + (" and the other (model, task) folders" if len(model) * len(tasks) > 1 else ""))
+
+
+def _print_table(header: list[str], rows: list[list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=True, header_style="bold")
+    for name in header:
+        table.add_column(name)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
 _OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."
 _RESUME_HELP = ("auto: continue from the newest checkpoint in --out if there is one, else start fresh; "
                 "never: always start fresh; or a checkpoint / run directory to continue from.")
