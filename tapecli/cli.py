@@ -179,21 +179,10 @@ def eval_scrolls(
                                  limit=limit)
         results = scrolls.run_scrolls_eval(model, tasks, run, out)
     header, rows = scrolls.table(model, results, tasks)
-    _print_table(header, rows)
+    for cells in [header, ["---"] * len(header), *rows]:  # a Markdown table, ready to paste
+        typer.echo("| " + " | ".join(cells) + " |")
     typer.echo(f"wrote predictions.json, results.json and samples.jsonl to {results[0][0]['out_dir']}"
                + (" and the other (model, task) folders" if len(model) * len(tasks) > 1 else ""))
-
-
-def _print_table(header: list[str], rows: list[list[str]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(show_header=True, header_style="bold")
-    for name in header:
-        table.add_column(name)
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
 
 
 _OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."

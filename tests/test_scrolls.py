@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import json
+import re
 import zipfile
-from pathlib import Path
 
 import pytest
 from rouge_score import rouge_scorer
+from scrolls_helpers import qa_rows, write_scrolls_zip
 from typer.testing import CliRunner
 
-from scrolls_helpers import qa_rows, write_scrolls_zip
 from tapecli.cli import app
 from tapecli.data import scrolls
 from tapecli.data.scrolls import Budgets, encode_example, group_examples, load_split, prompt_ids, target_ids
 from tapecli.data.text import IGNORE_INDEX
 from tapecli.data.tokenizer import load_tokenizer, train_tokenizer
 from tapecli.errors import TapeError
+from tapecli.eval import scrolls as scrolls_eval
 from tapecli.eval import scrolls_metric as metric
 
 runner = CliRunner()
@@ -28,7 +29,8 @@ def sp(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("sp_corpus")
     words = "the report says that budget funds were spent on roads schools and water in every county".split()
     (root / "a.txt").write_text("\n".join(" ".join(words[i:] + words[:i]) + "." for i in range(len(words))) * 20)
-    return load_tokenizer(train_tokenizer(str(root), vocab_size=400, out=str(tmp_path_factory.mktemp("sp") / "t.model")))
+    model = train_tokenizer(str(root), vocab_size=400, out=str(tmp_path_factory.mktemp("sp") / "t.model"))
+    return load_tokenizer(model)
 
 
 # --- metric -------------------------------------------------------------------------------------------------
@@ -246,3 +248,42 @@ def test_eval_scrolls_usage_errors(tmp_path):
                           (["--task", "nope", "--model", str(tmp_path)], "unknown SCROLLS task 'nope'")]:
         result = runner.invoke(app, ["eval", "scrolls", *args])
         assert result.exit_code == 2 and message in result.output, result.output
+
+
+@pytest.mark.slow
+def test_all_tasks_table_official_compat_and_seeded_sampling(tmp_path):
+    data_dir = tmp_path / "scrolls"
+    small = {"train": qa_rows("train", 4), "validation": qa_rows("validation", 4)}
+    for task in scrolls.TASKS:
+        write_scrolls_zip(data_dir, task, small)
+    run = tmp_path / "ft"
+    invoke("pretrain", "--recipe", "scrolls-smoke", "--out", str(run), f"data.source={data_dir}",
+           "data.task=gov_report", "data.compat=official", "train.max_steps=1", "train.save_every=1")
+    for task in scrolls.TASKS:  # one fine-tuned model per task, as in the paper: runs/ft-{task}
+        (tmp_path / f"ft-{task}").symlink_to(run)
+    out = tmp_path / "table"
+    printed = invoke("eval", "scrolls", "--all-tasks", "--model", str(tmp_path / "ft-{task}"), "--model",
+                     str(run / "checkpoints" / "step-00000001"), "--data", str(data_dir), "--limit", "1",
+                     "--out", str(out))
+    header = ["model", "QAS F1", "CNLI EM", "NQA F1", "QuAL EM", "QMS Rgm", "SumS Rgm", "GovR Rgm"]
+    assert "| " + " | ".join(header) + " |" in printed.splitlines()
+    rows = [line for line in printed.splitlines() if line.startswith(("| ft-{task} |", "| step-00000001 |"))]
+    assert len(rows) == 2 and all(len(re.findall(r"\| \d+\.\d\d", row)) == 7 for row in rows)  # 7 task columns
+    assert scrolls_eval.table(["a/ft-{task}", "b/ft-{task}"], [[{"task": "qasper", "scrolls_score": 1.234}]] * 2,
+                              ["qasper"]) == (header[:2], [["a/ft-{task}", "1.23"], ["b/ft-{task}", "1.23"]])
+    for model_dir in out.iterdir():
+        assert sorted(p.name for p in model_dir.iterdir()) == sorted(f"{t}-validation" for t in scrolls.TASKS)
+        results = json.loads((model_dir / "gov_report-validation" / "results.json").read_text())
+        # the run was fine-tuned with compat official, so its evaluation builds prompts the same way
+        assert results["settings"]["compat"] == "official" and results["num_predicted"] == 1
+        assert results["score_key"] == "rouge/geometric_mean" and "rouge/rougeLsum" in results
+
+    # --sample: summaries drawn with top-k 3, seeded per example, so batching does not change them
+    runs = []
+    for batch_size, name in (("1", "a"), ("2", "b")):
+        invoke("eval", "scrolls", "--model", str(run), "--task", "qmsum", "--data", str(data_dir), "--sample",
+               "--seed", "3", "--batch-size", batch_size, "--out", str(tmp_path / name))
+        runs.append(json.loads((tmp_path / name / "qmsum-validation" / "results.json").read_text()))
+        assert runs[-1]["settings"]["decoding"] == {"sample": True, "temperature": 1.0, "top_k": 3, "seed": 3}
+    predictions = [(tmp_path / n / "qmsum-validation" / "predictions.json").read_text() for n in "ab"]
+    assert predictions[0] == predictions[1]

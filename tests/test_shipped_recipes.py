@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from scrolls_helpers import write_scrolls_zip
 from typer.testing import CliRunner
 
 from tapecli.cli import app
@@ -35,14 +36,10 @@ def test_c4_then_scrolls_and_context_extension_smoke(tmp_path: Path, tiny_corpus
     invoke("pretrain", "--recipe", "c4-smoke", "--out", str(c4), f"data.source={tiny_corpus}")
     assert (c4 / "checkpoints").is_dir() and last_loss(c4) < 6.0  # below uniform over 259 bytes (5.56 + margin)
 
-    pairs = tmp_path / "pairs.jsonl"
-    with pairs.open("w") as f:
-        for i in range(20):
-            f.write(json.dumps({"input": f"Question {i}: what is {i} plus one?\n\n" + "context " * 5,
-                                "output": str(i + 1)}) + "\n")
+    scrolls = write_scrolls_zip(tmp_path / "scrolls")  # qasper.zip in the tau/scrolls layout
     ft = tmp_path / "ft"
     out = invoke("finetune", "--recipe", "scrolls-smoke", "--checkpoint", str(c4), "--out", str(ft),
-                 f"data.source={pairs}")
+                 f"data.source={scrolls}", "data.task=qasper")
     assert "trainable" in out and (ft / "checkpoints").is_dir()
 
     ext = tmp_path / "ext"

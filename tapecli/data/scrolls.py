@@ -86,7 +86,9 @@ def split_url(task: str, split: str, source: str | None) -> str:
     if path.is_dir():
         for candidate in (path / f"{task}.zip", path / task / f"{split}.jsonl", path / f"{split}.jsonl"):
             if candidate.is_file():
-                return split_url(task, split, str(candidate)) if candidate.suffix == ".zip" else str(candidate.resolve())
+                if candidate.suffix == ".zip":
+                    return split_url(task, split, str(candidate))
+                return str(candidate.resolve())
         raise TapeError(f"SCROLLS data folder {source} holds neither {task}.zip nor {task}/{split}.jsonl")
     raise TapeError(f"SCROLLS data {source} does not exist; pass {task}.zip or a folder holding it")
 
@@ -106,6 +108,9 @@ def load_split(task: str, split: str, source: str | None = None) -> Any:
     url = split_url(task, split, source)
     local = url.rsplit("::", 1)[-1]
     stamp = "hub" if is_hub(source) else f"{os.path.getsize(local)}:{os.stat(local).st_mtime_ns}"
+    quiet = not datasets.utils.are_progress_bars_disabled()
+    if quiet:  # no "Generating train split" bar for what is a split of a task here
+        datasets.utils.disable_progress_bars()
     try:
         rows = datasets.Dataset.from_generator(_stream_rows, gen_kwargs={"url": url, "stamp": stamp})
     except (OSError, datasets.exceptions.DatasetGenerationError) as e:
@@ -116,6 +121,9 @@ def load_split(task: str, split: str, source: str | None = None) -> Any:
         if "No such file" in text or isinstance(cause, (FileNotFoundError, KeyError)):
             raise TapeError(f"SCROLLS data for {task}: {split}.jsonl not found in {source}") from None
         raise TapeError(f"SCROLLS data for {task} ({split}) could not be read: {text.splitlines()[0]}") from None
+    finally:
+        if quiet:
+            datasets.utils.enable_progress_bars()
     missing = {"id", "input", "output"} - set(rows.column_names)
     if missing:
         raise TapeError(f"SCROLLS data for {task} ({split}): rows lack the field(s) {', '.join(sorted(missing))}")

@@ -71,16 +71,25 @@ def run_scrolls_eval(models: list[str], tasks: list[str], run: ScrollsRun, out: 
     for task in tasks:
         data.check_task(task, "--task")
     results = []
-    for spec in models:
+    for spec, label in zip(models, model_labels(models), strict=True):
         row = []
         for task in tasks:
-            row.append(evaluate_task(spec, task, run, out, several=len(models) > 1, show_progress=show_progress))
+            row.append(evaluate_task(spec, task, run, out, label=label if len(models) > 1 else None,
+                                     show_progress=show_progress))
         results.append(row)
     return results
 
 
-def evaluate_task(spec: str, task: str, run: ScrollsRun, out: str | None, several: bool = False,
+def model_labels(models: list[str]) -> list[str]:
+    """Short names for tables and folders: the last part of each spec's path, or the whole specs when two share it."""
+    labels = [Path(spec.rstrip("/")).name or spec for spec in models]
+    return labels if len(set(labels)) == len(labels) else list(models)
+
+
+def evaluate_task(spec: str, task: str, run: ScrollsRun, out: str | None, label: str | None = None,
                   show_progress: bool = True) -> dict[str, Any]:
+    """Evaluate (or resume) one model on one task; returns what results.json holds. With `label`, the output
+    folder is OUT/label/TASK-SPLIT (several models), else OUT/TASK-SPLIT."""
     opened = open_model(spec.replace("{task}", task), dtype=run.dtype, device=run.device, pe_args=run.pe_args)
     recipe = _run_recipe(opened)
     trained = recipe is not None and recipe.data.kind == "scrolls"
@@ -98,7 +107,7 @@ def evaluate_task(spec: str, task: str, run: ScrollsRun, out: str | None, severa
         "decoding": {"sample": True, "temperature": 1.0, "top_k": SAMPLE_TOP_K, "seed": run.seed} if sample
         else {"sample": False}, "limit": run.limit, "protocol": PROTOCOL,
     }
-    out_dir = _out_dir(opened, spec, task, run.split, out, several)
+    out_dir = _out_dir(opened, task, run.split, out, label)
     wanted = {e.id for e in examples}
     tok = opened.tokenizer
     with SamplesLog(out_dir, settings, keep=lambda logged: [r for r in logged if r["id"] in wanted]) as log:
@@ -166,17 +175,17 @@ def _run_recipe(opened: Any) -> Any:
     return run_recipe(Path(opened.source))
 
 
-def _out_dir(opened: Any, spec: str, task: str, split: str, out: str | None, several: bool) -> Path:
-    """OUT/[model/]task-split; without --out, next to a tape run (RUN/eval-scrolls/task-split), else
+def _out_dir(opened: Any, task: str, split: str, out: str | None, label: str | None) -> Path:
+    """OUT/[label/]task-split; without --out, next to a tape run (RUN/eval-scrolls/task-split), else
     eval-scrolls/<model name>/task-split."""
     leaf = f"{task}-{split}"
-    label = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec.replace("{task}", "TASK").strip("/"))
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in (label or opened.name).replace("{task}", "TASK"))
     if out is not None:
-        return Path(out) / label / leaf if several else Path(out) / leaf
+        return Path(out) / safe / leaf if label else Path(out) / leaf
     source = Path(opened.source)
     if opened.kind == "tape" and source.parent.name == "checkpoints":
         return source.parent.parent / "eval-scrolls" / leaf
-    return Path("eval-scrolls") / label / leaf
+    return Path("eval-scrolls") / safe / leaf
 
 
 def score_predictions_file(task: str, predictions: str, split: str = "validation", data_source: str | None = None,
@@ -200,10 +209,12 @@ def score_predictions_file(task: str, predictions: str, split: str = "validation
     return {"task": task, "split": split, **scores}
 
 
-def table(labels: list[str], results: list[list[dict[str, Any]]], tasks: list[str]) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) in the paper's layout: one row per model, the tasks in the paper's column order."""
+def table(models: list[str], results: list[list[dict[str, Any]]], tasks: list[str],
+          ) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) in the paper's layout: one row per model (`model_labels`), the tasks in the paper's order."""
     columns = [(label, task) for label, task in TABLE_COLUMNS if task in tasks]
     header = ["model", *(label for label, _ in columns)]
+    labels = model_labels(models)
     rows = []
     for label, row in zip(labels, results, strict=True):
         by_task = {r["task"]: r for r in row}

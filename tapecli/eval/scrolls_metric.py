@@ -125,7 +125,8 @@ def aggregate(task: str, per_example: Sequence[Mapping[str, float]]) -> dict[str
     family, score_key, display_keys = TASK_METRICS[task]
     means = {key: sum(e[key] for e in per_example) / len(per_example) for key in per_example[0]}
     if family == "rouge":
-        means["rouge/geometric_mean"] = (means["rouge/rouge1"] * means["rouge/rouge2"] * means["rouge/rougeL"]) ** (1 / 3)
+        product = means["rouge/rouge1"] * means["rouge/rouge2"] * means["rouge/rougeL"]
+        means["rouge/geometric_mean"] = product ** (1 / 3)
     out: dict[str, Any] = {key: round(value, 4) for key, value in means.items()}
     out["num_predicted"] = len(per_example)
     out["scrolls_score"] = out[score_key]
