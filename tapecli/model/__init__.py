@@ -6,8 +6,9 @@
     out = model.generate(input_ids, max_new_tokens=8)
 """
 
+from tapecli.model.cache import KVCache
 from tapecli.model.config import ModelConfig
 from tapecli.model.pe import PE_NAMES, PE_REGISTRY
-from tapecli.model.transformer import KVCache, Transformer, count_parameters
+from tapecli.model.transformer import Transformer, count_parameters
 
 __all__ = ["PE_NAMES", "PE_REGISTRY", "KVCache", "ModelConfig", "Transformer", "count_parameters"]

@@ -29,8 +29,10 @@ class AbacusEmbedding(nn.Module):
         self.max_offset = config.abacus_max_offset
         self.embed = nn.Embedding(config.max_seq_len + config.abacus_max_offset + 1, config.dim)
 
-    def forward(self, input_ids: Tensor, cache=None) -> Tensor:
+    def forward(self, input_ids: Tensor, cache=None, attention_mask: Tensor | None = None) -> Tensor:
         is_digit = self.is_digit[input_ids]
+        if attention_mask is not None:  # padding is never part of a number, whatever its token id
+            is_digit = is_digit & attention_mask.bool()
         places = digit_places(is_digit, None if cache is None else cache.abacus_run)
         if cache is not None:
             cache.abacus_run = places[:, -1]  # already includes the carry when the chunk continues a run

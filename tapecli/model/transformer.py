@@ -13,7 +13,9 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tapecli.model.abacus import AbacusEmbedding
+from tapecli.model.cache import KVCache, LayerCache
 from tapecli.model.config import ModelConfig
+from tapecli.model.generation import generate
 from tapecli.model.pe import LayerPE, PositionState, build_pe
 
 try:  # optional GPU kernel; a broken build can raise more than ImportError
@@ -29,8 +31,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # Normalise in fp32 like Llama, then return to the input dtype.
-        h = x.float()
+        # Normalise in fp32 like Llama (fp64 stays fp64), then return to the input dtype.
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * h.to(x.dtype)
 
@@ -48,10 +50,15 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-           scale: float | None = None) -> Tensor:
-    """softmax(q k^T * scale + mask) v over [B, H, T, d] tensors (scale defaults to 1/sqrt(d)); flash-attn on GPU
-    when it is installed and usable."""
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+    """softmax(q k^T / sqrt(d_qk) + mask) v over [B, H, T, d] tensors; flash-attn on GPU when it is installed and
+    usable. Values may be wider than queries and keys (TAPE's [V | E]): fused kernels want equal widths, so for more
+    than one query q and k are zero-padded (q.k unchanged, memory stays linear); a single query (a decoding step)
+    uses them as they are, which reads the cached keys once instead of copying them padded."""
+    scale = q.shape[-1] ** -0.5
+    if v.shape[-1] != q.shape[-1] and q.shape[2] > 1:
+        pad = (0, v.shape[-1] - q.shape[-1])
+        q, k = F.pad(q, pad), F.pad(k, pad)
     if (flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and mask is None
             and v.shape[-1] == q.shape[-1]):
         # flash-attn aligns the causal mask bottom-right, which is what a KV cache needs.
@@ -62,44 +69,32 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
                                           enable_gqa=k.shape[1] != q.shape[1])
 
 
-def attention_mask(bias: Tensor | None, q_len: int, k_len: int, dtype: torch.dtype, device: torch.device,
-                   causal: bool = True) -> tuple[Tensor | None, bool]:
-    """The causal mask (queries are the last q_len of k_len tokens) combined with an optional logit bias.
+def attention_mask(bias: Tensor | None, key_mask: Tensor | None, q_len: int, k_len: int, dtype: torch.dtype,
+                   device: torch.device, causal: bool = True) -> tuple[Tensor | None, bool]:
+    """The causal mask (queries are the last q_len of k_len tokens), minus padded keys (`key_mask` [B, k_len],
+    False for padding; a padded query still sees itself, so its row stays finite), plus an optional logit bias.
 
-    Returns (mask, is_causal): without bias and cache the mask stays implicit so SDPA can pick its fused kernels.
+    Returns (mask, is_causal): without bias, padding and cache the mask stays implicit so SDPA picks its fused
+    kernels; otherwise it is [B or 1, 1 or H, q_len, k_len], which chunked prefill keeps linear in k_len.
     """
-    if not causal:
-        return (None if bias is None else bias.to(dtype)), False
     past = k_len - q_len
-    if bias is None:
+    if bias is None and key_mask is None and causal:
         if q_len == 1:
             return None, False  # one new token may see everything before it
         if past == 0:
             return None, True
-    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(past)
+    if bias is None and key_mask is None:
+        return None, False  # not causal: everything sees everything
+    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    if causal:
+        allowed = allowed.tril(past)
+    if key_mask is not None:
+        itself = torch.arange(k_len, device=device) == torch.arange(past, k_len, device=device)[:, None]
+        allowed = allowed & (key_mask[:, None, :] | itself)  # [B, q_len, k_len]
+    allowed = allowed.unsqueeze(-3) if allowed.dim() == 3 else allowed
     if bias is None:
         return allowed, False
     return bias.to(dtype).masked_fill(~allowed, float("-inf")), False
-
-
-class KVCache:
-    """Keys and values (already position-encoded) of past tokens, per layer; for TAPE also each layer's positional
-    state of past tokens, which causal attention never changes. Holds the past positions for bias PEs."""
-
-    def __init__(self, n_layers: int) -> None:
-        self.layers: list[dict[str, Tensor]] = [{} for _ in range(n_layers)]
-        self.positions: Tensor | None = None
-        self.abacus_run: Tensor | None = None  # length of the digit run at the last cached token
-
-    def __len__(self) -> int:
-        return 0 if self.positions is None else self.positions.shape[-1]
-
-    def extend_positions(self, positions: Tensor) -> Tensor:
-        if self.positions is not None:
-            past = self.positions.expand(positions.shape[0], -1)
-            positions = torch.cat((past, positions.expand(past.shape[0], -1)), dim=-1)
-        self.positions = positions
-        return positions
 
 
 class Attention(nn.Module):
@@ -112,8 +107,8 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
         self.o_proj = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
 
-    def forward(self, x: Tensor, pe: LayerPE, state: PositionState, k_pos: Tensor, cache: dict | None,
-                aggregation: str | None) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, pe: LayerPE, state: PositionState, k_pos: Tensor, key_mask: Tensor | None,
+                cache: LayerCache | None, aggregation: str | None) -> tuple[Tensor, Tensor | None]:
         """Returns the attention output and, when `aggregation` is set (TAPE), the attention-weighted average of the
         positional state, computed with the very same attention weights."""
         B, T, _ = x.shape
@@ -121,33 +116,23 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = pe.rotate(q, k, state)
-        E = state.rotary if aggregation else None
         if k.shape[1] != v.shape[1]:  # the PE expanded grouped keys to one per query head
             v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)
+        d = v.shape[-1]
+        if aggregation:  # TAPE: the values are [V | E], so attention averages the state with the same weights
+            v = torch.cat((v, state.rotary.to(v.dtype).expand(B, -1, -1, -1)), dim=-1)
         if cache is not None:
-            if cache:
-                k, v = torch.cat((cache["k"], k), dim=2), torch.cat((cache["v"], v), dim=2)
-                if E is not None:
-                    E = torch.cat((cache["e"].expand(B, -1, -1, -1), E.expand(B, -1, -1, -1)), dim=2)
-            cache.update(k=k, v=v, **({"e": E} if E is not None else {}))
-        mask, is_causal = attention_mask(pe.bias(state.positions, k_pos), T, k.shape[2], q.dtype, q.device,
-                                         self.causal)
-        aggregated = None
-        if E is None:
-            y = attend(q, k, v, mask, is_causal)
-        elif aggregation == "concat":
-            # One attention over [V | E]: the weights are computed once and applied to both. Fused kernels want
-            # queries and keys as wide as the values, so they are zero-padded (q.k is unchanged; scale kept).
-            values = torch.cat((v, E.to(v.dtype).expand(B, -1, -1, -1)), dim=-1)
-            pad = (0, values.shape[-1] - q.shape[-1])
-            out = attend(F.pad(q, pad), F.pad(k, pad), values, mask, is_causal, scale=self.head_dim ** -0.5)
-            y, aggregated = out.split([v.shape[-1], E.shape[-1]], dim=-1)
-        else:
+            k, v = cache.append(k=k, v=v)
+        mask, is_causal = attention_mask(pe.bias(state.positions, k_pos), key_mask, T, k.shape[2], q.dtype,
+                                         q.device, self.causal)
+        if aggregation == "separate":
             # Two calls with identical q, k and mask give identical weights: the straightforward reference path.
-            y = attend(q, k, v, mask, is_causal)
-            aggregated = attend(q, k, E.to(v.dtype).expand(B, -1, -1, -1), mask, is_causal)
+            y = torch.cat([attend(q, k, v[..., :d], mask, is_causal), attend(q, k, v[..., d:], mask, is_causal)], -1)
+        else:
+            y = attend(q, k, v, mask, is_causal)  # `concat`: the weights are computed once for V and E
+        y, aggregated = (y[..., :d], y[..., d:]) if aggregation else (y, None)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
-        return self.o_proj(y), None if aggregated is None else aggregated.to(E.dtype)
+        return self.o_proj(y), None if aggregated is None else aggregated.to(state.rotary.dtype)
 
 
 class Block(nn.Module):
@@ -163,9 +148,10 @@ class Block(nn.Module):
         self.carries_state = carries_state  # update the positional state after attention and the MLP
         self.aggregation = aggregation if carries_state else None
 
-    def forward(self, x: Tensor, state: PositionState, k_pos: Tensor,
-                cache: dict | None = None) -> tuple[Tensor, PositionState]:
-        h, aggregated = self.self_attn(self.input_layernorm(x), self.pe, state, k_pos, cache, self.aggregation)
+    def forward(self, x: Tensor, state: PositionState, k_pos: Tensor, key_mask: Tensor | None = None,
+                cache: LayerCache | None = None) -> tuple[Tensor, PositionState]:
+        h, aggregated = self.self_attn(self.input_layernorm(x), self.pe, state, k_pos, key_mask, cache,
+                                       self.aggregation)
         x = x + h
         if aggregated is not None:
             state = self.pe.after_attention(state, aggregated)
@@ -221,81 +207,61 @@ class Transformer(nn.Module):
             if isinstance(module, LayerPE):
                 module.init_weights()
 
-    def forward(self, input_ids: Tensor, start_pos: int = 0, cache: KVCache | None = None) -> Tensor:
-        """Logits [B, T, vocab] for tokens at positions start_pos + arange(T)."""
-        hidden, _ = self.run(input_ids, start_pos, cache)
+    def forward(self, input_ids: Tensor, start_pos: int | Tensor = 0, cache: KVCache | None = None,
+                attention_mask: Tensor | None = None) -> Tensor:
+        """Logits [B, T, vocab] of `input_ids` [B, T]; see `run` for positions, cache and attention_mask."""
+        hidden, _ = self.run(input_ids, start_pos, cache, attention_mask=attention_mask)
         return self.lm_head(hidden)
 
-    def run(self, input_ids: Tensor, start_pos: int = 0, cache: KVCache | None = None,
-            state: PositionState | None = None) -> tuple[Tensor, PositionState]:
+    def run(self, input_ids: Tensor, start_pos: int | Tensor = 0, cache: KVCache | None = None,
+            state: PositionState | None = None,
+            attention_mask: Tensor | None = None) -> tuple[Tensor, PositionState]:
         """The final-normed hidden states [B, T, dim] and the positional state after the last layer.
 
-        `state` replaces the PE's initial state, e.g. to study how TAPE transforms a rotated state."""
+        Positions are start_pos + 0..T-1 (start_pos an int, or [B] per row). `attention_mask` [B, T] (1 = real
+        token, 0 = padding) hides padding from every query and counts positions over real tokens only, so a row
+        computes exactly what it computes alone; outputs at padded positions are finite and meaningless. With a
+        `cache`, the tokens continue the cached ones (pass start_pos = the position of their first real token).
+        `state` replaces the PE's initial state, e.g. to study how TAPE transforms a rotated state, or to prefill a
+        long prompt in chunks with the state of the whole prompt."""
         B, T = input_ids.shape
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None  # nothing is padded: keep SDPA's fused causal path
         x = self.model.embed_tokens(input_ids)
         if self.model.abacus is not None:
-            x = x + self.model.abacus(input_ids, cache)
+            x = x + self.model.abacus(input_ids, cache, attention_mask)
+        pe = self.model.pe
         if state is None:
-            positions = self.model.pe.positions(B, T, start_pos, input_ids.device)
-            state = self.model.pe.initial_state(positions, self.model.embed_tokens.weight.dtype)
-        k_pos = state.positions if cache is None else cache.extend_positions(state.positions)
+            positions = pe.positions(B, T, start_pos, input_ids.device, attention_mask)
+            state = pe.initial_state(positions, self.model.embed_tokens.weight.dtype)
+            if cache is not None:
+                key = pe.cache_key(positions)
+                if len(cache) and key != cache.pe_key:
+                    raise ValueError(f"KV cache: the positional encoding changed since the cached keys were encoded "
+                                     f"({cache.pe_key} -> {key}, dynamic NTK); recompute the cache "
+                                     f"(Transformer.generate does)")
+                cache.pe_key = key
+        if cache is None:
+            k_pos, key_mask = state.positions, None if attention_mask is None else attention_mask.bool()
+        else:
+            k_pos, key_mask = cache.extend(state.positions, attention_mask, B)
         for i, layer in enumerate(self.model.layers):
             layer_cache = None if cache is None else cache.layers[i]
             if self.gradient_checkpointing and self.training:
-                x, state = checkpoint(layer, x, state, k_pos, layer_cache, use_reentrant=False)
+                x, state = checkpoint(layer, x, state, k_pos, key_mask, layer_cache, use_reentrant=False)
             else:
-                x, state = layer(x, state, k_pos, layer_cache)
+                x, state = layer(x, state, k_pos, key_mask, layer_cache)
         return self.model.norm(x), state
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 stop_tokens: list[int] | None = None, pad_id: int | None = None, start_pos: int = 0) -> Tensor:
-        """Prompt + up to max_new_tokens new tokens, [B, T + n]. Greedy when temperature == 0, else sampling with
-        a generator seeded by `seed`. A sequence that emitted a stop token is padded with `pad_id` (default: the
-        first stop token) until every sequence has stopped. `use_cache=False` recomputes the whole prefix each step
-        (the reference the KV cache is tested against)."""
-        was_training = self.training
-        self.eval()
-        generator = None
-        if temperature > 0 and seed is not None:
-            generator = torch.Generator(device=input_ids.device).manual_seed(seed)
-        stop = torch.tensor(stop_tokens or [], dtype=torch.long, device=input_ids.device)
-        pad = pad_id if pad_id is not None else (stop_tokens[0] if stop_tokens else 0)
-        finished = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-        cache = KVCache(self.config.n_layers) if use_cache else None
-        tokens, step_input = input_ids, input_ids
-        for _ in range(max_new_tokens):
-            if cache is not None:
-                logits = self(step_input, start_pos=start_pos + len(cache), cache=cache)[:, -1]
-            else:
-                logits = self(tokens, start_pos=start_pos)[:, -1]
-            next_token = sample_next(logits.float(), temperature, top_k, top_p, generator)
-            next_token = torch.where(finished, torch.full_like(next_token, pad), next_token)
-            finished |= torch.isin(next_token, stop)
-            tokens = torch.cat((tokens, next_token[:, None]), dim=1)
-            step_input = next_token[:, None]
-            if finished.all():
-                break
-        self.train(was_training)
-        return tokens
-
-
-def sample_next(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None,
-                generator: torch.Generator | None) -> Tensor:
-    """Greedy argmax, or a draw from softmax(logits / temperature) restricted to the top-k / top-p tokens."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    logits = logits / temperature
-    if top_k is not None:
-        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(-1).cumsum(-1)
-        drop = cumulative - sorted_logits.softmax(-1) > top_p  # keep the smallest prefix whose mass reaches top_p
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
+                 stop_tokens: list[int] | None = None, pad_id: int | None = None, start_pos: int = 0,
+                 attention_mask: Tensor | None = None, prefill_chunk: int | None = None) -> Tensor:
+        """Prompt + up to max_new_tokens new tokens, [B, T + n]; see `tapecli.model.generation`."""
+        return generate(self, input_ids, max_new_tokens, use_cache=use_cache, temperature=temperature, top_k=top_k,
+                        top_p=top_p, seed=seed, stop_tokens=stop_tokens, pad_id=pad_id, start_pos=start_pos,
+                        attention_mask=attention_mask, prefill_chunk=prefill_chunk)
 
 
 def count_parameters(model: nn.Module) -> dict[str, int]:

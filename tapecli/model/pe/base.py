@@ -36,6 +36,12 @@ class PositionState:
     def replace(self, **changes) -> PositionState:
         return replace(self, **changes)
 
+    def slice(self, start: int, end: int) -> PositionState:
+        """The state of tokens start..end-1 (e.g. one chunk of a prompt prefilled in pieces)."""
+        cut = {name: None if t is None else t[..., start:end, :] for name, t in (("rotary", self.rotary),
+                                                                                 ("scale", self.scale))}
+        return PositionState(positions=self.positions[..., start:end], **cut)
+
 
 def apply_rotary(x: Tensor, rotary: Tensor) -> Tensor:
     """Rotate each half-split pair (x_i, x_{i+d/2}) by the 2x2 map [[c, -s], [s, c]] held in `rotary`.
@@ -48,8 +54,18 @@ def apply_rotary(x: Tensor, rotary: Tensor) -> Tensor:
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
 
 
-def default_positions(batch: int, seq_len: int, start_pos: int, device: torch.device) -> Tensor:
-    return torch.arange(start_pos, start_pos + seq_len, device=device).unsqueeze(0)
+def default_positions(batch: int, seq_len: int, start_pos: int | Tensor, device: torch.device,
+                      attention_mask: Tensor | None = None) -> Tensor:
+    """Positions [1, T] = start_pos + 0..T-1; with a 0/1 `attention_mask` [B, T] they count only real tokens, so
+    each row's first real token sits at start_pos (an int, or [B] per row) and padding repeats its neighbour's."""
+    if attention_mask is None and not isinstance(start_pos, Tensor):
+        return torch.arange(start_pos, start_pos + seq_len, device=device).unsqueeze(0)
+    if attention_mask is None:
+        counted = torch.arange(seq_len, device=device).unsqueeze(0)
+    else:
+        counted = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    offset = start_pos.to(device).view(-1, 1) if isinstance(start_pos, Tensor) else start_pos
+    return counted + offset
 
 
 class LayerPE(nn.Module):
@@ -79,8 +95,14 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.config = config
 
-    def positions(self, batch: int, seq_len: int, start_pos: int, device: torch.device) -> Tensor:
-        return default_positions(batch, seq_len, start_pos, device)
+    def positions(self, batch: int, seq_len: int, start_pos: int | Tensor, device: torch.device,
+                  attention_mask: Tensor | None = None) -> Tensor:
+        return default_positions(batch, seq_len, start_pos, device, attention_mask)
+
+    def cache_key(self, positions: Tensor) -> object:
+        """What, besides each token's own position, the encoding of keys depends on. Cached keys stay valid only
+        while it is unchanged: None (never changes) except for RoPE's dynamic NTK scaling."""
+        return None
 
     def initial_state(self, positions: Tensor, dtype: torch.dtype) -> PositionState:
         """State entering layer 0; `dtype` is the model's parameter dtype (fp64 models get fp64 states)."""

@@ -29,9 +29,10 @@ class FIRELayer(LayerPE):
         return torch.log(torch.abs(self.c * z) + 1)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        distance = (q_pos[..., :, None] - k_pos[..., None, :]).float()  # [B, Tq, Tk]
+        dtype = self.c.dtype  # fp32, or fp64 in an fp64 model
+        distance = (q_pos[..., :, None] - k_pos[..., None, :]).to(dtype)  # [B, Tq, Tk]
         threshold = torch.abs(self.threshold_scale * self.threshold)
-        normaliser = self.psi(torch.maximum(q_pos.float(), threshold))[..., :, None] + EPS
+        normaliser = self.psi(torch.maximum(q_pos.to(dtype), threshold))[..., :, None] + EPS
         features = (self.psi(distance) / normaliser).unsqueeze(-1)  # [B, Tq, Tk, 1]
         return self.mlp(features).permute(0, 3, 1, 2)  # [B, H, Tq, Tk]
 

@@ -46,10 +46,11 @@ class RandPE(RoPE):
         self.max_range = max_range or 2 * config.max_seq_len
         self.per_layer = per_layer
 
-    def positions(self, batch: int, seq_len: int, start_pos: int, device: torch.device) -> Tensor:
+    def positions(self, batch: int, seq_len: int, start_pos: int | Tensor, device: torch.device,
+                  attention_mask: Tensor | None = None) -> Tensor:
         if self.training and not self.per_layer:
             return sample_sorted_positions(batch, seq_len, self.max_range, device)
-        return super().positions(batch, seq_len, start_pos, device)
+        return super().positions(batch, seq_len, start_pos, device, attention_mask)
 
     def make_layer(self, layer_idx: int) -> RotaryLayer:
         return PerLayerRandomRotary(self) if self.per_layer else RotaryLayer()

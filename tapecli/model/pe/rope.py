@@ -104,14 +104,23 @@ class RoPE(PositionalEncoding):
         self.inv_freq = inv_freq
 
     def frequencies(self, positions: Tensor) -> Tensor:
-        """Inverse frequencies for this forward; only dynamic NTK depends on the sequence length."""
+        """Inverse frequencies [d/2] for this forward. Only dynamic NTK depends on the sequence: each row of
+        positions [B, T] gets its own, from its own length (largest position + 1), returned as [B, 1, d/2]."""
         inv_freq = self.inv_freq
         if self.scaling == "dynamic":
-            seq_len = int(positions.max()) + 1
-            if seq_len > self.original_max_len:
-                inv_freq = dynamic_inv_freq(self.theta, self.config.head_dim, self.factor, seq_len,
-                                            self.original_max_len)
+            lengths = self.cache_key(positions)
+            if max(lengths) > self.original_max_len:
+                rows = [dynamic_inv_freq(self.theta, self.config.head_dim, self.factor, n, self.original_max_len)
+                        for n in lengths]
+                inv_freq = rows[0] if positions.dim() == 1 else torch.stack(rows).unsqueeze(-2)
         return inv_freq.to(positions.device)
+
+    def cache_key(self, positions: Tensor) -> object:
+        """Dynamic NTK: the per-row lengths its frequencies depend on (at least the original context)."""
+        if self.scaling != "dynamic":
+            return None
+        lengths = (positions.amax(-1) + 1).reshape(-1).tolist()
+        return tuple(max(int(n), self.original_max_len) for n in lengths)
 
     def rotary(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """[B or 1, 1, T, d]: cos of every pair's angle, then sin; fp32 (fp64 for fp64 models)."""

@@ -17,7 +17,8 @@ exactly what a RoPE model with the same shared weights computes.
 Storage: for each head and rotary pair i the state is a 2x2 block [[c, -s], [s, c]] (RoPE's rotation, later a
 scaled rotation); since every update treats all entries alike, the two halves that the official code stores
 (cos and sin duplicated over i and i + d/2) stay equal forever, so we keep one copy: E is [B, M, T, d] =
-[c_0..c_{d/2-1} | s_0..s_{d/2-1}], the same width as a value head, held in fp32 by default.
+[c_0..c_{d/2-1} | s_0..s_{d/2-1}], the same width as a value head, held in fp32 by default; its updates
+are computed in the state dtype, under autocast too (attention's average A E runs in the activation dtype).
 
 pe_args (plus every RoPE argument, which shapes the initial state):
   variant      paper: P is a real M x M head-mixing map (default);
@@ -50,6 +51,12 @@ GATE_INPUTS = ("mlp_out", "mlp_in", "residual")
 MIXES = ("heads", "full")
 AGGREGATIONS = ("concat", "separate")
 STATE_DTYPES = ("float32", "model")
+
+
+def state_precision(E: Tensor):
+    """The state's updates are small M x M maps: run them in the state's dtype (fp32 by default) even under
+    autocast, which would otherwise round them to bf16 and let the state drift."""
+    return torch.autocast(E.device.type, enabled=False)
 
 
 def mix_heads(weight: Tensor, E: Tensor) -> Tensor:
@@ -88,11 +95,13 @@ class TAPELayer(LayerPE):
         """aggregated = A E, per head: [B, M, T, d] in the state dtype."""
         if not self.attn_update:
             return state
-        if self.variant == "official":
-            # The official einsum `bqnd,qe->bqnd` sums the weight over its second index: a per-head scalar.
-            update = aggregated * self.post_attn_proj.weight.sum(-1).to(aggregated.dtype)[:, None, None]
-        else:
-            update = mix_heads(self.post_attn_proj.weight.to(aggregated.dtype), aggregated)
+        with state_precision(state.rotary):
+            weight = self.post_attn_proj.weight.to(aggregated.dtype)
+            if self.variant == "official":
+                # The official einsum `bqnd,qe->bqnd` sums the weight over its second index: a per-head scalar.
+                update = aggregated * weight.sum(-1)[:, None, None]
+            else:
+                update = mix_heads(weight, aggregated)
         return state.replace(rotary=state.rotary + update)
 
     def after_mlp(self, state: PositionState, mlp_in: Tensor, mlp_out: Tensor, hidden: Tensor) -> PositionState:
@@ -101,17 +110,18 @@ class TAPELayer(LayerPE):
             return state
         u = {"mlp_out": mlp_out, "mlp_in": mlp_in, "residual": hidden}[self.gate_input]
         E = state.rotary
-        gate = F.silu(self.x_proj(u)).to(E.dtype)  # [B, T, I]
-        w1, w2 = self.up_proj.weight.to(E.dtype), self.down_proj.weight.to(E.dtype)
-        if self.mix == "heads":
-            # Per token this is one M x M map, G_t = W2 diag(g_t) W1, applied to E_t: forming G first keeps the
-            # intermediates at M x M per token instead of I x d (1.5-3x faster for 12-32 heads).
-            G = torch.einsum("mi,bti,in->btmn", w2, gate, w1)
-            update = torch.einsum("btmn,bntd->bmtd", G, E)
-        else:
-            B, M, T, d = E.shape
-            mixed = E.transpose(1, 2).reshape(B, T, M * d)
-            update = F.linear(F.linear(mixed, w1) * gate, w2).reshape(B, T, M, d).transpose(1, 2)
+        with state_precision(E):
+            gate = F.silu(F.linear(u.to(E.dtype), self.x_proj.weight.to(E.dtype)))  # [B, T, I]
+            w1, w2 = self.up_proj.weight.to(E.dtype), self.down_proj.weight.to(E.dtype)
+            if self.mix == "heads":
+                # Per token this is one M x M map, G_t = W2 diag(g_t) W1, applied to E_t: forming G first keeps
+                # the intermediates at M x M per token instead of I x d (1.5-3x faster for 12-32 heads).
+                G = torch.einsum("mi,bti,in->btmn", w2, gate, w1)
+                update = torch.einsum("btmn,bntd->bmtd", G, E)
+            else:
+                B, M, T, d = E.shape
+                mixed = E.transpose(1, 2).reshape(B, T, M * d)
+                update = F.linear(F.linear(mixed, w1) * gate, w2).reshape(B, T, M, d).transpose(1, 2)
         return state.replace(rotary=E + update)
 
 
