@@ -13,7 +13,8 @@ def qa_rows(split: str, n: int = 6) -> list[dict]:
     for i in range(n):
         q = i // 2
         rows.append({"id": f"{split}-{q}", "pid": f"{split}-{q}_{i % 2}",
-                     "input": f"What is {q} plus one?\n\nThe document says that {q} plus one is {q + 1}. " * 2,
+                     "input": f"What is {q} plus one?\n\nThe document says that {q} plus one is {q + 1}. "
+                              + "Some more words. " * q,  # prompts of different lengths
                      "output": None if split == "test" else (f"{q + 1}" if i % 2 == 0 else f"the number {q + 1}")})
     return rows
 

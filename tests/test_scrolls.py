@@ -221,6 +221,11 @@ def test_train_then_eval_scrolls_from_the_cli(tmp_path):
     assert [s["id"] for s in samples] == list(predictions)
     assert all(s["new_tokens"] <= 3 and s["prompt_tokens"] <= 124 for s in samples)
 
+    # batching (left padding + attention mask) changes speed, not the answers
+    invoke("eval", "scrolls", "--model", str(run), "--task", "qasper", "--data", str(data_dir), "--batch-size", "1",
+           "--out", str(tmp_path / "one-by-one"))
+    assert json.loads((tmp_path / "one-by-one" / "qasper-validation" / "predictions.json").read_text()) == predictions
+
     # the score recomputed from predictions.json alone is the same
     scored = json.loads(invoke("eval", "scrolls", "--task", "qasper", "--predictions",
                                str(eval_dir / "predictions.json"), "--data", str(data_dir)))
