@@ -103,15 +103,16 @@ def read_model_config(checkpoint: Path) -> dict[str, Any]:
     return json.loads((checkpoint / MODEL_CONFIG).read_text())
 
 
-def load_weights(model: Transformer, checkpoint: Path) -> None:
-    """Copy a checkpoint's weights into `model`; any missing, unexpected or mis-shaped tensor is a TapeError."""
+def load_weights(model: Transformer, checkpoint: Path, missing_ok: set[str] | frozenset[str] = frozenset()) -> None:
+    """Copy a checkpoint's weights into `model`; any missing (except `missing_ok`: parameters new to the model,
+    which keep their initial values), unexpected or mis-shaped tensor is a TapeError."""
     from safetensors.torch import load_file
 
     state = load_file(str(checkpoint / WEIGHTS))
     expected = model.state_dict()
     if model.config.tie_embeddings:
         expected.pop("lm_head.weight", None)
-    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    missing, unexpected = sorted(set(expected) - set(state) - set(missing_ok)), sorted(set(state) - set(expected))
     if missing or unexpected:
         raise TapeError(f"{checkpoint / WEIGHTS} does not fit the model: missing {missing[:3]}, "
                         f"unexpected {unexpected[:3]}")

@@ -4,27 +4,25 @@ A recipe has four sections -- `model`, `data`, `train`, `eval` -- each a datacla
 default, so a recipe file only needs the keys it changes; the shipped recipes spell out every key anyway, with
 comments, so that they double as documentation. Values are type-checked against the dataclass annotations and
 then cross-checked (`Recipe.validate`); every user mistake raises `TapeError` with a one-line message naming
-the key.
+the key. `Recipe.set_keys` records which keys the file or an override wrote (defaults never count as set).
+
+This module owns the schema (the section dataclasses and their cross-checks); `recipe_values` type-checks values
+and applies `key=value` overrides, `recipe_files` finds shipped recipes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import math
-import re
-import types
-import typing
 from dataclasses import dataclass, field
-from importlib import resources
-from importlib.resources.abc import Traversable
-from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
 from tapecli.errors import TapeError
+from tapecli.recipe_files import list_recipes, locate, recipe_text
+from tapecli.recipe_values import Tree, apply_override, check_tree, fail
+
+__all__ = ["Recipe", "list_recipes", "load_recipe", "recipe_text"]
 
 DataKind = Literal["text", "pairs", "addition", "scrolls"]
 Schedule = Literal["linear", "cosine", "constant"]
@@ -127,12 +125,21 @@ class Recipe:
     data: DataSection = field(default_factory=DataSection)
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    # The dotted keys ("model.pe", "train.lr", ...) the recipe file or an override wrote; every other key holds its
+    # default. Only set keys may override what a checkpoint or a base model already says (tapecli.model.merge).
+    set_keys: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def from_dict(cls, data: Any, origin: str = "recipe") -> Recipe:
         """Build and validate a recipe from nested dicts (e.g. a run's recipe.yaml); `origin` names the source
         in error messages."""
-        return _build(_check_tree(data, origin))
+        return _build(check_tree(data, origin, _SECTIONS))
+
+    def set_values(self, section: str) -> dict[str, Any]:
+        """{key: value} of the keys of `section` that the user set."""
+        body = getattr(self, section)
+        return {f.name: getattr(body, f.name) for f in dataclasses.fields(body)
+                if f"{section}.{f.name}" in self.set_keys}
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved recipe as plain nested dicts (YAML/JSON-able)."""
@@ -177,59 +184,55 @@ class Recipe:
             ("train.log_every", t.log_every), ("eval.max_len", e.max_len), ("eval.samples", e.samples),
         ]:
             if value is not None and value <= 0:
-                _fail(key, f"must be a positive integer, got {value}")
+                fail(key, f"must be a positive integer, got {value}")
         for key, value in [
             ("model.norm_eps", m.norm_eps), ("model.init_std", m.init_std), ("train.lr", t.lr),
         ]:
             if not value > 0:
-                _fail(key, f"must be > 0, got {value}")
+                fail(key, f"must be > 0, got {value}")
         for key, value in [
             ("train.min_lr", t.min_lr), ("train.weight_decay", t.weight_decay), ("train.grad_clip", t.grad_clip),
             ("train.keep_last", t.keep_last), ("train.eval_every", t.eval_every), ("train.seed", t.seed),
         ]:
             if value < 0:
-                _fail(key, f"must be >= 0, got {value}")
+                fail(key, f"must be >= 0, got {value}")
         if m.dim % m.n_heads:
-            _fail("model.n_heads", f"{m.n_heads} does not divide model.dim ({m.dim})")
+            fail("model.n_heads", f"{m.n_heads} does not divide model.dim ({m.dim})")
         if m.n_kv_heads is not None and m.n_heads % m.n_kv_heads:
-            _fail("model.n_kv_heads", f"{m.n_kv_heads} does not divide model.n_heads ({m.n_heads})")
+            fail("model.n_kv_heads", f"{m.n_kv_heads} does not divide model.n_heads ({m.n_heads})")
         if d.seq_len > m.max_seq_len:
-            _fail("data.seq_len", f"{d.seq_len} exceeds model.max_seq_len ({m.max_seq_len})")
+            fail("data.seq_len", f"{d.seq_len} exceeds model.max_seq_len ({m.max_seq_len})")
         if not 0 <= d.val_fraction < 1:
-            _fail("data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
+            fail("data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
         if d.kind in ("text", "pairs") and not d.source:
-            _fail("data.source", f"data.kind '{d.kind}' needs a source (hub id, file, directory or glob)")
+            fail("data.source", f"data.kind '{d.kind}' needs a source (hub id, file, directory or glob)")
         if d.kind == "scrolls":
             from tapecli.data.scrolls import check_task
 
             check_task(d.task)
         if (d.kind == "addition") != (d.tokenizer == "addition"):
-            _fail("data.tokenizer", f"'{d.tokenizer}' does not fit data.kind '{d.kind}'; "
+            fail("data.tokenizer", f"'{d.tokenizer}' does not fit data.kind '{d.kind}'; "
                   "addition data and the `addition` tokenizer go together")
         if d.kind == "addition":
             if d.min_digits > d.max_digits:
-                _fail("data.min_digits", f"{d.min_digits} exceeds data.max_digits ({d.max_digits})")
+                fail("data.min_digits", f"{d.min_digits} exceeds data.max_digits ({d.max_digits})")
             # a + b = c <eos>, with c up to one digit longer than the operands
             needed = 3 * d.max_digits + 4
             if d.seq_len < needed:
-                _fail("data.seq_len", f"{d.seq_len} is too short for {d.max_digits}-digit addition "
+                fail("data.seq_len", f"{d.seq_len} is too short for {d.max_digits}-digit addition "
                       f"(needs {needed} tokens)")
         if t.batch_size % t.micro_batch_size:
-            _fail("train.batch_size", f"{t.batch_size} is not divisible by train.micro_batch_size "
+            fail("train.batch_size", f"{t.batch_size} is not divisible by train.micro_batch_size "
                   f"({t.micro_batch_size})")
         if t.min_lr > t.lr:
-            _fail("train.min_lr", f"{t.min_lr} exceeds train.lr ({t.lr})")
+            fail("train.min_lr", f"{t.min_lr} exceeds train.lr ({t.lr})")
         if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
-            _fail("train.betas", f"expected a list of 2 floats in [0, 1), got {t.betas}")
+            fail("train.betas", f"expected a list of 2 floats in [0, 1), got {t.betas}")
         if t.warmup < 0 or (t.warmup >= 1 and t.warmup != int(t.warmup)):
-            _fail("train.warmup", f"expected a fraction in [0, 1) or a whole number of steps, got {t.warmup}")
+            fail("train.warmup", f"expected a fraction in [0, 1) or a whole number of steps, got {t.warmup}")
         if t.warmup_steps >= t.max_steps:
-            _fail("train.warmup", f"{t.warmup_steps} warm-up steps must be fewer than train.max_steps "
+            fail("train.warmup", f"{t.warmup_steps} warm-up steps must be fewer than train.max_steps "
                   f"({t.max_steps})")
-
-
-def _fail(key: str, problem: str) -> typing.NoReturn:
-    raise TapeError(f"{key}: {problem}")
 
 
 def _pe_names() -> tuple[str, ...]:
@@ -239,228 +242,11 @@ def _pe_names() -> tuple[str, ...]:
     return PE_NAMES
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Type checking of values against the dataclass annotations
-
-
-@functools.cache
-def _field_types(section: str) -> dict[str, Any]:
-    return typing.get_type_hints(_SECTIONS[section])
-
-
-def _all_keys() -> list[str]:
-    return [f"{s}.{k}" for s in _SECTIONS for k in _field_types(s)]
-
-
-def _unknown_key(key: str, where: str = "") -> TapeError:
-    close = difflib.get_close_matches(key, _all_keys() + list(_SECTIONS), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return TapeError(f"{where}unknown key '{key}'{hint}")
-
-
-def _describe(tp: Any) -> str:
-    """Human wording of a type for error messages."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(str(a) for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args)
-    if origin is list:
-        return f"a list of {_describe(args[0])}s"
-    if origin is dict:
-        return "a mapping"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-            type(None): "null"}[tp]
-
-
-_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-def _exponent_floats(value: Any) -> Any:
-    """Turn `1e6`-style strings inside free-form mappings into floats (PyYAML reads them as strings)."""
-    if isinstance(value, dict):
-        return {k: _exponent_floats(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_exponent_floats(v) for v in value]
-    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value):
-        return float(value)
-    return value
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Return `value` converted to type `tp`, or raise TapeError naming `key`.
-
-    YAML (1.1, as PyYAML reads it) parses `1e-4` as a string, so numeric strings are accepted for numbers;
-    integers accept whole floats (`1e4`) but never fractions, and `true`/`false` are never numbers.
-    """
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except TapeError:
-                pass
-        _fail(key, f"expected {_describe(tp)}, got {value!r}")
-    if origin is Literal:
-        if value not in args:
-            _fail(key, f"expected one of {', '.join(str(a) for a in args)}; got {value!r}")
-        return value
-    if origin is list:
-        if isinstance(value, str) and args[0] is str:
-            return [value]  # `train.freeze=*` means ["*"]
-        if not isinstance(value, (list, tuple)):
-            _fail(key, f"expected {_describe(tp)}, got {value!r}")
-        return [_coerce(v, args[0], key) for v in value]
-    if origin is dict:
-        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-            _fail(key, f"expected a mapping with string keys, got {value!r}")
-        return _exponent_floats(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            _fail(key, f"expected true or false, got {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            _fail(key, f"expected a string, got {value!r}")
-        return value
-    if tp in (int, float) and not isinstance(value, bool):
-        number = value
-        if isinstance(value, str):
-            try:
-                number = float(value.replace("_", ""))
-            except ValueError:
-                number = None
-        if isinstance(number, (int, float)) and math.isfinite(number):
-            if tp is float:
-                return float(number)
-            if number == int(number):
-                return int(number)
-    _fail(key, f"expected {_describe(tp)}, got {value!r}")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Building recipes from trees and overrides
-
-
-def _check_tree(data: Any, origin: str) -> dict[str, dict[str, Any]]:
-    """Type-check a parsed recipe file: known sections holding known keys with values of the right type."""
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise TapeError(f"{origin}: expected a mapping of sections (model, data, train, eval)")
-    tree: dict[str, dict[str, Any]] = {}
-    for section, body in data.items():
-        if section not in _SECTIONS:
-            raise _unknown_key(str(section), f"{origin}: ")
-        if body is not None and not isinstance(body, dict):
-            raise TapeError(f"{origin}: section '{section}' must be a mapping of keys")
-        hints = _field_types(section)
-        tree[section] = {}
-        for key, value in (body or {}).items():
-            if key not in hints:
-                raise _unknown_key(f"{section}.{key}", f"{origin}: ")
-            try:
-                tree[section][key] = _coerce(value, hints[key], f"{section}.{key}")
-            except TapeError as err:
-                raise TapeError(f"{origin}: {err}") from None
-    return tree
-
-
-def _build(tree: dict[str, dict[str, Any]]) -> Recipe:
+def _build(tree: Tree) -> Recipe:
     recipe = Recipe(**{name: cls(**tree.get(name, {})) for name, cls in _SECTIONS.items()})
+    recipe.set_keys = frozenset(f"{section}.{key}" for section, body in tree.items() for key in body)
     recipe.validate()
     return recipe
-
-
-def _apply_override(tree: dict[str, dict[str, Any]], override: str) -> None:
-    """Apply one `section.key=value` (or `model.pe_args.a.b=value`) override to a type-checked recipe tree."""
-    key, sep, raw = override.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise TapeError(f"override '{override}' must look like key=value (e.g. train.max_steps=200)")
-    parts = key.split(".")
-    section = parts[0]
-    if section not in _SECTIONS:
-        raise _unknown_key(key)
-    if len(parts) == 1:
-        raise TapeError(f"'{key}' is a section; set one of its keys, e.g. {key}.<key>=value")
-    hints = _field_types(section)
-    name = parts[1]
-    if name not in hints or (len(parts) > 2 and typing.get_origin(hints[name]) is not dict):
-        raise _unknown_key(key)
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        value = raw  # e.g. a glob like `*.pe.*`, which YAML reads as an alias
-    body = tree.setdefault(section, {})
-    if len(parts) == 2:
-        if isinstance(value, (int, float, bool)) and _accepts_str(hints[name]):
-            value = raw.strip()  # keep `data.source=2024` or `data.tokenizer=1.0` as written
-        body[name] = _coerce(value, hints[name], key)
-        return
-    # A key inside the free-form mapping (model.pe_args.scaling.factor=4): create missing levels.
-    if not isinstance(body.get(name), dict):
-        body[name] = {}
-    node = body[name]
-    for part in parts[2:-1]:
-        if not isinstance(node.get(part), dict):
-            node[part] = {}
-        node = node[part]
-    node[parts[-1]] = _exponent_floats(value)
-
-
-def _accepts_str(tp: Any) -> bool:
-    args = typing.get_args(tp)
-    return tp is str or (str in args) or (typing.get_origin(tp) is Literal and any(isinstance(a, str) for a in args))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Shipped recipes
-
-
-def _shipped_dir() -> Traversable:
-    """The folder of shipped recipes: package data `tapecli.recipes`, or `recipes/` of a source checkout."""
-    try:
-        return resources.files("tapecli.recipes")
-    except ModuleNotFoundError:  # running from a checkout that was never `pip install`ed
-        return Path(__file__).resolve().parent.parent / "recipes"
-
-
-def _shipped() -> dict[str, Traversable]:
-    return {p.name[: -len(".yaml")]: p for p in _shipped_dir().iterdir() if p.name.endswith(".yaml")}
-
-
-def list_recipes() -> list[tuple[str, str]]:
-    """(name, one-line description) of every shipped recipe, sorted by name; the description is the file's
-    first comment line."""
-    out = []
-    for name, path in sorted(_shipped().items()):
-        first = next((ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.startswith("#")), "#")
-        out.append((name, first.lstrip("#").strip()))
-    return out
-
-
-def _locate(recipe: str) -> tuple[str, str]:
-    """(origin for messages, YAML text) of a recipe path or shipped name; an existing file wins over a name."""
-    path = Path(recipe).expanduser()
-    if path.is_file():
-        return str(path), path.read_text(encoding="utf-8")
-    shipped = _shipped()
-    name = recipe[: -len(".yaml")] if recipe.endswith(".yaml") else recipe
-    if name in shipped:
-        return f"{name}.yaml", shipped[name].read_text(encoding="utf-8")
-    close = difflib.get_close_matches(name, list(shipped), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    raise TapeError(f"recipe '{recipe}' not found{hint}; shipped recipes: {', '.join(sorted(shipped))}")
-
-
-def recipe_text(recipe: str) -> str:
-    """The YAML text, comments included, of a shipped recipe name or a recipe path (for `tape recipes show`)."""
-    return _locate(recipe)[1]
 
 
 def load_recipe(recipe: str, overrides: list[str] | None = None) -> Recipe:
@@ -469,13 +255,13 @@ def load_recipe(recipe: str, overrides: list[str] | None = None) -> Recipe:
     Overrides use dotted keys (`train.max_steps=200`, `model.pe_args.theta=500000`); values are read as YAML
     (`null`, `true`, `[0.9, 0.95]`) and type-checked against the schema. Raises TapeError on any mistake.
     """
-    origin, text = _locate(recipe)
+    origin, text = locate(recipe)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
         problem = " ".join(str(err).split())
         raise TapeError(f"{origin}: not valid YAML: {problem}") from None
-    tree = _check_tree(data, origin)
+    tree = check_tree(data, origin, _SECTIONS)
     for override in overrides or []:
-        _apply_override(tree, override)
+        apply_override(tree, override, _SECTIONS)
     return _build(tree)

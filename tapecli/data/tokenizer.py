@@ -40,6 +40,9 @@ class Tokenizer:
     bos_id: int
     eos_id: int
     pad_id: int
+    # Ids a model's own files named (an imported Hugging Face model), saved in tokenizer_meta.json so that
+    # load_tokenizer_dir gives them back; None: the tokenizer finds its ids itself.
+    specials: dict[str, int] | None = None
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -50,8 +53,24 @@ class Tokenizer:
     def save(self, directory: str | Path) -> Path:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / META_FILE).write_text(json.dumps({"kind": self.kind}) + "\n")
+        meta: dict = {"kind": self.kind}
+        if self.specials:
+            meta["specials"] = self.specials
+        (directory / META_FILE).write_text(json.dumps(meta) + "\n")
         return directory
+
+    def _set_specials(self, specials: dict[str, int | str] | None, to_id: Callable[[str], int | None]) -> None:
+        """Apply explicit `{"bos"|"eos"|"pad": id or token text}`; unknown token texts are a TapeError."""
+        if not specials:
+            return
+        resolved = {}
+        for kind, value in specials.items():
+            token_id = to_id(value) if isinstance(value, str) else value
+            if token_id is None or token_id < 0:
+                raise TapeError(f"{self.path}: the {kind} token {value!r} is not in the vocabulary")
+            resolved[kind] = int(token_id)
+            setattr(self, f"{kind}_id", int(token_id))
+        self.specials = resolved
 
 
 class ByteTokenizer(Tokenizer):
@@ -76,17 +95,23 @@ class SentencePieceTokenizer(Tokenizer):
     kind = "sentencepiece"
     file_name = "tokenizer.model"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, specials: dict[str, int | str] | None = None) -> None:
         import sentencepiece as spm
 
         self.path = path
         self.sp = spm.SentencePieceProcessor(model_file=str(path))
         self.vocab_size = self.sp.get_piece_size()
-        self.bos_id, self.eos_id = self.sp.bos_id(), self.sp.eos_id()
+        self.bos_id, self.eos_id, self.pad_id = self.sp.bos_id(), self.sp.eos_id(), self.sp.pad_id()
+        self._set_specials(specials, self._piece_id)
         if self.bos_id < 0 or self.eos_id < 0:
             raise TapeError(f"sentencepiece model {path} has no BOS/EOS pieces; train it with bos_id and eos_id set")
         # Many public models (e.g. Llama's) define no pad piece; padding with EOS is harmless since pads are masked.
-        self.pad_id = self.sp.pad_id() if self.sp.pad_id() >= 0 else self.eos_id
+        if self.pad_id < 0:
+            self.pad_id = self.eos_id
+
+    def _piece_id(self, piece: str) -> int | None:
+        token_id = self.sp.piece_to_id(piece)
+        return None if token_id == self.sp.unk_id() and piece != self.sp.id_to_piece(token_id) else token_id
 
     def encode(self, text: str) -> list[int]:
         return self.sp.encode(text, out_type=int)
@@ -112,7 +137,7 @@ class HFTokenizer(Tokenizer):
     kind = "huggingface"
     file_name = "tokenizer.json"
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, specials: dict[str, int | str] | None = None) -> None:
         from tokenizers import Tokenizer as HFBackend
 
         self.path = path
@@ -121,14 +146,14 @@ class HFTokenizer(Tokenizer):
         except Exception as e:  # the Rust side raises a bare Exception for malformed files
             raise TapeError(f"{path} is not a valid tokenizer.json: {e}") from None
         self.vocab_size = self.tk.get_vocab_size(with_added_tokens=True)
-        bos, eos = self._find(_HF_BOS), self._find(_HF_EOS)
-        if bos is None or eos is None:
+        self.bos_id, self.eos_id, self.pad_id = self._find(_HF_BOS), self._find(_HF_EOS), self._find(_HF_PAD)
+        self._set_specials(specials, self.tk.token_to_id)
+        if self.bos_id is None or self.eos_id is None:
             raise TapeError(
                 f"{path} has no recognisable BOS/EOS token (looked for {', '.join(dict.fromkeys(_HF_BOS + _HF_EOS))})"
             )
-        self.bos_id, self.eos_id = bos, eos
-        pad = self._find(_HF_PAD)
-        self.pad_id = eos if pad is None else pad
+        if self.pad_id is None:
+            self.pad_id = self.eos_id
 
     def _find(self, candidates: tuple[str, ...]) -> int | None:
         for token in candidates:
@@ -205,13 +230,14 @@ def load_tokenizer_dir(directory: str | Path) -> Tokenizer:
     meta_path = directory / META_FILE
     if not meta_path.is_file():
         raise TapeError(f"{meta_path} does not exist; is {directory} a saved tokenizer directory?")
-    kind = json.loads(meta_path.read_text())["kind"]
+    meta = json.loads(meta_path.read_text())
+    kind, specials = meta["kind"], meta.get("specials")
     if kind == "byte":
         return ByteTokenizer()
     if kind == SentencePieceTokenizer.kind:
-        return SentencePieceTokenizer(_existing_file(directory / SentencePieceTokenizer.file_name))
+        return SentencePieceTokenizer(_existing_file(directory / SentencePieceTokenizer.file_name), specials)
     if kind == HFTokenizer.kind:
-        return HFTokenizer(_existing_file(directory / HFTokenizer.file_name))
+        return HFTokenizer(_existing_file(directory / HFTokenizer.file_name), specials)
     registry = _registry()
     if kind in registry:
         return registry[kind]()

@@ -22,6 +22,7 @@ class ModelConfig:
     n_layers: int
     n_heads: int
     n_kv_heads: int | None = None  # None = n_heads (plain multi-head attention)
+    head_dim: int | None = None  # None = dim / n_heads; imported models may set it explicitly (HF `head_dim`)
     ffn_dim: int | None = None  # None = 8/3 * dim rounded up to a multiple of 64 (Llama's rule)
     max_seq_len: int = 2048
     pe: str = "rope"
@@ -44,10 +45,12 @@ class ModelConfig:
                 raise ValueError(f"model.{key}: expected a positive integer, got {value!r}")
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
-        if self.dim % self.n_heads:
-            raise ValueError(f"model.dim: {self.dim} is not divisible by model.n_heads={self.n_heads}")
-        if self.head_dim % 2:
-            raise ValueError(f"model.dim: head dim {self.head_dim} (dim / n_heads) must be even for rotary PEs")
+        if self.head_dim is None:
+            if self.dim % self.n_heads:
+                raise ValueError(f"model.dim: {self.dim} is not divisible by model.n_heads={self.n_heads}")
+            self.head_dim = self.dim // self.n_heads
+        if not isinstance(self.head_dim, int) or self.head_dim <= 0 or self.head_dim % 2:
+            raise ValueError(f"model.head_dim: {self.head_dim!r} must be a positive even integer (rotary pairs)")
         if self.n_kv_heads <= 0 or self.n_heads % self.n_kv_heads:
             raise ValueError(f"model.n_kv_heads: {self.n_kv_heads} must divide model.n_heads={self.n_heads}")
         if self.ffn_dim is None:
@@ -58,10 +61,6 @@ class ModelConfig:
         if self.abacus and len(set(self.abacus_digit_ids)) != 10:
             raise ValueError("model.abacus: needs model.abacus_digit_ids (the 10 distinct digit token ids of the "
                              "tokenizer)")
-
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

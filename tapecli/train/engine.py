@@ -38,15 +38,13 @@ from tapecli.checkpoint import (
 )
 from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
+from tapecli.model.merge import new_parameter_names
 from tapecli.recipe import Recipe
 from tapecli.run import CHECKPOINTS, METRICS, MetricsLog, write_run_files
 from tapecli.train import distributed
 from tapecli.train.distributed import DistEnv
 from tapecli.train.optim import build_optimizer, build_scheduler
 from tapecli.train.progress import TrainProgress
-
-# Model keys that change parameter shapes: a fine-tuning recipe may not change them.
-_SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "pe", "tie_embeddings", "abacus")
 
 
 @dataclass
@@ -105,7 +103,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     weights_from = resume_from or init_checkpoint
 
     tokenizer = _load_tokenizer(recipe, weights_from)
-    config = _model_config(recipe, tokenizer, weights_from)
+    config, grown = _model_config(recipe, tokenizer, weights_from)
     # The resolved recipe describes the model actually trained (vocab size, or a fine-tuned checkpoint's shape).
     for f in dataclasses.fields(recipe.model):
         setattr(recipe.model, f.name, config.to_dict()[f.name])
@@ -116,7 +114,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     seed_everything(t.seed)
     model = Transformer(config)
     if weights_from is not None:
-        load_weights(model, weights_from)
+        load_weights(model, weights_from, missing_ok=new_parameter_names(model) if grown else set())
     apply_freeze(model, t.freeze, t.unfreeze)
     counts = count_parameters(model)
     if counts["trainable"] == 0:
@@ -190,33 +188,23 @@ def _load_tokenizer(recipe: Recipe, checkpoint: Path | None) -> Any:
     return load_tokenizer(recipe.data.tokenizer)
 
 
-def _model_config(recipe: Recipe, tokenizer: Any, checkpoint: Path | None) -> Any:
-    """The ModelConfig to build: the recipe's, or a checkpoint's with the recipe's shape-neutral changes."""
+def _model_config(recipe: Recipe, tokenizer: Any, checkpoint: Path | None) -> tuple[Any, bool]:
+    """(ModelConfig to build, whether its PE grew): the recipe's, or a checkpoint's merged with the keys the recipe
+    set (tapecli.model.merge owns the rule)."""
     from tapecli.model import ModelConfig
+    from tapecli.model.merge import merge_model_config
 
-    if checkpoint is None:
-        kwargs = recipe.model_config_kwargs(tokenizer.vocab_size)
-        if kwargs["abacus"]:
-            if not hasattr(tokenizer, "digit_ids"):
-                raise TapeError("model.abacus: needs a tokenizer with digit ids (data.tokenizer: addition)")
-            kwargs["abacus_digit_ids"] = list(tokenizer.digit_ids)
-        origin = "recipe"
-    else:
-        kwargs = read_model_config(checkpoint)
-        defaults = type(recipe.model)()
-        # A recipe key still at its default says nothing; one that was set must agree with the checkpoint's shape.
-        for key, value in dataclasses.asdict(recipe.model).items():
-            if value == getattr(defaults, key) or value == kwargs.get(key):
-                continue
-            if key in _SHAPE_KEYS:
-                raise TapeError(f"model.{key}: the recipe asks for {value!r} but {checkpoint} has {kwargs.get(key)!r}; "
-                                "a checkpoint's architecture cannot change (drop the key or match it)")
-            kwargs[key] = value
-        origin = str(checkpoint)
+    if checkpoint is not None:
+        return merge_model_config(read_model_config(checkpoint), recipe.set_values("model"), str(checkpoint))
+    kwargs = recipe.model_config_kwargs(tokenizer.vocab_size)
+    if kwargs["abacus"]:
+        if not hasattr(tokenizer, "digit_ids"):
+            raise TapeError("model.abacus: needs a tokenizer with digit ids (data.tokenizer: addition)")
+        kwargs["abacus_digit_ids"] = list(tokenizer.digit_ids)
     try:
-        return ModelConfig.from_dict(kwargs)
+        return ModelConfig.from_dict(kwargs), False
     except ValueError as e:
-        raise TapeError(f"{origin}: {e}") from None
+        raise TapeError(f"recipe: {e}") from None
 
 
 def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Dataset, Dataset | None]:
@@ -246,6 +234,11 @@ def apply_freeze(model: nn.Module, freeze: list[str], unfreeze: list[str]) -> No
     """Freeze parameters whose name matches a `freeze` glob, then unfreeze those matching an `unfreeze` glob.
     Parameters the model declares inert (they never get a gradient) stay frozen, which DDP requires."""
     inert = getattr(model, "inert_parameters", set())
+    names = [name for name, _ in model.named_parameters()]
+    for key, patterns in (("train.freeze", freeze), ("train.unfreeze", unfreeze)):
+        for pattern in patterns:
+            if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+                raise TapeError(f"{key}: pattern {pattern!r} matches no parameter (names look like {names[-1]!r})")
     for name, param in model.named_parameters():
         frozen = any(fnmatch.fnmatchcase(name, p) for p in freeze)
         if frozen and any(fnmatch.fnmatchcase(name, p) for p in unfreeze):

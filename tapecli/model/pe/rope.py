@@ -28,10 +28,11 @@ def default_inv_freq(theta: float, dim: int) -> Tensor:
 
 
 def dynamic_inv_freq(theta: float, dim: int, factor: float, seq_len: int, original_max_len: int) -> Tensor:
-    """Dynamic NTK: enlarge the base once a sequence grows past the original context."""
-    seq_len = max(seq_len, original_max_len)
+    """Dynamic NTK: enlarge the base once a sequence grows past the original context. The base is a float32
+    tensor, as in transformers, so the frequencies match it bit for bit."""
+    seq_len = torch.tensor(max(seq_len, original_max_len))
     base = theta * ((factor * seq_len / original_max_len) - (factor - 1)) ** (dim / (dim - 2))
-    return default_inv_freq(base, dim)
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
 
 def yarn_inv_freq(theta: float, dim: int, factor: float, original_max_len: int, beta_fast: float, beta_slow: float,

@@ -1,0 +1,78 @@
+"""The one rule for combining a saved model's configuration with what a recipe asks for.
+
+Used whenever training starts from existing weights (`tape finetune`, `train.init_from`, `tape extend-context`):
+
+    config, grown = merge_model_config(saved, requested, origin)
+
+`saved` is the checkpoint's (or imported base model's) `ModelConfig.to_dict()`; `requested` holds ONLY the model keys
+the user set (recipe file or override: `Recipe.set_values("model")`), never defaults. The rule:
+- keys that fix parameter shapes (SHAPE_KEYS) must equal the saved value, with one exception: the PE may grow from
+  `rope` to `tape`. TAPE is RoPE plus per-layer modules whose updates start at exactly zero, so the grown model
+  computes what the saved one computes; `grown` is then True and the new parameters (`new_parameter_names`) are
+  the only ones the saved weights lack;
+- every other set key replaces the saved value (`max_seq_len`, `norm_eps`, ...), and `pe_args` is merged key by key
+  over the saved `pe_args` (so RoPE's theta and scaling carry over into TAPE unless the recipe changes them).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from tapecli.errors import TapeError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from tapecli.model.config import ModelConfig
+
+SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "pe",
+              "tie_embeddings", "abacus", "abacus_digit_ids")
+GROWTH = {("rope", "tape")}  # (saved pe, requested pe) pairs whose new parameters start as the identity
+
+
+def _normalised(key: str, value: Any, merged: dict[str, Any]) -> Any:
+    """What ModelConfig makes of a `null` it is given (n_kv_heads = n_heads, ffn_dim = Llama's 8/3 rule)."""
+    if value is not None:
+        return value
+    if key == "n_kv_heads":
+        return merged["n_heads"]
+    if key == "ffn_dim":
+        return 64 * math.ceil(8 * merged["dim"] / 3 / 64)
+    if key == "head_dim":
+        return merged["dim"] // merged["n_heads"]
+    return None
+
+
+def merge_model_config(saved: dict[str, Any], requested: dict[str, Any], origin: str) -> tuple[ModelConfig, bool]:
+    """(the config to build, whether the PE grew from rope to tape). Raises TapeError naming the first key that
+    would change a shape."""
+    from tapecli.model.config import ModelConfig
+
+    merged = dict(saved)
+    grown = False
+    for key, value in requested.items():
+        if key == "vocab_size" and value is None:
+            continue  # "take it from the tokenizer": the saved model's vocabulary
+        if key == "pe_args":
+            merged["pe_args"] = {**saved.get("pe_args", {}), **(value or {})}
+            continue
+        value = _normalised(key, value, {**saved, **{k: v for k, v in requested.items() if v is not None}})
+        if value == saved.get(key):
+            continue
+        if key in SHAPE_KEYS:
+            if key == "pe" and (saved.get("pe"), value) in GROWTH:
+                grown = True
+            else:
+                raise TapeError(f"model.{key}: the recipe asks for {value!r} but {origin} has {saved.get(key)!r}; "
+                                "shapes cannot change (only pe may grow from rope to tape)")
+        merged[key] = value
+    try:
+        return ModelConfig.from_dict(merged), grown
+    except ValueError as e:
+        raise TapeError(f"{origin}: {e}") from None
+
+
+def new_parameter_names(model: nn.Module) -> set[str]:
+    """The parameters a grown model has and its saved rope model lacks: those of the positional encoding."""
+    return {name for name, _ in model.named_parameters() if ".pe." in f".{name}"}
