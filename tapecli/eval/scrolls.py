@@ -102,11 +102,12 @@ def evaluate_task(spec: str, task: str, run: ScrollsRun, out: str | None, label:
     rows = data.load_split(task, run.split, run.data)
     examples = data.group_examples(rows)[: run.limit]
     settings = {
-        "task": task, "split": run.split, "data": run.data or data.HUB_REPO, "model": opened.record(),
+        "task": task, "split": run.split, "model": opened.record(),
+        "data": data.HUB_REPO if data.is_hub(run.data) else str(Path(run.data).expanduser().resolve()),
         "compat": compat, "seq_len": seq_len, "prompt_tokens": budgets.prompt, "max_new_tokens": budgets.target,
         "decoding": {"sample": True, "temperature": 1.0, "top_k": SAMPLE_TOP_K, "seed": run.seed} if sample
-        else {"sample": False}, "limit": run.limit, "protocol": PROTOCOL,
-    }
+        else {"sample": False}, "protocol": PROTOCOL,
+    }  # --limit is not a setting: a limited run's examples count towards the full one
     out_dir = _out_dir(opened, task, run.split, out, label)
     wanted = {e.id for e in examples}
     tok = opened.tokenizer
@@ -124,7 +125,7 @@ def evaluate_task(spec: str, task: str, run: ScrollsRun, out: str | None, label:
         by_id = {r["id"]: r for r in log.rows}
     predictions = {e.id: by_id[e.id]["prediction"] for e in examples}
     write_json(out_dir / PREDICTIONS_FILE, predictions)
-    results: dict[str, Any] = {"task": task, "split": run.split, "model": opened.name}
+    results: dict[str, Any] = {"task": task, "split": run.split, "model": opened.name, "limit": run.limit}
     if all(e.references for e in examples):
         results.update(metric.score_predictions(task, predictions, data.references_by_id(examples)))
     else:
