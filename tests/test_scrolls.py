@@ -292,3 +292,39 @@ def test_all_tasks_table_official_compat_and_seeded_sampling(tmp_path):
         assert runs[-1]["settings"]["decoding"] == {"sample": True, "temperature": 1.0, "top_k": 3, "seed": 3}
     predictions = [(tmp_path / n / "qmsum-validation" / "predictions.json").read_text() for n in "ab"]
     assert predictions[0] == predictions[1]
+
+
+@pytest.mark.slow
+def test_eval_of_a_hugging_face_llama_equals_transformers_greedy_generate(tmp_path):
+    """Answers of a real HF Llama directory (Llama-2-style SentencePiece tokenizer) equal transformers' own greedy
+    decoding of the same prompts, batched with left padding; the official compat pads with vocab_size - 1."""
+    import torch
+
+    pytest.importorskip("transformers")
+    from hf_helpers import make_hf_llama
+
+    from tapecli.eval.common import open_model
+
+    hf = make_hf_llama(tmp_path / "hf", tokenizer="sp", max_position_embeddings=256, vocab=60)  # = the SP vocab
+    summaries = {"validation": [{**row, "output": f"summary {i}"} for i, row in enumerate(qa_rows("validation"))]}
+    data_dir = tmp_path / "scrolls"
+    write_scrolls_zip(data_dir, "gov_report", summaries)
+    invoke("eval", "scrolls", "--model", str(tmp_path / "hf"), "--task", "gov_report", "--data", str(data_dir),
+           "--seq-len", "256", "--compat", "official", "--batch-size", "3", "--out", str(tmp_path / "out"))
+    eval_dir = tmp_path / "out" / "gov_report-validation"
+    results = json.loads((eval_dir / "results.json").read_text())
+    assert results["settings"]["compat"] == "official" and results["settings"]["max_new_tokens"] == 31
+    predictions = json.loads((eval_dir / "predictions.json").read_text())
+    lines = (eval_dir / "samples.jsonl").read_text().splitlines()
+    samples = {row["id"]: row for row in map(json.loads, lines)}
+    tok = open_model(str(tmp_path / "hf")).tokenizer
+    budgets = Budgets.for_task("gov_report", 256)
+    rows = load_split("gov_report", "validation", str(data_dir))
+    for example in group_examples(rows):
+        prompt = prompt_ids(tok, "gov_report", rows[example.row]["input"], budgets, "official")
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=31, do_sample=False, eos_token_id=tok.eos_id,
+                              pad_token_id=tok.eos_id)[0, len(prompt):].tolist()
+        assert predictions[example.id] == scrolls_eval.decode_answer(tok, out) and max(out) < tok.vocab_size
+        assert samples[example.id]["new_tokens"] == (out.index(tok.eos_id) if tok.eos_id in out else len(out))
+    assert any(predictions.values())

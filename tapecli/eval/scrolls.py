@@ -165,14 +165,20 @@ def _generate(model: Any, tok: Any, prompts: list[list[int]], max_new: int, run:
 
 
 def _sample_row(task: str, example: data.Example, prompt: list[int], new: list[int], tok: Any) -> dict[str, Any]:
-    if tok.eos_id in new:
-        new = new[: new.index(tok.eos_id)]
-    prediction = tok.decode(new).strip()
+    prediction = decode_answer(tok, new)
     row = {"id": example.id, "prediction": prediction, "references": example.references,
            "prompt_tokens": len(prompt), "new_tokens": len(new)}
     if example.references:
         row.update({k: round(v, 4) for k, v in metric.example_scores(task, prediction, example.references).items()})
     return row
+
+
+def decode_answer(tok: Any, new: list[int]) -> str:
+    """The text of generated tokens: up to the first EOS, without special tokens (and without ids past the
+    tokenizer's vocabulary, which a model with a padded embedding can emit), stripped."""
+    if tok.eos_id in new:
+        new = new[: new.index(tok.eos_id)]
+    return tok.decode([t for t in new if t < tok.vocab_size]).strip()
 
 
 def _run_recipe(opened: Any) -> Any:
