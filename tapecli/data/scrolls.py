@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tapecli.data.sources import _OFFLINE_MARKERS
 from tapecli.errors import TapeError
 
 QA_TASKS = ("qasper", "narrative_qa", "quality", "contract_nli")
@@ -55,8 +56,6 @@ OFFICIAL_TAIL = 7  # summaries, compat official: prompt tokens kept from the end
 SUMMARY_PREFIX = "Context:\n"
 SUMMARY_SUFFIX = "\n Please summarize this report:"
 
-_OFFLINE_MARKERS = ("Couldn't reach", "couldn't connect", "OfflineModeIsEnabled", "offline mode is enabled",
-                    "Offline mode is enabled", "Name or service not known")
 
 
 def check_task(task: str | None, key: str = "data.task") -> str:
@@ -116,7 +115,8 @@ def load_split(task: str, split: str, source: str | None = None) -> Any:
     except (OSError, datasets.exceptions.DatasetGenerationError) as e:
         cause = e.__cause__ if isinstance(e, datasets.exceptions.DatasetGenerationError) and e.__cause__ else e
         text = str(cause)
-        if is_hub(source) and any(m in text for m in _OFFLINE_MARKERS):
+        # huggingface_hub's OfflineModeIsEnabled is a ConnectionError; a failed lookup says so in its text
+        if is_hub(source) and (isinstance(cause, ConnectionError) or any(m in text for m in _OFFLINE_MARKERS)):
             raise TapeError(offline_hint(task)) from None
         if "No such file" in text or isinstance(cause, (FileNotFoundError, KeyError)):
             raise TapeError(f"SCROLLS data for {task}: {split}.jsonl not found in {source}") from None
