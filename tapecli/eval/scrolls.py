@@ -27,7 +27,7 @@ from typing import Any
 from tapecli.data import scrolls as data
 from tapecli.errors import TapeError
 from tapecli.eval import scrolls_metric as metric
-from tapecli.eval.common import RESULTS_FILE, SamplesLog, open_model, progress_bar, write_json
+from tapecli.eval.common import RESULTS_FILE, OpenedModel, SamplesLog, open_model, progress_bar, write_json
 
 PROTOCOL = (
     "SCROLLS (method.md 4.3): one example per id (all of its rows' outputs are references); prompt = the "
@@ -72,9 +72,12 @@ def run_scrolls_eval(models: list[str], tasks: list[str], run: ScrollsRun, out: 
         data.check_task(task, "--task")
     results = []
     for spec, label in zip(models, model_labels(models), strict=True):
-        row = []
+        row, opened = [], None
         for task in tasks:
-            row.append(evaluate_task(spec, task, run, out, label=label if len(models) > 1 else None,
+            if opened is None or "{task}" in spec:  # one model for all tasks unless the spec names one per task
+                opened = open_model(spec.replace("{task}", task), dtype=run.dtype, device=run.device,
+                                    pe_args=run.pe_args)
+            row.append(evaluate_task(opened, task, run, out, label=label if len(models) > 1 else None,
                                      show_progress=show_progress))
         results.append(row)
     return results
@@ -86,11 +89,10 @@ def model_labels(models: list[str]) -> list[str]:
     return labels if len(set(labels)) == len(labels) else list(models)
 
 
-def evaluate_task(spec: str, task: str, run: ScrollsRun, out: str | None, label: str | None = None,
+def evaluate_task(opened: OpenedModel, task: str, run: ScrollsRun, out: str | None, label: str | None = None,
                   show_progress: bool = True) -> dict[str, Any]:
-    """Evaluate (or resume) one model on one task; returns what results.json holds. With `label`, the output
-    folder is OUT/label/TASK-SPLIT (several models), else OUT/TASK-SPLIT."""
-    opened = open_model(spec.replace("{task}", task), dtype=run.dtype, device=run.device, pe_args=run.pe_args)
+    """Evaluate (or resume) one opened model on one task; returns what results.json holds. With `label`, the
+    output folder is OUT/label/TASK-SPLIT (several models), else OUT/TASK-SPLIT."""
     recipe = _run_recipe(opened)
     trained = recipe is not None and recipe.data.kind == "scrolls"
     compat = run.compat or (recipe.data.compat if trained else "clean")
