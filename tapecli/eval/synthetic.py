@@ -186,9 +186,12 @@ def run_synthetic_eval(models: list[str], splits: list[str], samples: int | None
     """
     if not models:
         raise TapeError("--model: give at least one run or checkpoint directory")
+    opened = [open_model(name, device) for name in models]
+    tasks = sorted({recipe.data.kind for _, _, recipe in opened})
+    if len(tasks) > 1:
+        raise TapeError(f"--model: the runs were trained on different tasks ({', '.join(tasks)})")
     all_results: dict[str, dict[str, Any]] = {}
-    for name in models:
-        model, ckpt, recipe = open_model(name, device)
+    for name, (model, ckpt, recipe) in zip(models, opened, strict=True):
         label = _unique(model.config.pe, Path(name).name, all_results)
         if len(models) == 1 and out:
             target = Path(out)
@@ -201,9 +204,6 @@ def run_synthetic_eval(models: list[str], splits: list[str], samples: int | None
             checkpoint=str(ckpt.resolve()), label=label)
     if len(models) == 1:
         return all_results, None
-    tasks = {r["task"] for r in all_results.values()}
-    if len(tasks) > 1:
-        raise TapeError(f"--model: the runs were trained on different tasks ({', '.join(sorted(tasks))})")
     folder = Path(out or "eval-synthetic-comparison")
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / "comparison.json", json.dumps(all_results, indent=1) + "\n")
