@@ -268,10 +268,11 @@ def test_several_models_give_one_comparison(tmp_path):
 
 
 def test_synthetic_demo_trains_evaluates_and_compares(tmp_path):
-    from tapecli.demo_synthetic import SyntheticBudget, run_synthetic_demo
+    from tapecli.demo_synthetic import BUDGETS, SyntheticBudget, run_synthetic_demo
 
-    budget = SyntheticBudget("selective-copy", ("train.max_steps=2", "train.save_every=2", "train.batch_size=4",
-                                                "train.micro_batch_size=4", "train.precision=fp32"), "tiny", samples=3)
+    shipped = BUDGETS["selective-copy"]  # its model and data, trained for 2 steps
+    budget = SyntheticBudget(shipped.task, (*shipped.overrides, "train.max_steps=2", "train.save_every=2",
+                                            "train.batch_size=4", "train.micro_batch_size=4"), "tiny", samples=3)
     rows = run_synthetic_demo(["rope", "nope"], budget, tmp_path)
     assert [row["pe"] for row in rows] == ["rope", "nope"]
     summary = json.loads((tmp_path / "summary.json").read_text())
