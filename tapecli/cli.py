@@ -130,7 +130,8 @@ def eval_synthetic(
         results, chart = run_synthetic_eval(models, [s.strip() for s in splits.split(",") if s.strip()],
                                             samples=samples, seed=seed, batch_size=batch_size, out=out, device=device)
     Console().print(comparison_table(results))
-    typer.echo(f"wrote results.json, samples.jsonl and accuracy.png per model{f'; comparison chart {chart}' if chart else ''}")
+    comparison = f"; comparison chart {chart}" if chart else ""
+    typer.echo(f"wrote results.json, samples.jsonl and accuracy.png per model{comparison}")
 
 
 _OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."

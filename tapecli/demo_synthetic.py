@@ -28,16 +28,17 @@ class SyntheticBudget:
     samples: int = 200  # evaluation sequences per split
 
 
-_COMMON = ("train.precision=fp32", "train.warmup=0.05", "train.eval_every=0", "train.log_every=50")
-# Sized on the project's 2-core CPU by measurement (README, "Synthetic tasks").
+# Sized on the project's 2-core CPU by measurement (README, "Synthetic tasks"). The OOD splits are milder than the
+# paper's (x0.5 / x2 blanks): at this size every PE that was tried copies nothing right from 8 or 32 blanks.
 BUDGETS = {
     "selective-copy": SyntheticBudget(
         task="selective-copy",
         overrides=("model.n_layers=2", "model.dim=64", "model.n_heads=2", "model.max_seq_len=65",
-                   "data.copy_tokens=16", "data.blanks=16", "data.seq_len=49", "eval.dense_blanks=8",
-                   "eval.sparse_blanks=32", "train.batch_size=64", "train.micro_batch_size=64",
-                   "train.max_steps=1000", "train.lr=1e-3", "train.save_every=1000", *_COMMON),
-        summary="copy 16 symbols from among 16 blanks; test with 8 (dense) and 32 (sparse) blanks; "
+                   "data.copy_tokens=16", "data.blanks=16", "data.seq_len=49", "eval.dense_blanks=12",
+                   "eval.sparse_blanks=24", "train.batch_size=64", "train.micro_batch_size=64",
+                   "train.max_steps=1000", "train.lr=1e-3", "train.warmup=0.05", "train.precision=fp32",
+                   "train.save_every=1000", "train.eval_every=500", "train.log_every=50"),
+        summary="copy 16 symbols from among 16 blanks; test with 12 (dense) and 24 (sparse) blanks; "
                 "2 layers x 64 wide, 1,000 steps x 64 sequences, AdamW lr 1e-3",
     ),
 }
