@@ -183,6 +183,40 @@ def eval_scrolls(
         typer.echo("| " + " | ".join(cells) + " |")
     typer.echo(f"wrote predictions.json, results.json and samples.jsonl to {results[0][0]['out_dir']}"
                + (" and the other (model, task) folders" if len(model) * len(tasks) > 1 else ""))
+@eval_app.command("synthetic")
+def eval_synthetic(
+    models: list[str] = typer.Option(..., "--model", "-m", help="Run directory (newest checkpoint) or checkpoint "
+                                     "trained on a synthetic task; repeat --model to compare several."),
+    splits: str = typer.Option("iid,ood-dense,ood-sparse", help="Comma-separated splits to evaluate."),
+    samples: int = typer.Option(None, help="Sequences per split (default: the run's eval.samples)."),
+    seed: int = typer.Option(1234, help="Seeds the evaluation sequences (each split has its own stream)."),
+    batch_size: int = typer.Option(64, help="Sequences scored together; changes speed, not results."),
+    out: str = typer.Option(None, help="Output directory (default: RUN/eval-synthetic/<checkpoint name>; with "
+                                       "several models, the comparison's folder, default eval-synthetic-comparison)."),
+    device: str = typer.Option("auto", help="cpu, cuda or auto."),
+) -> None:
+    """Selective copy or grid navigation (MapFormer): accuracy on the IID, OOD-dense and OOD-sparse splits.
+
+    The task and each split's parameters come from the run's recipe (data.kind, data.*, eval.*).
+
+    Scored: the copied symbols (selective copy) or observations of revisited cells (grid), teacher-forced argmax.
+
+    Per split: accuracy (whole sequence right) and token_accuracy; results.json, samples.jsonl, accuracy.png.
+
+    Interrupted? Run the same command again: finished sequences are kept.
+
+    Example: tape eval synthetic --model runs/copy-rope --model runs/copy-tape --out runs/copy-compare
+    """
+    from rich.console import Console
+
+    from tapecli.eval.synthetic import comparison_table, run_synthetic_eval
+
+    with reported_errors():
+        results, chart = run_synthetic_eval(models, [s.strip() for s in splits.split(",") if s.strip()],
+                                            samples=samples, seed=seed, batch_size=batch_size, out=out, device=device)
+    Console().print(comparison_table(results))
+    comparison = f"; comparison chart {chart}" if chart else ""
+    typer.echo(f"wrote results.json, samples.jsonl and accuracy.png per model{comparison}")
 
 
 _OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."
@@ -300,6 +334,8 @@ def demo(
     out: str = typer.Option(None, help="Output directory (default: runs/demo, plus -quick, -abacus, -seedN)."),
     seed: int = typer.Option(0, help="Seeds model init and the training problems (the same for every PE)."),
     abacus: bool = typer.Option(False, "--abacus", help="Give every PE the Abacus digit embedding (McLeish et al.)."),
+    task: str = typer.Option("addition", "--task", help="addition, or selective-copy (MapFormer's synthetic task; "
+                                                        "runs rope, tape, nope and alibi)."),
 ) -> None:
     """Train small RoPE and TAPE models on addition under one budget and compare them beyond the training length.
 
@@ -316,11 +352,27 @@ def demo(
     from tapecli.demo import DEFAULT_PES, FULL, QUICK, run_demo
 
     extra = [p.strip() for p in pe.split(",") if p.strip()]
+    if task != "addition":
+        with reported_errors():
+            _synthetic_demo(task, extra, quick, abacus, out, seed)
+        return
     pes = list(dict.fromkeys([*DEFAULT_PES, *extra]))  # keep order, drop repeats
     with reported_errors():
         # One directory per setting, so a re-run reuses finished work and never mixes settings.
         default_out = "runs/demo" + "-quick" * quick + "-abacus" * abacus + (f"-seed{seed}" if seed else "")
         run_demo(pes, QUICK if quick else FULL, out or default_out, seed=seed, abacus=abacus)
+
+
+def _synthetic_demo(task: str, extra: list[str], quick: bool, abacus: bool, out: str | None, seed: int) -> None:
+    """`tape demo --task <synthetic task>` (see tapecli.demo_synthetic)."""
+    from tapecli.demo_synthetic import BUDGETS, DEFAULT_PES, run_synthetic_demo
+
+    if task not in BUDGETS:
+        raise TapeError(f"--task: unknown demo task '{task}'; allowed: addition, {', '.join(BUDGETS)}")
+    if abacus or quick:
+        raise TapeError(f"--{'abacus' if abacus else 'quick'} applies to the addition demo only, not --task {task}")
+    default_out = f"runs/demo-{task}" + (f"-seed{seed}" if seed else "")
+    run_synthetic_demo(list(dict.fromkeys([*DEFAULT_PES, *extra])), BUDGETS[task], out or default_out, seed=seed)
 
 
 def main() -> None:

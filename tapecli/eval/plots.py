@@ -1,4 +1,4 @@
-"""Heat-maps of addition accuracy over (first operand length, second operand length), training box outlined."""
+"""Plots of evaluation results: addition heat-maps (training box outlined) and grouped accuracy bar charts."""
 
 from __future__ import annotations
 
@@ -40,6 +40,40 @@ def save_heatmaps(panels: list[HeatmapPanel], path: str | Path) -> Path:
         ax.set_xlabel("2nd number length (digits)")
         ax.set_ylabel("1st number length (digits)")
     fig.colorbar(image, ax=axes[0].tolist(), label="exact-match accuracy", fraction=0.046 / len(panels) ** 0.5)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+@dataclass
+class BarSeries:
+    """One bar per group: `values[k]` in [0, 1] (or None: no bar) for the k-th group."""
+
+    label: str
+    values: list[float | None]
+
+
+def save_bars(groups: list[str], series: list[BarSeries], title: str, path: str | Path) -> Path:
+    """Grouped bar chart (one group per name in `groups`, one bar per series, 0..1 axis), written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + len(groups) * len(series) * 0.45), 3.8))
+    for k, s in enumerate(series):
+        xs = [g + (k - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar([x for x, v in zip(xs, s.values, strict=True) if v is not None],
+               [v for v in s.values if v is not None], width, label=s.label)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:

@@ -36,6 +36,7 @@ from tapecli.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from tapecli.data.build import build_datasets
 from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
 from tapecli.model.merge import new_parameter_names
@@ -205,29 +206,6 @@ def _model_config(recipe: Recipe, tokenizer: Any, checkpoint: Path | None) -> tu
         return ModelConfig.from_dict(kwargs), False
     except ValueError as e:
         raise TapeError(f"recipe: {e}") from None
-
-
-def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Dataset, Dataset | None]:
-    """(train, validation or None) for `data.kind`; every dataset yields (input_ids, labels) with -100 = ignore."""
-    d, seed = recipe.data, recipe.train.seed
-    if d.kind == "addition":
-        from tapecli.data.arithmetic import build_addition_datasets
-
-        train, val, _ = build_addition_datasets(d, seed)
-        return train, val
-    if d.kind == "pairs":
-        from tapecli.data.pairs import build_pair_datasets
-
-        return build_pair_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed,
-                                   prompt_field=d.prompt_field, target_field=d.target_field)
-    if d.kind == "scrolls":
-        from tapecli.data.scrolls import build_scrolls_datasets
-
-        return build_scrolls_datasets(d.task, d.source, tokenizer, d.seq_len, d.val_fraction, d.compat)
-    from tapecli.data.text import build_text_datasets
-
-    return build_text_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed, text_field=d.text_field,
-                               cache_dir=cache_dir)
 
 
 def apply_freeze(model: nn.Module, freeze: list[str], unfreeze: list[str]) -> None:
