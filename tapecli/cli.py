@@ -43,16 +43,33 @@ def bench(
     tape_paths: bool = typer.Option(True, help="Also time both TAPE aggregation paths (separate vs concatenated)."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
     out: Path | None = typer.Option(None, help="Also write the timings and ratios as JSON to this file."),
+    decode: bool = typer.Option(False, "--decode", help="Time greedy decoding after a long prompt instead: ms per "
+                                                         "new token and prefill time."),
+    prompt_len: int = typer.Option(4096, help="--decode: prompt tokens."),
+    new_tokens: int = typer.Option(32, help="--decode: greedy tokens decoded with the KV cache."),
+    uncached_tokens: int = typer.Option(4, help="--decode: tokens TAPE decodes without cache (0: skip)."),
+    prefill_chunk: int | None = typer.Option(512, help="--decode: prefill the prompt this many tokens at a time."),
 ) -> None:
     """Time a training step (forward + backward) for each PE on the same model, as a ratio to RoPE.
 
     All PEs run in one process, interleaved round by round, so the ratios compare like with like.
 
-    Example: `tape bench --pe rope,tape --seq-len 1024 --out bench.json`.
-    """
-    from tapecli.bench import run_bench
+    With --decode: greedy decoding after a --prompt-len prompt instead, per PE: ms per new token (KV cache) and
+    prefill time, as ratios to RoPE; TAPE also without cache.
 
+    Example: `tape bench --pe rope,tape --seq-len 1024 --out bench.json`; `tape bench --decode --out decode.json`.
+    """
     with reported_errors():
+        if decode:
+            from tapecli.bench_decode import run_decode_bench
+
+            run_decode_bench(pes=[p.strip() for p in pes.split(",") if p.strip()], n_layers=n_layers, dim=dim,
+                             n_heads=n_heads, prompt_len=prompt_len, new_tokens=new_tokens,
+                             uncached_tokens=uncached_tokens, prefill_chunk=prefill_chunk, rounds=rounds,
+                             tape_paths=tape_paths, device=device, out=out)
+            return
+        from tapecli.bench import run_bench
+
         run_bench(pes=[p.strip() for p in pes.split(",") if p.strip()], n_layers=n_layers, dim=dim, n_heads=n_heads,
                   seq_len=seq_len, batch_size=batch_size, steps=steps, warmup=warmup, rounds=rounds,
                   tape_paths=tape_paths, device=device, out=out)

@@ -28,13 +28,14 @@ def model_for(pe: str, overrides: dict):
     return model.eval()
 
 
-def left_pad(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows [1, n_i] -> input_ids [B, max n] padded on the left with PAD, and the 0/1 attention mask."""
+def pad(prompts: list[torch.Tensor], right: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [1, n_i] -> input_ids [B, max n] padded on the left (or right) with PAD, and the 0/1 attention mask."""
     width = max(p.shape[1] for p in prompts)
     ids = torch.full((len(prompts), width), PAD, dtype=torch.long)
     mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - p.shape[1]:], mask[i, width - p.shape[1]:] = p[0], 1
+        real = slice(0, p.shape[1]) if right else slice(width - p.shape[1], width)
+        ids[i, real], mask[i, real] = p[0], 1
     return ids, mask
 
 
@@ -48,7 +49,7 @@ def prompts_with_digits() -> list[torch.Tensor]:
 def test_left_padded_batch_generates_what_each_prompt_generates_alone(pe, overrides):
     model = model_for(pe, overrides)
     prompts = prompts_with_digits()
-    ids, mask = left_pad(prompts)
+    ids, mask = pad(prompts)
     new = 6
     alone = [model.generate(p, new) for p in prompts]
     variants = {"cached": model.generate(ids, new, attention_mask=mask),
@@ -59,14 +60,16 @@ def test_left_padded_batch_generates_what_each_prompt_generates_alone(pe, overri
         assert torch.equal(out[:, :ids.shape[1]], ids), name  # the input comes back as given, padding included
         for i, p in enumerate(prompts):
             assert torch.equal(out[i, ids.shape[1] - p.shape[1]:], alone[i][0]), (name, i)
-    # Scoring a padded batch (no generation): every real token's logits equal the prompt's own.
-    full_ids, full_mask = left_pad(alone)
+    # Scoring a padded batch (no generation), padded on either side: every real token's logits are its own.
+    left_ids, left_mask = pad(alone)
+    right_ids, right_mask = pad(alone, right=True)
     with torch.no_grad():
-        batched = model(full_ids, attention_mask=full_mask)
-        assert torch.isfinite(batched).all()  # padded positions too
+        left, right = model(left_ids, attention_mask=left_mask), model(right_ids, attention_mask=right_mask)
+        assert torch.isfinite(left).all() and torch.isfinite(right).all()  # padded positions too
         for i, row in enumerate(alone):
-            own = model(row)
-            assert torch.allclose(batched[i, full_ids.shape[1] - row.shape[1]:], own[0], atol=1e-5), i
+            own, n = model(row)[0], row.shape[1]
+            assert torch.allclose(left[i, left_ids.shape[1] - n:], own, atol=1e-5), i
+            assert torch.allclose(right[i, :n], own, atol=1e-5), i
 
 
 def test_start_pos_counts_from_the_first_real_token():
@@ -74,7 +77,7 @@ def test_start_pos_counts_from_the_first_real_token():
     fire = model_for("fire", {"pe_args": {"threshold": 4.0}})
     rope = model_for("rope", {"pe_args": {"scaling": "dynamic", "factor": 2.0}, "max_seq_len": 8})
     prompt = tokens(1, 5)
-    ids, mask = left_pad([prompt, tokens(1, 2)])
+    ids, mask = pad([prompt, tokens(1, 2)])
     for m in (fire, rope):
         out = m.generate(ids, 4, attention_mask=mask, start_pos=3)
         assert torch.equal(out[0, ids.shape[1] - 5:], m.generate(prompt, 4, start_pos=3)[0])
@@ -162,3 +165,24 @@ def test_chunked_prefill_memory_is_linear_in_the_context(pe):
     assert peak(512, 16) <= 2.2 * peak(256, 16)
     ratio = peak(512, None) / peak(256, None)
     assert ratio >= 3.9 if pe in BIAS_PES else ratio <= 2.2
+
+
+def test_bench_decode_reports_ratios_to_rope(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from tapecli.cli import app
+
+    out = tmp_path / "decode.json"
+    result = CliRunner().invoke(app, ["bench", "--decode", "--pe", "rope,alibi,tape", "--no-tape-paths",
+                                      "--n-layers", "2", "--dim", "32", "--prompt-len", "24", "--new-tokens", "3",
+                                      "--uncached-tokens", "2", "--prefill-chunk", "8", "--rounds", "1",
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert set(data["token_ratio_to_rope"]) == {"rope", "alibi", "tape", "tape (no cache)"}
+    assert data["token_ratio_to_rope"]["rope"] == 1.0 and data["prefill_ratio_to_rope"]["rope"] == 1.0
+    assert set(data["median_prefill_s"]) == {"rope", "alibi", "tape"}
+    assert data["tape_cache_speedup"] > 0 and data["settings"]["prompt_len"] == 24
+    assert "ms / token" in result.output

@@ -2,8 +2,10 @@
 
     from tapecli.model import ModelConfig, Transformer, PE_NAMES
     model = Transformer(ModelConfig(vocab_size=256, dim=64, n_layers=2, n_heads=4, pe="tape"))
-    logits = model(input_ids, start_pos=0)
-    out = model.generate(input_ids, max_new_tokens=8)
+    logits = model(input_ids, start_pos=0, attention_mask=None)
+    out = model.generate(input_ids, max_new_tokens=8, attention_mask=None, prefill_chunk=None)  # left-padded batches
+
+The full API (padding, positions, caches, memory) is in `transformer.py` and `generation.py`.
 """
 
 from tapecli.model.cache import KVCache

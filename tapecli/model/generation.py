@@ -6,8 +6,8 @@
 
 - `input_ids` [B, T]: prompts, LEFT-padded to a common length when they differ; `attention_mask` [B, T] marks real
   tokens with 1 and padding with 0 (None: nothing is padded). Every row's first real token is at position
-  `start_pos`, so each row generates exactly what it generates alone (same tokens; logits equal up to float
-  rounding of the different attention shapes).
+  `start_pos`, so each row generates exactly what it generates alone (same greedy tokens; logits equal up to float
+  rounding of the different attention shapes; sampling draws from one generator for the whole batch).
 - Returns [B, T + n], n <= max_new_tokens: the input as given (padding included, unchanged) followed by the new
   tokens. A row that emitted one of `stop_tokens` continues with `pad_id` (default: the first stop token) until
   every row has stopped; decoding ends early then, so n < max_new_tokens only when all rows stopped.

@@ -3,6 +3,18 @@
 Parameter names follow the Hugging Face Llama layout (`model.embed_tokens.weight`,
 `model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so Llama checkpoints
 load and export without renaming. PE parameters live under `model.layers.{i}.pe.*`.
+
+    logits = model(input_ids, start_pos=0, cache=None, attention_mask=None)          # [B, T, vocab]
+    hidden, state = model.run(input_ids, start_pos=0, cache=None, state=None, attention_mask=None)
+    out = model.generate(input_ids, max_new_tokens, ..., attention_mask=None, prefill_chunk=None)  # generation.py
+
+`attention_mask` [B, T] (1 = real token, 0 = padding, any layout for scoring; left padding for generation) hides
+padding from every query and counts positions over real tokens, so each row's first real token is at `start_pos`
+(an int, or [B] per row) and every real token's output equals what its row computes alone; outputs at padded
+positions are finite and meaningless. Memory: without padding, bias and cache, attention stays implicit-causal and
+SDPA's fused kernel keeps it linear in T; padding costs a [B, 1, T, T] mask (SDPA turns it into floats) and a bias
+PE (ALiBi, T5, FIRE) a [B, H, T, T] float bias per layer (FIRE's MLP briefly [B, T, T, hidden]): both become
+[chunk, T] with a KV cache and chunked prefill (`generate(..., prefill_chunk=N)`).
 """
 
 from __future__ import annotations
@@ -54,9 +66,14 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool
     """softmax(q k^T / sqrt(d_qk) + mask) v over [B, H, T, d] tensors; flash-attn on GPU when it is installed and
     usable. Values may be wider than queries and keys (TAPE's [V | E]): fused kernels want equal widths, so for more
     than one query q and k are zero-padded (q.k unchanged, memory stays linear); a single query (a decoding step)
-    uses them as they are, which reads the cached keys once instead of copying them padded."""
+    computes its [1 x L] weights directly, reading the cached keys once instead of copying them padded."""
     scale = q.shape[-1] ** -0.5
-    if v.shape[-1] != q.shape[-1] and q.shape[2] > 1:
+    if v.shape[-1] != q.shape[-1] and q.shape[2] == 1:
+        scores = (q * scale) @ k.transpose(-1, -2)  # [B, H, 1, L]: cheap, and the keys are read once
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        return scores.softmax(-1).to(v.dtype) @ v
+    if v.shape[-1] != q.shape[-1]:
         pad = (0, v.shape[-1] - q.shape[-1])
         q, k = F.pad(q, pad), F.pad(k, pad)
     if (flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and mask is None

@@ -38,9 +38,10 @@ class PositionState:
 
     def slice(self, start: int, end: int) -> PositionState:
         """The state of tokens start..end-1 (e.g. one chunk of a prompt prefilled in pieces)."""
-        cut = {name: None if t is None else t[..., start:end, :] for name, t in (("rotary", self.rotary),
-                                                                                 ("scale", self.scale))}
-        return PositionState(positions=self.positions[..., start:end], **cut)
+        def cut(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t[..., start:end, :]
+
+        return PositionState(positions=self.positions[..., start:end], rotary=cut(self.rotary), scale=cut(self.scale))
 
 
 def apply_rotary(x: Tensor, rotary: Tensor) -> Tensor:
