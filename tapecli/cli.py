@@ -200,6 +200,8 @@ def eval_scrolls(
         typer.echo("| " + " | ".join(cells) + " |")
     typer.echo(f"wrote predictions.json, results.json and samples.jsonl to {results[0][0]['out_dir']}"
                + (" and the other (model, task) folders" if len(model) * len(tasks) > 1 else ""))
+
+
 @eval_app.command("synthetic")
 def eval_synthetic(
     models: list[str] = typer.Option(..., "--model", "-m", help="Run directory (newest checkpoint) or checkpoint "
@@ -234,6 +236,100 @@ def eval_synthetic(
     Console().print(comparison_table(results))
     comparison = f"; comparison chart {chart}" if chart else ""
     typer.echo(f"wrote results.json, samples.jsonl and accuracy.png per model{comparison}")
+
+
+def _numbers(text: str, option: str, kind: type = int) -> list:
+    """`"1024,2048"` -> [1024, 2048] for a comma-separated option; one line naming the option when malformed."""
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise TapeError(f"{option}: expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+
+@eval_app.command("perplexity")
+def eval_perplexity(
+    model: list[str] = typer.Option(..., "--model", "-m", help=_MODELS_HELP),
+    data: str = typer.Option(..., "--data", help="LongLoRA .bin token file (uint16; .u32.bin for uint32) or a text "
+                                                 "source (file, directory, glob, jsonl/parquet, hub id) tokenized "
+                                                 "with each model's tokenizer."),
+    seq_len: str = typer.Option("1024,2048,4096,8192", "--seq-len", help="Comma-separated context lengths."),
+    protocol: str = typer.Option("longlora", "--protocol", help="longlora (the paper's table: windows every --stride "
+                                                                "tokens, every prediction scored), disjoint, or "
+                                                                "sliding (Hugging Face's strided protocol)."),
+    stride: int = typer.Option(256, "--stride", help="Tokens between window starts (longlora, sliding)."),
+    max_windows: int = typer.Option(None, "--max-windows", help="Evaluate a seeded choice of this many windows per "
+                                                                "length [default: all]."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the --max-windows choice."),
+    max_tokens: int = typer.Option(None, "--max-tokens", help="Use only the first N tokens of the data."),
+    text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Windows per forward pass; changes speed, not results."),
+    out: str = typer.Option(..., "--out", help="Output directory: results.json, samples.jsonl, perplexity.png."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Perplexity of one or more models at several context lengths, under a named windowing protocol.
+
+    results.json: for each model and length, perplexity, nll (mean), token_accuracy and tokens scored, with the protocol and settings; perplexity.png: one line per model.
+
+    Interrupted? Run the same command again: finished windows are kept.
+
+    Example (the paper's table): tape eval perplexity --model runs/ext-tape --data pg19/test.bin --seq-len 1024,2048,4096,8192 --out eval/pg19
+    """
+    from tapecli.eval.perplexity import evaluate_perplexity
+
+    with reported_errors():
+        results = evaluate_perplexity(model, data, _numbers(seq_len, "--seq-len"), out, protocol=protocol,
+                                      stride=stride, max_windows=max_windows, seed=seed, max_tokens=max_tokens,
+                                      text_field=text_field, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
+                                      batch_size=batch_size)
+    for entry in results["models"]:
+        cells = ", ".join(f"{n}: {r['perplexity']:.3f}" for n, r in entry["lengths"].items())
+        typer.echo(f"{entry['name']}: perplexity {cells}")
+    typer.echo(f"wrote results.json, samples.jsonl and perplexity.png to {out}")
+
+
+@eval_app.command("passkey")
+def eval_passkey(
+    model: str = typer.Option(..., "--model", "-m", help=_MODEL_HELP),
+    max_tokens: int = typer.Option(8192, "--max-tokens", help="Evaluate the protocol's budgets whose prompts fit in "
+                                                              "this many tokens (8192: the paper's 8 lengths)."),
+    trials: int = typer.Option(20, "--trials", help="Trials per budget (trial t is seeded with t)."),
+    depths: str = typer.Option(None, "--depths", help="Depth x length sweep: comma-separated key depths as "
+                                                      "fractions of the filler, e.g. 0,0.25,0.5,0.75,1 [default: "
+                                                      "the protocol's random depth]."),
+    budgets: str = typer.Option(None, "--budgets", help="Comma-separated filler budgets in characters instead of "
+                                                        "the protocol's 3072, 7168, ... (e.g. 256,512 for a small "
+                                                        "model)."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Prompts decoded together; changes speed, not results."),
+    out: str = typer.Option(..., "--out", help="Output directory: results.json, samples.jsonl, passkey.png."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Passkey retrieval as LongLoRA and the official TAPE code run it: find a 1-5 digit key hidden in filler text.
+
+    Budget i hides the key in int(3.75 (i+1) 1000 // 1024 * 1024) filler characters (3072, 7168, ...); trial t draws depth and key from numpy.random.seed(t), so every model sees the same prompts.
+
+    The model decodes greedily exactly as many tokens as the answer " KEY" has; correct iff all match.
+
+    results.json: accuracy and mean prompt length per budget (and per depth with --depths); samples.jsonl: every trial; passkey.png: accuracy vs length, or the depth x length heat-map.
+
+    Interrupted? Run the same command again: finished trials are kept.
+
+    Example (the paper's setting): tape eval passkey --model runs/ext-tape --max-tokens 8192 --out eval/passkey
+    """
+    from tapecli.eval.passkey import evaluate_passkey
+
+    with reported_errors():
+        results = evaluate_passkey(model, out, budgets=_numbers(budgets, "--budgets") if budgets else None,
+                                   max_tokens=max_tokens, trials=trials,
+                                   depths=_numbers(depths, "--depths", float) if depths else None, dtype=dtype,
+                                   device=device, pe_args=_pe_args(pe_arg), batch_size=batch_size)
+    for entry in results["budgets"]:
+        typer.echo(f"{entry['budget']} filler characters (~{entry['mean_prompt_tokens']:.0f} tokens): "
+                   f"accuracy {entry['accuracy']:.0%}")
+    typer.echo(f"wrote results.json, samples.jsonl and passkey.png to {out}")
 
 
 _OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."

@@ -78,10 +78,10 @@ def evaluate_addition(
     model.eval()
     # Only whole cells count as done: a cell cut off mid-write is redone.
     with SamplesLog(out, asdict(settings), keep=lambda rows: _whole_cells(rows, settings.samples)) as log, \
-            progress_bar("addition grid", "cells", show_progress) as progress:
+            progress_bar("cells", show_progress) as progress:
         finished = {(row["i"], row["j"]) for row in log.rows}
         todo = [cell for cell in cells if cell not in finished]
-        task = progress.add_task("cells", total=len(cells), completed=len(cells) - len(todo))
+        task = progress.add_task("addition grid", total=len(cells), completed=len(cells) - len(todo))
         for chunk in _batches(todo, settings.samples, batch_size):
             log.append(_solve(model, tokenizer, chunk, settings))
             progress.advance(task, len(chunk))

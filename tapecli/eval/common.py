@@ -111,31 +111,40 @@ def open_model(spec: str, *, dtype: str = "auto", device: str = "auto",
     `{"scaling": "linear", "factor": 2}` to evaluate a RoPE model with position interpolation); they are validated
     by the PE exactly as a recipe's `model.pe_args` are, and may not change the shapes of the weights.
     """
-    from tapecli.checkpoint import load_model, resolve_checkpoint
+    from tapecli.checkpoint import load_model
     from tapecli.device import resolve_device
 
     torch_device = resolve_device(device)
     dtype_name, torch_dtype = resolve_dtype(dtype, torch_device)
+    kind, source = model_source(spec)
     path = Path(spec).expanduser()
-    if _is_tape(path):
-        checkpoint = resolve_checkpoint(path)
+    if kind == "tape":
+        checkpoint = Path(source)
         model, tokenizer = load_model(checkpoint, device=str(torch_device))
-        kind, source = "tape", str(checkpoint.resolve())
         # A run is named after its directory; a checkpoint inside a run after both.
         in_run = checkpoint.parent.name == "checkpoints"
-        name = (checkpoint.parent.parent.name if checkpoint != path else
+        name = (path.resolve().name if checkpoint != path.resolve() else
                 f"{checkpoint.parent.parent.name}/{checkpoint.name}" if in_run else checkpoint.name)
     else:
-        hf = _hf_importer(spec)
-        model, tokenizer = hf.load_hf_model(spec, dtype=torch_dtype, device=torch_device)
-        kind = "hf"
-        source = str(path.resolve()) if path.exists() else spec
+        model, tokenizer = _hf_importer(spec).load_hf_model(spec, dtype=torch_dtype, device=torch_device)
         name = path.resolve().name if path.exists() else spec
     model = model.to(device=torch_device, dtype=torch_dtype)
     if pe_args:
         model = with_pe_args(model, pe_args)
     return OpenedModel(model=model.eval(), tokenizer=tokenizer, spec=spec, source=source, kind=kind,
                        dtype=dtype_name, device=str(torch_device), pe_args=dict(pe_args or {}), name=name)
+
+
+def model_source(spec: str) -> tuple[str, str]:
+    """("tape", the checkpoint directory a run or checkpoint resolves to) or ("hf", the directory or hub id), without
+    loading anything; what an evaluation's settings name a model by."""
+    from tapecli.checkpoint import resolve_checkpoint
+
+    path = Path(spec).expanduser()
+    if _is_tape(path):
+        return "tape", str(resolve_checkpoint(path).resolve())
+    _hf_importer(spec)
+    return "hf", str(path.resolve()) if path.exists() else spec
 
 
 def _is_tape(path: Path) -> bool:
@@ -289,8 +298,9 @@ def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, ba
 
 
 @contextmanager
-def progress_bar(description: str, unit: str, show: bool = True) -> Iterator[Progress]:
-    """A Rich progress bar: description, bar, done/total `unit`, elapsed and remaining time (hidden if not show)."""
+def progress_bar(unit: str, show: bool = True) -> Iterator[Progress]:
+    """Rich progress bars, one per task added: its description, bar, done/total `unit`, elapsed and remaining time
+    (all hidden when not `show`)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -300,7 +310,7 @@ def progress_bar(description: str, unit: str, show: bool = True) -> Iterator[Pro
         TimeRemainingColumn,
     )
 
-    progress = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn(unit),
                         TimeElapsedColumn(), TimeRemainingColumn(), disable=not show)
     with progress:
         yield progress

@@ -1,4 +1,6 @@
-"""Plots of evaluation results: addition heat-maps (training box outlined) and grouped accuracy bar charts."""
+"""The evaluation plots: addition heat-maps (training box outlined), grouped accuracy bar charts, line plots
+(perplexity or accuracy vs length) and labelled heat-maps (passkey depth x length). Each writes a PNG atomically;
+matplotlib is imported lazily."""
 
 from __future__ import annotations
 
@@ -40,6 +42,59 @@ def save_heatmaps(panels: list[HeatmapPanel], path: str | Path) -> Path:
         ax.set_xlabel("2nd number length (digits)")
         ax.set_ylabel("1st number length (digits)")
     fig.colorbar(image, ax=axes[0].tolist(), label="exact-match accuracy", fraction=0.046 / len(panels) ** 0.5)
+    return _save(fig, path)
+
+
+def save_line_plot(series: dict[str, list[tuple[float, float]]], path: str | Path, xlabel: str, ylabel: str,
+                   title: str, log_x: bool = False, ylim: tuple[float, float] | None = None) -> Path:
+    """One line with markers per series name ((x, y) points, drawn in x order); written atomically as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.0, 4.0))
+    for name, points in series.items():
+        xs, ys = zip(*sorted(points), strict=True) if points else ((), ())
+        ax.plot(xs, ys, marker="o", label=name)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def save_grid_heatmap(grid: list[list[float]], path: str | Path, x_labels: list[str], y_labels: list[str],
+                      xlabel: str, ylabel: str, title: str, colorbar: str = "accuracy") -> Path:
+    """`grid[row][col]` in [0, 1] as a heat-map (row 0 at the top), each cell annotated; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(x_labels), 1.2 + 0.45 * len(y_labels)))
+    image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+    for r, row in enumerate(grid):
+        for c, value in enumerate(row):
+            ax.text(c, r, f"{value:.2f}".rstrip("0").rstrip(".") if value < 1 else "1", ha="center", va="center",
+                    fontsize=7)
+    ax.set_xticks(range(len(x_labels)), x_labels, fontsize=8)
+    ax.set_yticks(range(len(y_labels)), y_labels, fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=ax, label=colorbar)
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
+    import matplotlib.pyplot as plt
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:

@@ -1,0 +1,196 @@
+"""Passkey retrieval as the official TAPE code runs it (LongLoRA's protocol), plus a depth x length sweep.
+
+The prompt is five parts joined by newlines: a fixed instruction, a filler prefix, the key line
+"The pass key is K. Remember it. K is the pass key.", a filler suffix and "What is the pass key? The pass key is".
+The filler is the five-sentence grass/sky/sun string repeated 5000 times, joined by spaces; the prefix and the
+suffix are both cut from its start, and together hold the budget's `n` characters. Budget i (i = 0, 1, ...) has
+n = int(3.75 (i + 1) 1000 // 1024 * 1024) characters: 3072, 7168, 10240, ... Trial t of a budget seeds NumPy's legacy
+RNG with t, then draws the prefix length randint(0, n) and the key randint(1, 50000), in that order (exclusive upper
+bounds), so every model sees the same prompts. In a depth sweep the prefix is int(depth * n) characters instead
+(the key is still trial t's).
+
+The prompt's tokens are the tokenizer's BOS (when it has one) and the prompt text's tokens. The answer's tokens are
+what the tokenizer makes of " " + key right after the prompt (for Llama's tokenizer: "▁" and one id per digit, the
+official "drop the BOS" answer). Exactly that many tokens are decoded greedily; a trial is correct iff they all
+match. Accuracy per budget = correct / trials; the reported length is the mean prompt length in tokens.
+
+Files in the output directory (the layout of `tapecli.eval.common`): settings.json, samples.jsonl (one row per
+trial: budget, trial, depth, key, prompt_tokens, prediction, correct; the resume log), results.json, and passkey.png
+(accuracy vs prompt length, or the depth x length heat-map of a sweep).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tapecli.errors import TapeError
+from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, open_model, progress_bar, write_json
+
+INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+               "I will quiz you about the important information there.")
+FILLER_SENTENCES = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+FILLER = " ".join([FILLER_SENTENCES] * 5000)
+QUESTION = "What is the pass key? The pass key is"
+INTERVAL = 1000
+PROTOCOL = ("passkey retrieval (LongLoRA / official TAPE eval_retrieval.py): budget i has int(3.75 (i+1) 1000 // 1024 "
+            "* 1024) filler characters; trial t: numpy.random.seed(t), prefix = randint(0, n), key = randint(1, "
+            "50000); prompt = instruction, filler[:prefix], key line, filler[:n - prefix], question (joined by "
+            "newlines), with the tokenizer's BOS; answer = the tokens of ' ' + key after the prompt; greedy decoding "
+            "of exactly that many tokens, correct iff all match; accuracy = correct / trials; length = mean prompt "
+            "tokens. Depth sweep: prefix = int(depth * n), key as in trial t")
+PLOT_FILE = "passkey.png"
+
+
+def budget_chars(i: int) -> int:
+    """Filler characters of budget i (i = 0, 1, ...): 3072, 7168, 10240, 14336, ..."""
+    return int(3.75 * (i + 1) * INTERVAL // 1024 * 1024)
+
+
+@dataclass(frozen=True)
+class PasskeyPrompt:
+    budget: int  # filler characters
+    trial: int
+    depth: int  # filler characters before the key line
+    key: int
+    text: str
+    depth_fraction: float | None = None  # set in a depth sweep
+
+
+def make_prompt(budget: int, trial: int, depth_fraction: float | None = None) -> PasskeyPrompt:
+    """Trial `trial` of a budget, drawn exactly as the official code draws it (NumPy's legacy RNG seeded with the
+    trial; `RandomState(t)` is the stream `numpy.random.seed(t)` starts, without touching the global state)."""
+    if not 1 <= budget <= len(FILLER):
+        raise TapeError(f"passkey budget {budget}: must be between 1 and {len(FILLER)} filler characters")
+    rng = np.random.RandomState(trial)
+    depth = int(rng.randint(0, budget))
+    key = int(rng.randint(1, 50000))
+    if depth_fraction is not None:
+        depth = int(depth_fraction * budget)
+    key_line = f"The pass key is {key}. Remember it. {key} is the pass key."
+    text = "\n".join([INSTRUCTION, FILLER[:depth], key_line, FILLER[: budget - depth], QUESTION])
+    return PasskeyPrompt(budget, trial, depth, key, text, depth_fraction)
+
+
+def encode_prompt(tokenizer: Any, prompt: PasskeyPrompt) -> tuple[list[int], list[int]]:
+    """(prompt ids with the tokenizer's BOS if it has one, answer ids: the tokens of " " + key after the prompt)."""
+    bos = getattr(tokenizer, "bos_id", None)
+    body = tokenizer.encode(prompt.text)
+    whole = tokenizer.encode(f"{prompt.text} {prompt.key}")
+    # In context, as the answer would follow the prompt; a tokenizer that merges across the boundary gets the answer
+    # tokenized on its own.
+    answer = whole[len(body):] if whole[: len(body)] == body else tokenizer.encode(f" {prompt.key}")
+    return ([bos] if bos is not None and bos >= 0 else []) + body, answer
+
+
+def plan_budgets(tokenizer: Any, budgets: list[int] | None, max_tokens: int, trials: int) -> list[int]:
+    """The given budgets, or the protocol's budgets 0, 1, ... as long as every trial's prompt fits in max_tokens."""
+    if budgets:
+        return budgets
+    chosen = []
+    for i in range(len(FILLER) // 1024):
+        n = budget_chars(i)
+        if n > len(FILLER) or any(len(encode_prompt(tokenizer, make_prompt(n, t))[0]) > max_tokens
+                                  for t in range(trials)):
+            break
+        chosen.append(n)
+    if not chosen:
+        raise TapeError(f"--max-tokens {max_tokens}: even the first budget ({budget_chars(0)} characters) does not "
+                        "fit; raise it or pass --budgets")
+    return chosen
+
+
+def evaluate_passkey(
+    model: str,
+    out_dir: str | Path,
+    budgets: list[int] | None = None,
+    max_tokens: int = 8192,
+    trials: int = 20,
+    depths: list[float] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    pe_args: dict[str, Any] | None = None,
+    batch_size: int = 1,
+    show_progress: bool = True,
+) -> dict[str, Any]:
+    """Run (or resume) passkey retrieval for one model into `out_dir`; returns what results.json holds."""
+    for name, value in (("--trials", trials), ("--max-tokens", max_tokens), ("--batch-size", batch_size)):
+        if value < 1:
+            raise TapeError(f"{name} must be a positive integer, got {value}")
+    if depths is not None and not all(0 <= d <= 1 for d in depths):
+        raise TapeError(f"--depths: every depth must be a fraction in [0, 1], got {depths}")
+    opened = open_model(model, dtype=dtype, device=device, pe_args=pe_args)
+    chosen = plan_budgets(opened.tokenizer, budgets, max_tokens, trials)
+    settings = {"task": "passkey", "model": opened.record(), "budgets": chosen, "max_tokens": max_tokens,
+                "trials": trials, "depths": depths}
+    units = [(n, d, t) for n in chosen for d in (depths if depths is not None else [None]) for t in range(trials)]
+    started = time.perf_counter()
+    with SamplesLog(out_dir, settings) as log, progress_bar("trials", show_progress) as progress:
+        done = {(r["budget"], r["depth_fraction"], r["trial"]) for r in log.rows}
+        todo = [unit for unit in units if unit not in done]
+        task = progress.add_task(f"passkey {opened.name}", total=len(units), completed=len(units) - len(todo))
+        for start in range(0, len(todo), batch_size):
+            chunk = [make_prompt(n, t, d) for n, d, t in todo[start : start + batch_size]]
+            log.append(_answer(opened.model, opened.tokenizer, chunk, batch_size))
+            progress.advance(task, len(chunk))
+        rows = list(log.rows)
+    results = {"task": "passkey", "protocol": PROTOCOL, "settings": settings, **summarise(rows, chosen, depths),
+               "seconds_this_session": round(time.perf_counter() - started, 2)}
+    out = Path(out_dir)
+    write_json(out / RESULTS_FILE, results)
+    _plot(results, opened.name, out / PLOT_FILE)
+    return results
+
+
+def _answer(model: Any, tokenizer: Any, prompts: list[PasskeyPrompt], batch_size: int) -> list[dict[str, Any]]:
+    """Greedy answers to a chunk of prompts, scored; one samples.jsonl row per prompt."""
+    encoded = [encode_prompt(tokenizer, p) for p in prompts]
+    longest = max(len(answer) for _, answer in encoded)
+    # Greedy decoding is deterministic, so decoding `longest` tokens and keeping each answer's length is the same
+    # as decoding exactly that many.
+    outputs = generate_batch(model, [ids for ids, _ in encoded], max_new_tokens=longest, batch_size=batch_size)
+    rows = []
+    for prompt, (ids, answer), output in zip(prompts, encoded, outputs, strict=True):
+        generated = output[: len(answer)]
+        rows.append({"budget": prompt.budget, "trial": prompt.trial, "depth": prompt.depth,
+                     "depth_fraction": prompt.depth_fraction, "key": prompt.key, "prompt_tokens": len(ids),
+                     "answer": answer, "generated": generated, "prediction": tokenizer.decode(generated),
+                     "correct": generated == answer})
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]], budgets: list[int], depths: list[float] | None) -> dict[str, Any]:
+    """Accuracy and mean prompt length per budget (and per budget x depth in a sweep), and overall."""
+
+    def cell(selected: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"accuracy": sum(r["correct"] for r in selected) / len(selected),
+                "mean_prompt_tokens": sum(r["prompt_tokens"] for r in selected) / len(selected),
+                "trials": len(selected)}
+
+    per_budget = [{"budget": n, **cell([r for r in rows if r["budget"] == n])} for n in budgets]
+    summary: dict[str, Any] = {"accuracy": sum(r["correct"] for r in rows) / len(rows), "budgets": per_budget}
+    if depths is not None:
+        summary["grid"] = [{"budget": n, "depth_fraction": d,
+                            **cell([r for r in rows if r["budget"] == n and r["depth_fraction"] == d])}
+                           for d in depths for n in budgets]
+    return summary
+
+
+def _plot(results: dict[str, Any], name: str, path: Path) -> None:
+    from tapecli.eval.plots import save_grid_heatmap, save_line_plot
+
+    budgets = results["budgets"]
+    depths = results["settings"]["depths"]
+    if depths is None:
+        points = [(b["mean_prompt_tokens"], b["accuracy"]) for b in budgets]
+        save_line_plot({name: points}, path, xlabel="prompt length (tokens, mean)", ylabel="passkey accuracy",
+                       title="passkey retrieval", ylim=(-0.03, 1.03))
+        return
+    grid = [[c["accuracy"] for c in results["grid"] if c["depth_fraction"] == d] for d in depths]
+    save_grid_heatmap(grid, path, x_labels=[f"{b['mean_prompt_tokens']:.0f}" for b in budgets],
+                      y_labels=[f"{d:.0%}" for d in depths], xlabel="prompt length (tokens, mean)",
+                      ylabel="key depth (share of filler before it)", title=f"passkey retrieval: {name}")
