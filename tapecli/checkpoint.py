@@ -5,6 +5,9 @@ A checkpoint is a directory `RUN/checkpoints/step-XXXXXXXX/` holding
     model_config.json   `ModelConfig.to_dict()`, enough to rebuild the model
     tokenizer/          what `tok.save` writes
     train_state.pt      optimizer, scheduler, step, RNG states, data position, recipe hash (training only)
+    base_model.json     only for models trained on a frozen Hugging Face base (`tape extend-context`): where the
+                        base was imported from and the LoRA settings; model.safetensors then holds only the new and
+                        trained tensors, and loading assigns the rest from the base (tapecli.model.extended)
 It is written into a `.tmp-*` directory next to it and renamed into place, so a directory named `step-*` is
 always complete; a save killed half-way leaves only a `.tmp-*` directory, which is ignored and later removed.
 """
@@ -31,6 +34,7 @@ WEIGHTS = "model.safetensors"
 MODEL_CONFIG = "model_config.json"
 TOKENIZER = "tokenizer"
 TRAIN_STATE = "train_state.pt"
+BASE_MODEL = "base_model.json"
 TEMP_PREFIX = ".tmp-"
 _STEP_DIR = re.compile(r"^step-(\d{8})$")
 
@@ -78,22 +82,36 @@ def resolve_checkpoint(path: str | Path) -> Path:
 # Weights
 
 
-def _weights_to_save(model: Transformer) -> dict[str, torch.Tensor]:
-    state = model.state_dict()
+def own_parameter_names(model: Transformer) -> set[str] | None:
+    """For a model on a frozen base: the tensors a checkpoint must store (new or trainable); None otherwise."""
+    if getattr(model, "base_model", None) is None:
+        return None
+    return set(model.new_parameters) | {name for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _weights_to_save(model: Transformer, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    state = dict(model.state_dict() if state is None else state)
     if model.config.tie_embeddings:
         # safetensors refuses tensors that share memory; the tied head is rebuilt from the embedding on load.
         state.pop("lm_head.weight", None)
+    own = own_parameter_names(model)
+    if own is not None:
+        state = {name: tensor for name, tensor in state.items() if name in own}
     return {name: tensor.detach().contiguous().cpu() for name, tensor in state.items()}
 
 
-def save_model(model: Transformer, tokenizer: Tokenizer, directory: str | Path) -> Path:
-    """Write model.safetensors, model_config.json and tokenizer/ into `directory` (created if needed)."""
+def save_model(model: Transformer, tokenizer: Tokenizer, directory: str | Path,
+               weights: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write model.safetensors, model_config.json and tokenizer/ into `directory` (created if needed). `weights`
+    replaces `model.state_dict()` (e.g. the full tensors gathered from a sharded model)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(_weights_to_save(model), str(directory / WEIGHTS), metadata={"format": "pt"})
+    save_file(_weights_to_save(model, weights), str(directory / WEIGHTS), metadata={"format": "pt"})
     (directory / MODEL_CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
+    if getattr(model, "base_model", None) is not None:
+        (directory / BASE_MODEL).write_text(json.dumps(model.base_model, indent=2) + "\n")
     tokenizer.save(directory / TOKENIZER)
     return directory
 
@@ -133,9 +151,34 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, Toke
         config = ModelConfig.from_dict(read_model_config(checkpoint))
     except ValueError as e:
         raise TapeError(f"{checkpoint / MODEL_CONFIG}: {e}") from None
-    model = Transformer(config)
-    load_weights(model, checkpoint)
+    if (checkpoint / BASE_MODEL).is_file():
+        import torch
+
+        from tapecli.model.lora import merge_lora
+
+        dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        model = load_on_base(checkpoint, config, dtype=dtype, device=device)
+        merge_lora(model)  # evaluation runs the plain (merged) layers
+        model.base_model = None  # merged weights differ from the base: saving this model must write them all
+    else:
+        model = Transformer(config)
+        load_weights(model, checkpoint)
     return model.to(device).eval(), load_tokenizer_dir(checkpoint / TOKENIZER)
+
+
+def load_on_base(checkpoint: Path, config: Any, *, dtype: torch.dtype, device: Any, lora: Any = "saved") -> Transformer:
+    """A checkpoint written on a frozen Hugging Face base: the base's weights (found again from base_model.json),
+    then the checkpoint's own tensors over them. `lora`: a LoraSpec, None, or "saved" (the checkpoint's own)."""
+    from tapecli.model.extended import build_from_base, find_base
+    from tapecli.model.lora import LoraSpec
+
+    record = json.loads((checkpoint / BASE_MODEL).read_text())
+    if lora == "saved":
+        lora = None if record.get("lora") is None else LoraSpec(**record["lora"])
+    model = build_from_base(config, find_base(record), dtype=dtype, device=device, lora=lora)
+    load_weights(model, checkpoint, missing_ok=set(model.state_dict()))  # whatever it lacks comes from the base
+    model.base_model = record
+    return model
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -143,7 +186,7 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, Toke
 
 
 def save_checkpoint(root: Path, step: int, model: Transformer, tokenizer: Tokenizer, train_state: dict[str, Any],
-                    keep_last: int = 0) -> Path:
+                    keep_last: int = 0, weights: dict[str, torch.Tensor] | None = None) -> Path:
     """Atomically write `root/step-XXXXXXXX/`, then keep only the newest `keep_last` checkpoints (0 = all)."""
     import torch
 
@@ -151,7 +194,7 @@ def save_checkpoint(root: Path, step: int, model: Transformer, tokenizer: Tokeni
     final = root / checkpoint_name(step)
     temp = root / f"{TEMP_PREFIX}{final.name}-{os.getpid()}"
     shutil.rmtree(temp, ignore_errors=True)
-    save_model(model, tokenizer, temp)
+    save_model(model, tokenizer, temp, weights)
     torch.save(train_state, temp / TRAIN_STATE)
     if final.exists():  # only when resuming from an older checkpoint of the same run: the old future is replaced
         stale = root / f"{TEMP_PREFIX}stale-{final.name}-{os.getpid()}"

@@ -389,6 +389,77 @@ def finetune(
         run_finetune(loaded, checkpoint, out, resume=resume, command=command)
 
 
+_BASE_HELP = ("A Hugging Face Llama directory (config.json, *.safetensors, tokenizer), a hub id "
+              "(meta-llama/Llama-2-7b-hf: downloaded online, read from the HF cache offline), or a short name: "
+              "llama2-7b, llama2-13b, llama3-8b, llama3.2-1b, mistral-7b, tinyllama, smollm2-135m, smollm2-360m, "
+              "smollm2-1.7b.")
+
+
+@app.command("extend-context")
+def extend_context(
+    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
+    base: str = typer.Option(..., "--base", help=_BASE_HELP),
+    method: str = typer.Option("tape", "--method", help="What is trained: tape | lora | longlora | full."),
+    scaling: str = typer.Option("pi", "--scaling", help="How positions reach the longer context: pi | yarn | "
+                                "dynamic | theta | none."),
+    compat: str = typer.Option("paper", "--compat", help="paper, or official: the official scripts' protocol (PI "
+                               "under every method, theta included; TAPE's post-attention map frozen)."),
+    recipe: str = typer.Option("context-extension", "--recipe", help="A shipped recipe name or a YAML file."),
+    out: Path = typer.Option(None, "--out", help="Run directory [default: runs/extend-METHOD-SCALING]."),
+    resume: str = typer.Option("auto", "--resume", help=_RESUME_HELP),
+) -> None:
+    """Extend a pre-trained Llama's context from its max_position_embeddings L to model.max_seq_len N.
+
+    Methods (all also train embeddings and norms, extend.trainable): tape adds TAPE to the base's RoPE, its new modules zero-initialised so step 0 equals the base; lora trains LoRA r=8, alpha=16 on q, k, v, o (LongLoRA's "LoRA+"); longlora adds shifted sparse attention while training (groups of N/4, half the heads shifted; evaluation uses full attention); full trains every weight.
+
+    Scalings: pi interpolates positions by N/L (the default); yarn; dynamic (NTK); theta sets the RoPE base to 1e6; none.
+
+    The paper's rows: --method lora, --method longlora, --method lora --scaling theta, --method tape (all with --compat official for the official numbers).
+
+    Checkpoints hold only the trained tensors plus a pointer to the base; `tape eval` and `tape export` open them like any other. Prints trainable and total parameter counts. A killed run continues exactly with the same command.
+
+    Example (CPU-size): tape extend-context --base smollm2-135m --method tape --out runs/ext model.max_seq_len=4096 data.source=corpus/
+    """
+    from tapecli.recipe import load_recipe
+    from tapecli.train.engine import pretrain as run_pretrain
+
+    out = out or Path(f"runs/extend-{method}-{scaling}")
+    command = ["tape", "extend-context", "--base", base, "--method", method, "--scaling", scaling, "--compat", compat,
+               "--recipe", recipe, "--out", str(out), "--resume", resume, *(overrides or [])]
+    settings = [f"extend.method={method}", f"extend.scaling={scaling}", f"extend.compat={compat}",
+                f"train.init_from={base}"]
+    with reported_errors():
+        run_pretrain(load_recipe(recipe, [*(overrides or []), *settings]), out, resume=resume, command=command)
+
+
+@app.command("export")
+def export(
+    checkpoint: str = typer.Option(..., "--checkpoint", "-c", help="Run directory (newest checkpoint) or checkpoint."),
+    out: Path = typer.Option(..., "--out", help="The Hugging Face directory to write (new or empty)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16 weights."),
+) -> None:
+    """Write a checkpoint as a Hugging Face Llama directory that `AutoModelForCausalLM.from_pretrained` opens.
+
+    config.json (with rope_parameters for RoPE's scaling), safetensors, the tokenizer. LoRA adapters are merged into the weights.
+
+    Only RoPE models (any scaling) export: TAPE, FIRE, T5, ALiBi and xPos have no Llama equivalent in transformers; keep their native checkpoints, which every `tape eval` opens.
+
+    Example: tape export --checkpoint runs/extend-lora-pi --out exported/llama2-7b-8k --dtype bfloat16
+    """
+    import torch
+
+    from tapecli.checkpoint import load_model
+    from tapecli.model.hf_export import export_hf
+
+    with reported_errors():
+        if dtype not in ("float32", "bfloat16"):
+            raise TapeError(f"--dtype: expected float32 or bfloat16, got {dtype!r}")
+        model, tokenizer = load_model(checkpoint)
+        wrote_tokenizer = export_hf(model, tokenizer, out, dtype=getattr(torch, dtype))
+    note = "" if wrote_tokenizer else f" (no tokenizer: the {tokenizer.kind} tokenizer has no Hugging Face form)"
+    typer.echo(f"wrote a Hugging Face Llama to {out}{note}")
+
+
 tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
 

@@ -1,6 +1,6 @@
 """Recipes: the typed configuration of a `tape` run, loaded from YAML and `key=value` overrides.
 
-A recipe has four sections -- `model`, `data`, `train`, `eval` -- each a dataclass below. Every field has a
+A recipe has five sections -- `model`, `data`, `train`, `eval`, `extend` -- each a dataclass below. Every field has a
 default, so a recipe file only needs the keys it changes; the shipped recipes spell out every key anyway, with
 comments, so that they double as documentation. Values are type-checked against the dataclass annotations and
 then cross-checked (`Recipe.validate`); every user mistake raises `TapeError` with a one-line message naming
@@ -95,7 +95,8 @@ class TrainSection:
     compile: bool = False
     freeze: list[str] = field(default_factory=list)  # glob patterns of parameter names to freeze
     unfreeze: list[str] = field(default_factory=list)  # patterns unfrozen again after `freeze`
-    init_from: str | None = None  # checkpoint (run or checkpoint dir) to start from
+    init_from: str | None = None  # checkpoint (run or checkpoint dir), or a Hugging Face model, to start from
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (ddp) or shard (fsdp, FSDP2) the model
 
     @property
     def warmup_steps(self) -> int:
@@ -122,7 +123,24 @@ class EvalSection:
     sparse_grid: list[float] = field(default_factory=lambda: [256, 128, 0.8])  # grid OOD-sparse
 
 
-_SECTIONS: dict[str, type] = {"model": ModelSection, "data": DataSection, "train": TrainSection, "eval": EvalSection}
+@dataclass
+class ExtendSection:
+    """`tape extend-context`: what is trained on a Hugging Face base and how positions reach the longer context."""
+
+    method: Literal["tape", "lora", "longlora", "full"] | None = None  # None: not a context extension
+    scaling: Literal["pi", "yarn", "dynamic", "theta", "none"] = "pi"
+    compat: Literal["paper", "official"] = "paper"  # official: PI under every method, TAPE's P frozen
+    theta: float = 1e6  # RoPE base of `scaling: theta`
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    trainable: list[str] = field(default_factory=lambda: ["*embed_tokens*", "*norm*"])  # besides the method's own
+    group_fraction: float = 0.25  # longlora: S²-Attn groups of this fraction of the training length
+
+
+_SECTIONS: dict[str, type] = {"model": ModelSection, "data": DataSection, "train": TrainSection, "eval": EvalSection,
+                              "extend": ExtendSection}
 
 
 @dataclass
@@ -133,6 +151,7 @@ class Recipe:
     data: DataSection = field(default_factory=DataSection)
     train: TrainSection = field(default_factory=TrainSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    extend: ExtendSection = field(default_factory=ExtendSection)
     # The dotted keys ("model.pe", "train.lr", ...) the recipe file or an override wrote; every other key holds its
     # default. Only set keys may override what a checkpoint or a base model already says (tapecli.model.merge).
     set_keys: ClassVar[frozenset[str]] = frozenset()
@@ -241,6 +260,15 @@ class Recipe:
             fail("train.betas", f"expected a list of 2 floats in [0, 1), got {t.betas}")
         if t.warmup < 0 or (t.warmup >= 1 and t.warmup != int(t.warmup)):
             fail("train.warmup", f"expected a fraction in [0, 1) or a whole number of steps, got {t.warmup}")
+        x = self.extend
+        for key, value in (("extend.lora_rank", x.lora_rank), ("extend.lora_alpha", x.lora_alpha),
+                           ("extend.theta", x.theta)):
+            if not value > 0:
+                fail(key, f"must be > 0, got {value}")
+        if not 0 <= x.lora_dropout < 1:
+            fail("extend.lora_dropout", f"must be in [0, 1), got {x.lora_dropout}")
+        if not 0 < x.group_fraction <= 1:
+            fail("extend.group_fraction", f"must be in (0, 1], got {x.group_fraction}")
         if t.warmup_steps >= t.max_steps:
             fail("train.warmup", f"{t.warmup_steps} warm-up steps must be fewer than train.max_steps "
                   f"({t.max_steps})")

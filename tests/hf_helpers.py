@@ -11,7 +11,7 @@ import torch
 
 WORDS = ("the model reads a long sequence of tokens and learns where each one sits relative to the others "
          "position encoding rotary attention bias layer head train evaluate value query key").split()
-VOCAB = 128
+VOCAB = 320  # >= the tokenizers' sizes (byte-level BPE: 256 bytes + 3 specials + merges)
 
 
 def sample_text(n_sentences: int = 40, seed: int = 0) -> str:
@@ -21,7 +21,7 @@ def sample_text(n_sentences: int = 40, seed: int = 0) -> str:
     return "\n".join(" ".join(rng.choices(WORDS, k=rng.randint(4, 12))) + "." for _ in range(n_sentences))
 
 
-def save_bpe_tokenizer(directory: Path, vocab_size: int = 100) -> None:
+def save_bpe_tokenizer(directory: Path, vocab_size: int = 300) -> None:
     """A byte-level BPE tokenizer.json with <s>, </s> and <pad>, saved with a tokenizer_config.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

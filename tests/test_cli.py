@@ -21,7 +21,7 @@ def test_help_lists_the_commands_and_imports_nothing_heavy():
     assert out.strip() == "[]"
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("pretrain", "finetune", "eval", "bench", "recipes", "tokenizer"):
+    for command in ("pretrain", "finetune", "eval", "bench", "recipes", "tokenizer", "extend-context", "export"):
         assert command in result.output
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from scrolls_helpers import write_scrolls_zip
 from typer.testing import CliRunner
 
@@ -33,7 +34,7 @@ def test_every_smoke_recipe_is_exercised_here():
                      "selective-copy-smoke", "grid-1d-smoke", "grid-2d-smoke"}
 
 
-def test_c4_then_scrolls_and_context_extension_smoke(tmp_path: Path, tiny_corpus: Path):
+def test_c4_then_scrolls_smoke(tmp_path: Path, tiny_corpus: Path):
     c4 = tmp_path / "c4"
     invoke("pretrain", "--recipe", "c4-smoke", "--out", str(c4), f"data.source={tiny_corpus}")
     assert (c4 / "checkpoints").is_dir() and last_loss(c4) < 6.0  # below uniform over 259 bytes (5.56 + margin)
@@ -44,9 +45,17 @@ def test_c4_then_scrolls_and_context_extension_smoke(tmp_path: Path, tiny_corpus
                  f"data.source={scrolls}", "data.task=qasper")
     assert "trainable" in out and (ft / "checkpoints").is_dir()
 
+
+
+def test_context_extension_smoke_extends_a_hugging_face_llama(tmp_path: Path, tiny_corpus: Path):
+    pytest.importorskip("transformers")
+    from hf_helpers import make_hf_llama
+
+    make_hf_llama(tmp_path / "hf", max_position_embeddings=64)
     ext = tmp_path / "ext"
-    invoke("pretrain", "--recipe", "context-extension-smoke", "--out", str(ext), f"data.source={tiny_corpus}")
-    assert (ext / "checkpoints").is_dir()
+    out = invoke("extend-context", "--base", str(tmp_path / "hf"), "--recipe", "context-extension-smoke", "--out",
+                 str(ext), f"data.source={tiny_corpus}")
+    assert "from 64 to 128 tokens; method tape, scaling pi" in out and (ext / "checkpoints").is_dir()
 
 
 def test_arithmetic_smoke_trains_and_evaluates(tmp_path: Path):

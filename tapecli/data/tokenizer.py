@@ -121,7 +121,8 @@ class SentencePieceTokenizer(Tokenizer):
 
     def save(self, directory: str | Path) -> Path:
         directory = super().save(directory)
-        shutil.copyfile(self.path, directory / self.file_name)
+        # From memory, not a copy of self.path: that file may be gone (a pruned checkpoint the run resumed from).
+        (directory / self.file_name).write_bytes(self.sp.serialized_model_proto())
         return directory
 
 
@@ -170,7 +171,7 @@ class HFTokenizer(Tokenizer):
 
     def save(self, directory: str | Path) -> Path:
         directory = super().save(directory)
-        shutil.copyfile(self.path, directory / self.file_name)
+        self.tk.save(str(directory / self.file_name))  # from memory, like SentencePieceTokenizer.save
         return directory
 
 

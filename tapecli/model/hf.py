@@ -87,9 +87,13 @@ def resolve_hf_source(source: str) -> Path:
                         "or pass a local directory") from None
     except RepositoryNotFoundError:
         raise TapeError(f"{repo} does not exist on the Hugging Face hub (or needs a login)") from None
-    except (LocalEntryNotFoundError, OSError):
+    except LocalEntryNotFoundError:
         raise TapeError(f"{repo} is not in the local Hugging Face cache and the hub cannot be reached; pass a local "
                         "directory with config.json, *.safetensors and the tokenizer instead") from None
+    except Exception as e:  # network failures surface as several library-specific types
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TapeError(f"{repo} could not be downloaded ({reason}); pass a local directory with config.json, "
+                        "*.safetensors and the tokenizer instead") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -290,10 +294,15 @@ def load_hf_tokenizer(directory: Path, hf: dict[str, Any] | None = None) -> Toke
         if value is not None:
             specials[kind] = value
     if (directory / "tokenizer.json").is_file():
-        return HFTokenizer(directory / "tokenizer.json", specials)
-    if (directory / "tokenizer.model").is_file():
-        return SentencePieceTokenizer(directory / "tokenizer.model", specials)
-    raise TapeError(f"{directory} has no tokenizer.json or tokenizer.model")
+        tok: Tokenizer = HFTokenizer(directory / "tokenizer.json", specials)
+    elif (directory / "tokenizer.model").is_file():
+        tok = SentencePieceTokenizer(directory / "tokenizer.model", specials)
+    else:
+        raise TapeError(f"{directory} has no tokenizer.json or tokenizer.model")
+    if tok.vocab_size > hf.get("vocab_size", tok.vocab_size):
+        raise TapeError(f"{directory}: the tokenizer has {tok.vocab_size} tokens, more than config.json's "
+                        f"vocab_size {hf['vocab_size']}")
+    return tok
 
 
 def load_hf_model(source: str, *, dtype: torch.dtype | None = None,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import hashlib
 import math
 import random
@@ -27,11 +26,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tapecli.checkpoint import (
-    TOKENIZER,
     list_checkpoints,
     load_train_state,
-    load_weights,
-    read_model_config,
     remove_temp_dirs,
     resolve_checkpoint,
     save_checkpoint,
@@ -39,10 +35,10 @@ from tapecli.checkpoint import (
 from tapecli.data.build import build_datasets
 from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
-from tapecli.model.merge import new_parameter_names
 from tapecli.recipe import Recipe
 from tapecli.run import CHECKPOINTS, METRICS, MetricsLog, write_run_files
-from tapecli.train import distributed
+from tapecli.train import distributed, fsdp, memory
+from tapecli.train.build import build_model
 from tapecli.train.distributed import DistEnv
 from tapecli.train.optim import build_optimizer, build_scheduler
 from tapecli.train.progress import TrainProgress
@@ -100,28 +96,22 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     t = recipe.train
     _check_hardware(recipe, env)
     resume_from = find_resume(out, resume)
-    init_checkpoint = resolve_checkpoint(init_from) if init_from else None
-    weights_from = resume_from or init_checkpoint
-
-    tokenizer = _load_tokenizer(recipe, weights_from)
-    config, grown = _model_config(recipe, tokenizer, weights_from)
+    seed_everything(t.seed)
+    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device)
     # The resolved recipe describes the model actually trained (vocab size, or a fine-tuned checkpoint's shape).
     for f in dataclasses.fields(recipe.model):
-        setattr(recipe.model, f.name, config.to_dict()[f.name])
+        setattr(recipe.model, f.name, model.config.to_dict()[f.name])
     recipe_hash = hashlib.sha256(recipe.to_yaml().encode()).hexdigest()[:16]
 
-    from tapecli.model import Transformer, count_parameters
+    from tapecli.model import count_parameters
 
-    seed_everything(t.seed)
-    model = Transformer(config)
-    if weights_from is not None:
-        load_weights(model, weights_from, missing_ok=new_parameter_names(model) if grown else set())
-    apply_freeze(model, t.freeze, t.unfreeze)
     counts = count_parameters(model)
     if counts["trainable"] == 0:
         raise TapeError("train.freeze: every parameter is frozen; unfreeze some with train.unfreeze")
     model.to(env.device)
     model.gradient_checkpointing = t.activation_checkpointing
+    if t.parallel == "fsdp" and env.world_size > 1:
+        fsdp.shard(model, env, t.precision)  # before the optimizer: it must hold the sharded parameters
 
     optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.betas[0], t.betas[1]))
     scheduler = build_scheduler(optimizer, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
@@ -138,12 +128,13 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     if env.is_main:
         remove_temp_dirs(out / CHECKPOINTS)
         write_run_files(out, recipe.to_yaml(), t.seed, command, resume_from)
+        if origin is not None:
+            print(origin)
         print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "
               f"({counts['pe']:,} in the positional encoding)")
+        print(memory.describe(memory.estimate_memory(model, recipe, env.world_size, fsdp.is_sharded(model))))
         if resume_from is not None:
             print(f"resuming from {resume_from} (step {job.start_step} of {t.max_steps})")
-        elif init_checkpoint is not None:
-            print(f"initialised from {init_checkpoint}")
     return job
 
 
@@ -180,50 +171,6 @@ def find_resume(out: Path, resume: str) -> Path | None:
     return resolve_checkpoint(resume)
 
 
-def _load_tokenizer(recipe: Recipe, checkpoint: Path | None) -> Any:
-    """A checkpoint's own tokenizer when starting from one, else the recipe's."""
-    from tapecli.data.tokenizer import load_tokenizer, load_tokenizer_dir
-
-    if checkpoint is not None:
-        return load_tokenizer_dir(checkpoint / TOKENIZER)
-    return load_tokenizer(recipe.data.tokenizer)
-
-
-def _model_config(recipe: Recipe, tokenizer: Any, checkpoint: Path | None) -> tuple[Any, bool]:
-    """(ModelConfig to build, whether its PE grew): the recipe's, or a checkpoint's merged with the keys the recipe
-    set (tapecli.model.merge owns the rule)."""
-    from tapecli.model import ModelConfig
-    from tapecli.model.merge import merge_model_config
-
-    if checkpoint is not None:
-        return merge_model_config(read_model_config(checkpoint), recipe.set_values("model"), str(checkpoint))
-    kwargs = recipe.model_config_kwargs(tokenizer.vocab_size)
-    if kwargs["abacus"]:
-        if not hasattr(tokenizer, "digit_ids"):
-            raise TapeError("model.abacus: needs a tokenizer with digit ids (data.tokenizer: addition)")
-        kwargs["abacus_digit_ids"] = list(tokenizer.digit_ids)
-    try:
-        return ModelConfig.from_dict(kwargs), False
-    except ValueError as e:
-        raise TapeError(f"recipe: {e}") from None
-
-
-def apply_freeze(model: nn.Module, freeze: list[str], unfreeze: list[str]) -> None:
-    """Freeze parameters whose name matches a `freeze` glob, then unfreeze those matching an `unfreeze` glob.
-    Parameters the model declares inert (they never get a gradient) stay frozen, which DDP requires."""
-    inert = getattr(model, "inert_parameters", set())
-    names = [name for name, _ in model.named_parameters()]
-    for key, patterns in (("train.freeze", freeze), ("train.unfreeze", unfreeze)):
-        for pattern in patterns:
-            if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-                raise TapeError(f"{key}: pattern {pattern!r} matches no parameter (names look like {names[-1]!r})")
-    for name, param in model.named_parameters():
-        frozen = any(fnmatch.fnmatchcase(name, p) for p in freeze)
-        if frozen and any(fnmatch.fnmatchcase(name, p) for p in unfreeze):
-            frozen = False
-        param.requires_grad_(not frozen and name not in inert)
-
-
 def seed_everything(seed: int) -> None:
     """Seed python, numpy and torch (all devices)."""
     random.seed(seed)
@@ -255,7 +202,10 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 def _restore(job: Job, checkpoint: Path) -> None:
     state = load_train_state(checkpoint)
-    job.optimizer.load_state_dict(state["optimizer"])
+    if fsdp.is_sharded(job.model):
+        fsdp.load_optimizer_state(job.model, job.optimizer, state["optimizer"])
+    else:
+        job.optimizer.load_state_dict(state["optimizer"])
     job.scheduler.load_state_dict(state["scheduler"])
     if job.scaler is not None and state["scaler"] is not None:
         job.scaler.load_state_dict(state["scaler"])
@@ -266,11 +216,11 @@ def _restore(job: Job, checkpoint: Path) -> None:
         print(f"note: the recipe differs from the one that wrote {checkpoint}; continuing with the new one")
 
 
-def _train_state(job: Job, step: int, elapsed: float) -> dict[str, Any]:
+def _train_state(job: Job, step: int, elapsed: float, optimizer_state: dict | None = None) -> dict[str, Any]:
     return {
         "step": step,
         "data_position": step,  # the next batch is global_indices(step, ...): the position is the step
-        "optimizer": job.optimizer.state_dict(),
+        "optimizer": job.optimizer.state_dict() if optimizer_state is None else optimizer_state,
         "scheduler": job.scheduler.state_dict(),
         "scaler": job.scaler.state_dict() if job.scaler is not None else None,
         "rng": _rng_state(),
@@ -321,7 +271,8 @@ def fit(job: Job) -> None:
         return
 
     train_model: nn.Module = model
-    if env.world_size > 1:
+    sharded = fsdp.is_sharded(model)  # FSDP2 reduce-scatters (and averages) gradients itself
+    if env.world_size > 1 and not sharded:
         train_model = nn.parallel.DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda"
                                                           else None)
     ddp = train_model
@@ -346,7 +297,7 @@ def fit(job: Job) -> None:
             for i, (inputs, labels) in enumerate(batches):
                 # DDP all-reduces gradients on the last micro-batch only; it averages over ranks, hence * world_size.
                 last = i == len(batches) - 1
-                sync = contextlib.nullcontext() if last or env.world_size == 1 else ddp.no_sync()
+                sync = contextlib.nullcontext() if last or env.world_size == 1 or sharded else ddp.no_sync()
                 with sync:
                     with _autocast(recipe, env.device):
                         micro_loss = _loss_sum(train_model, inputs, labels)
@@ -423,7 +374,10 @@ def save(job: Job, step: int, elapsed: float) -> Path:
     """Write checkpoint `step` (rank 0 writes; every rank returns its path)."""
     t = job.recipe.train
     root = job.out / CHECKPOINTS
+    weights = optimizer_state = None
+    if fsdp.is_sharded(job.model):  # every rank takes part in gathering the full tensors
+        weights, optimizer_state = fsdp.full_state(job.model, job.optimizer)
     if job.env.is_main:
-        return save_checkpoint(root, step, job.model, job.tokenizer, _train_state(job, step, elapsed),
-                               keep_last=t.keep_last)
+        return save_checkpoint(root, step, job.model, job.tokenizer, _train_state(job, step, elapsed, optimizer_state),
+                               keep_last=t.keep_last, weights=weights)
     return root / f"step-{step:08d}"

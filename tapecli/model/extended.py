@@ -1,0 +1,82 @@
+"""A model made of a frozen Hugging Face base plus what is trained on top of it (`tape extend-context`).
+
+    model = build_from_base(config, base_dir, dtype=torch.bfloat16, device="cuda", lora=LoraSpec())
+
+`config` is the base's configuration after `tapecli.model.merge` (same shapes; the PE may have grown from rope to
+tape, and max_seq_len / RoPE scaling may differ). The base's weights are assigned from its safetensors (meta device,
+one copy, `tapecli.model.hf`); the parameters the base lacks (the grown PE's) are created and initialised as in a
+fresh model, so TAPE's updates start at exactly zero; LoRA adapters (B = 0) are added last. So the model starts
+computing exactly what the base computes under the same RoPE scaling.
+
+Checkpoints of such a model hold only `own_parameters` (new or trainable ones) plus `base_model` (where the base was
+imported from); `tapecli.checkpoint` writes and reads them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tapecli.errors import TapeError
+
+if TYPE_CHECKING:
+    import torch
+
+    from tapecli.model.config import ModelConfig
+    from tapecli.model.lora import LoraSpec
+    from tapecli.model.transformer import Transformer
+
+
+def init_new_parameters(model: Transformer, device: torch.device | str) -> set[str]:
+    """Allocate and initialise the parameters still on the meta device, which must all belong to the positional
+    encoding; same initialisation as a fresh `Transformer` (N(0, init_std), then the PE's own `init_weights`)."""
+    from torch import nn
+
+    from tapecli.model.pe import LayerPE
+
+    pending = {name for name, p in model.named_parameters() if p.is_meta}
+    for module in model.modules():
+        if isinstance(module, LayerPE) and any(p.is_meta for p in module.parameters()):
+            module.to_empty(device=device)
+            for sub in module.modules():
+                if isinstance(sub, nn.Linear):
+                    nn.init.normal_(sub.weight, mean=0.0, std=model.config.init_std)
+            module.init_weights()
+    still = sorted(name for name, p in model.named_parameters() if p.is_meta)
+    if still:
+        raise TapeError(f"the base model lacks {still[0]} (and {len(still) - 1} more), which only a PE may add")
+    return pending
+
+
+def build_from_base(config: ModelConfig, base_dir: Path, *, dtype: torch.dtype, device: torch.device | str,
+                    lora: LoraSpec | None = None) -> Transformer:
+    """The base's weights in `dtype` under `config`, new PE parameters initialised (fp32), LoRA applied."""
+    from tapecli.model.hf import build_on_meta, load_hf_weights
+    from tapecli.model.lora import apply_lora
+
+    model = build_on_meta(config)
+    load_hf_weights(model, base_dir, dtype, device)
+    new = init_new_parameters(model, device)
+    if lora is not None:
+        try:
+            new |= set(apply_lora(model, lora))
+        except ValueError as e:
+            raise TapeError(f"extend.lora_targets: {e}") from None
+    model.new_parameters = new
+    return model
+
+
+def base_record(source: str, directory: Path, lora: LoraSpec | None) -> dict[str, Any]:
+    """What a checkpoint stores to find its base again: the source as given and the directory it resolved to."""
+    return {"source": source, "directory": str(Path(directory).resolve()),
+            "lora": None if lora is None else lora.to_dict()}
+
+
+def find_base(record: dict[str, Any]) -> Path:
+    """The base's directory: the recorded one if it still exists, else the source resolved again (hub cache)."""
+    from tapecli.model.hf import resolve_hf_source
+
+    directory = Path(record["directory"])
+    if (directory / "config.json").is_file():
+        return directory
+    return resolve_hf_source(record["source"])

@@ -1,0 +1,151 @@
+"""Export a tape model as a Hugging Face Llama directory (`tape export`), the inverse of `tapecli.model.hf`.
+
+    export_hf(model, tokenizer, out, dtype=torch.bfloat16) -> out
+
+Writes config.json (LlamaForCausalLM, with `rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards
+with model.safetensors.index.json), generation_config.json and the tokenizer (tokenizer.json or tokenizer.model,
+with tokenizer_config.json naming its special tokens), so `AutoModelForCausalLM.from_pretrained(out)` computes the
+same logits as tape. Only PEs transformers' Llama can run are exported: RoPE with any of its scalings. LoRA must be
+merged first (`tapecli.checkpoint.load_model` does). Everything is written to a temporary directory renamed into
+place at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tapecli.errors import TapeError
+
+if TYPE_CHECKING:
+    import torch
+
+    from tapecli.data.tokenizer import Tokenizer
+    from tapecli.model import Transformer
+
+SHARD_BYTES = 5 * 2**30
+
+
+def rope_parameters(model: Transformer) -> tuple[dict[str, Any], int]:
+    """(transformers' rope_parameters, max_position_embeddings) for a RoPE model; see tapecli.model.pe.rope."""
+    pe = model.model.pe
+    params: dict[str, Any] = {"rope_theta": pe.theta, "rope_type": "default"}
+    max_pos = model.config.max_seq_len
+    if pe.scaling == "none":
+        return params, max_pos
+    params.update(rope_type=pe.scaling, factor=pe.factor)
+    if pe.scaling == "dynamic":
+        max_pos = pe.original_max_len  # transformers' dynamic NTK measures growth from max_position_embeddings
+    else:
+        params["original_max_position_embeddings"] = pe.original_max_len
+    args = model.config.pe_args
+    if pe.scaling == "yarn":
+        params.update(beta_fast=args.get("beta_fast", 32.0), beta_slow=args.get("beta_slow", 1.0),
+                      truncate=args.get("truncate", True), attention_factor=pe.attention_factor)
+    if pe.scaling == "llama3":
+        params.update(low_freq_factor=args.get("low_freq_factor", 1.0),
+                      high_freq_factor=args.get("high_freq_factor", 4.0))
+    if pe.scaling == "linear":
+        params.pop("original_max_position_embeddings")
+    return params, max_pos
+
+
+def check_exportable(model: Transformer) -> None:
+    c = model.config
+    if c.pe != "rope":
+        raise TapeError(f"pe {c.pe!r} has no Hugging Face Llama equivalent (only rope exports); keep the native "
+                        "checkpoint, which `tapecli.checkpoint.load_model` and every `tape eval` open")
+    if c.abacus or not c.causal:
+        raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
+                        "native checkpoint")
+    if any("lora_" in name for name, _ in model.named_parameters()):
+        raise TapeError("merge LoRA adapters before exporting (tapecli.model.lora.merge_lora)")
+
+
+def _config(model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype) -> dict[str, Any]:
+    c = model.config
+    rope, max_pos = rope_parameters(model)
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
+        "hidden_size": c.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
+        "max_position_embeddings": max_pos, "rms_norm_eps": c.norm_eps, "tie_word_embeddings": c.tie_embeddings,
+        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "initializer_range": c.init_std,
+        "rope_parameters": rope, "dtype": str(dtype).removeprefix("torch."),
+    }
+    if tokenizer is not None:
+        config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
+    return config
+
+
+def _write_weights(model: Transformer, directory: Path, dtype: torch.dtype) -> None:
+    from safetensors.torch import save_file
+
+    state = {name: t.detach().to("cpu", dtype) for name, t in model.state_dict().items()}
+    if model.config.tie_embeddings:
+        state.pop("lm_head.weight")
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    for name, tensor in state.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > SHARD_BYTES:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor.contiguous()
+        size += nbytes
+    if len(shards) == 1:
+        save_file(shards[0], str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        file = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(directory / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+
+
+def _write_tokenizer(tokenizer: Tokenizer, directory: Path) -> bool:
+    """The tokenizer in Hugging Face form; False for tokenizers that have none (byte-level, arithmetic)."""
+    from tapecli.data.tokenizer import HFTokenizer, SentencePieceTokenizer
+
+    if isinstance(tokenizer, HFTokenizer):
+        tokenizer.tk.save(str(directory / "tokenizer.json"))
+        names = {"tokenizer_class": "PreTrainedTokenizerFast"}
+        to_token = tokenizer.tk.id_to_token
+    elif isinstance(tokenizer, SentencePieceTokenizer):
+        (directory / "tokenizer.model").write_bytes(tokenizer.sp.serialized_model_proto())
+        names = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False}
+        to_token = tokenizer.sp.id_to_piece
+    else:
+        return False
+    tok_config = {**names, "bos_token": to_token(tokenizer.bos_id), "eos_token": to_token(tokenizer.eos_id),
+                  "pad_token": to_token(tokenizer.pad_id)}
+    (directory / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
+    return True
+
+
+def export_hf(model: Transformer, tokenizer: Tokenizer, out: str | Path, dtype: torch.dtype | None = None) -> bool:
+    """Write the Hugging Face directory `out` (must not exist, or be empty); returns whether a tokenizer was
+    written. `dtype` None keeps the model's parameter dtype."""
+    check_exportable(model)
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise TapeError(f"--out {out} already exists and is not empty; choose a new directory")
+    dtype = dtype or model.model.embed_tokens.weight.dtype
+    temp = out.with_name(f".tmp-{out.name}")
+    shutil.rmtree(temp, ignore_errors=True)
+    temp.mkdir(parents=True)
+    _write_weights(model, temp, dtype)
+    (temp / "config.json").write_text(json.dumps(_config(model, tokenizer, dtype), indent=2) + "\n")
+    wrote_tokenizer = _write_tokenizer(tokenizer, temp)
+    if wrote_tokenizer:
+        ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
+        (temp / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
+    if out.exists():
+        out.rmdir()
+    temp.rename(out)
+    return wrote_tokenizer

@@ -1,0 +1,111 @@
+"""`tape extend-context`: the plan of a context extension (method.md 1.10, 3, 4.4), decided from the recipe's `extend`
+section and the base's configuration. The engine trains it like any run (`tapecli.train.build` builds the model).
+
+Two independent choices:
+- `extend.method`, what is trained (besides `extend.trainable`, by default embeddings and norms):
+    tape      TAPE on top of the base's RoPE; its modules start at zero, so step 0 equals the base (same scaling)
+    lora      LoRA on `extend.lora_targets` (r=8, alpha=16, dropout 0 on q, k, v, o): LongLoRA's "LoRA+"
+    longlora  lora plus shifted sparse attention while training (groups of `group_fraction` of the length)
+    full      every weight
+- `extend.scaling`, how positions reach the target context N = model.max_seq_len from the base's L
+  (`max_position_embeddings`): pi (linear interpolation by N/L), yarn, dynamic (NTK), theta (RoPE base
+  `extend.theta`, 1e6), none.
+`extend.compat: official` reproduces the official scripts: interpolation by N/L under every method (theta
+included) and TAPE's post-attention map left frozen at zero.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tapecli.errors import TapeError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from tapecli.model import ModelConfig
+    from tapecli.model.lora import LoraSpec
+    from tapecli.recipe import Recipe
+
+METHOD_PARAMETERS = {"tape": ["*.pe.*"], "lora": ["*.lora_A", "*.lora_B"], "longlora": ["*.lora_A", "*.lora_B"],
+                     "full": ["*"]}
+
+
+@dataclass
+class Plan:
+    config: ModelConfig  # the extended model (pe, pe_args, max_seq_len)
+    grown: bool  # the PE grew from rope to tape
+    lora: LoraSpec | None
+    unfreeze: list[str]  # fnmatch patterns of trained parameters (everything else frozen)
+    freeze_after: list[str]  # patterns frozen again (official protocol: TAPE's post-attention map)
+    s2_fraction: float | None  # longlora: S²-Attn group fraction while training
+    summary: str  # one line: base length -> target, method, scaling, protocol
+
+
+def scaling_args(scaling: str, compat: str, theta: float, factor: float, base_len: int) -> dict[str, Any]:
+    """RoPE pe_args for a scaling choice (tapecli.model.pe.rope)."""
+    if compat == "official" and scaling in ("yarn", "dynamic"):
+        raise TapeError(f"extend.scaling: {scaling} does not exist in the official protocol (it interpolates "
+                        "linearly); use extend.compat=paper")
+    stretch = {"original_max_len": base_len, "factor": factor}
+    args: dict[str, Any] = {}
+    if scaling == "theta":
+        args["theta"] = theta
+    if scaling in ("pi", "yarn", "dynamic"):
+        args.update(scaling={"pi": "linear"}.get(scaling, scaling), **stretch)
+    elif compat == "official":  # the official scripts interpolate whenever N > L, theta included
+        args.update(scaling="linear", **stretch)
+    return args
+
+
+def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
+    """The extended model's config and what to train, from the recipe and the base's `ModelConfig.to_dict()`."""
+    from tapecli.model.lora import LoraSpec
+    from tapecli.model.merge import merge_model_config
+
+    x = recipe.extend
+    if "model.max_seq_len" not in recipe.set_keys:
+        raise TapeError("model.max_seq_len: set the target context length (e.g. model.max_seq_len=8192)")
+    for key in ("train.freeze", "train.unfreeze"):
+        if key in recipe.set_keys:
+            raise TapeError(f"{key}: extend-context trains what --method says plus extend.trainable; "
+                            "remove the key and use extend.trainable")
+    base_len, target = base["max_seq_len"], recipe.model.max_seq_len
+    factor = target / base_len
+    requested = recipe.set_values("model")
+    requested["pe_args"] = {**requested.get("pe_args", {}),
+                            **scaling_args(x.scaling, x.compat, x.theta, factor, base_len)}
+    if x.method == "tape":
+        requested["pe"] = "tape"
+    config, grown = merge_model_config(base, requested, origin)
+    if x.method == "tape" and not grown and base.get("pe") != "tape":
+        raise TapeError(f"extend.method: tape needs a RoPE base, {origin} has pe {base.get('pe')!r}")
+    lora = None
+    if x.method in ("lora", "longlora"):
+        lora = LoraSpec(rank=x.lora_rank, alpha=x.lora_alpha, dropout=x.lora_dropout, targets=list(x.lora_targets))
+    freeze_after = ["*.post_attn_proj.*"] if x.method == "tape" and x.compat == "official" else []
+    scaled = config.pe_args.get("scaling", "none")
+    stretch = "no interpolation" if scaled == "none" else f"{scaled} x{config.pe_args['factor']:g}"
+    how = f"{x.scaling} ({stretch}, RoPE theta {config.pe_args.get('theta', 10000.0):g})"
+    summary = (f"extend-context: {origin} from {base_len} to {target} tokens; method {x.method}, scaling {how}; "
+               f"protocol {x.compat}" + (" (PI under every method, TAPE's post-attention map frozen)"
+                                         if x.compat == "official" else ""))
+    return Plan(config=config, grown=grown, lora=lora, unfreeze=METHOD_PARAMETERS[x.method] + list(x.trainable),
+                freeze_after=freeze_after, s2_fraction=x.group_fraction if x.method == "longlora" else None,
+                summary=summary)
+
+
+def apply_plan(model: nn.Module, plan: Plan) -> None:
+    """Freeze all but the plan's trainable set (a pattern matching nothing is a TapeError), then switch longlora's
+    attention to S²-Attn (training only)."""
+    from tapecli.model.s2attn import enable_s2_attn
+    from tapecli.train.build import apply_freeze
+
+    apply_freeze(model, ["*"], plan.unfreeze, keys=("extend.method", "extend.trainable"))
+    for name, param in model.named_parameters():
+        if any(fnmatch.fnmatchcase(name, p) for p in plan.freeze_after):
+            param.requires_grad_(False)
+    if plan.s2_fraction is not None:
+        enable_s2_attn(model, plan.s2_fraction)
