@@ -27,7 +27,15 @@ from typing import Any
 from tapecli.data import scrolls as data
 from tapecli.errors import TapeError
 from tapecli.eval import scrolls_metric as metric
-from tapecli.eval.common import RESULTS_FILE, OpenedModel, SamplesLog, open_model, progress_bar, write_json
+from tapecli.eval.common import (
+    RESULTS_FILE,
+    OpenedModel,
+    SamplesLog,
+    generate_batch,
+    open_model,
+    progress_bar,
+    write_json,
+)
 
 PROTOCOL = (
     "SCROLLS (method.md 4.3): one example per id (all of its rows' outputs are references); prompt = the "
@@ -116,8 +124,8 @@ def evaluate_task(opened: OpenedModel, task: str, run: ScrollsRun, out: str | No
     with SamplesLog(out_dir, settings, keep=lambda logged: [r for r in logged if r["id"] in wanted]) as log:
         done = {r["id"] for r in log.rows}
         todo = [e for e in examples if e.id not in done]
-        with progress_bar(f"{opened.name} {task}", "examples", show=show_progress) as progress:
-            bar = progress.add_task("", total=len(examples), completed=len(done))
+        with progress_bar("examples", show=show_progress) as progress:
+            bar = progress.add_task(f"{opened.name} {task}", total=len(examples), completed=len(done))
             for start in range(0, len(todo), run.batch_size):
                 chunk = todo[start : start + run.batch_size]
                 prompts = [data.prompt_ids(tok, task, rows[e.row]["input"], budgets, compat) for e in chunk]
@@ -139,29 +147,21 @@ def evaluate_task(opened: OpenedModel, task: str, run: ScrollsRun, out: str | No
 
 def _generate(model: Any, tok: Any, prompts: list[list[int]], max_new: int, run: ScrollsRun, sample: bool,
               ids: list[str]) -> list[list[int]]:
-    """New tokens for each prompt: greedy for a left-padded batch with an attention mask (each row decodes as it
-    would alone), or seeded sampling one example at a time (one generator per example)."""
+    """New tokens for each prompt: greedy through the shared batched decoder (left padding + attention mask), or
+    seeded sampling one example at a time (one generator per example, so batching never changes a draw)."""
+    if not sample:
+        return generate_batch(model, prompts, max_new, batch_size=run.batch_size, stop_tokens=[tok.eos_id],
+                              pad_id=tok.eos_id)
     import torch
 
     device = next(model.parameters()).device
-    eos = tok.eos_id
-    if not sample:
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), eos, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-        with torch.inference_mode():
-            tokens = model.generate(input_ids.to(device), max_new_tokens=max_new, use_cache=True, temperature=0.0,
-                                    stop_tokens=[eos], pad_id=eos, attention_mask=mask.to(device))
-        return tokens[:, width:].tolist()
     outputs = []
     for prompt, id_ in zip(prompts, ids, strict=True):
         seed = int.from_bytes(hashlib.blake2b(f"{run.seed}:{id_}".encode(), digest_size=4).digest(), "big")
         with torch.inference_mode():
             tokens = model.generate(torch.tensor([prompt], device=device), max_new_tokens=max_new, use_cache=True,
-                                    temperature=1.0, top_k=SAMPLE_TOP_K, seed=seed, stop_tokens=[eos], pad_id=eos)
+                                    temperature=1.0, top_k=SAMPLE_TOP_K, seed=seed, stop_tokens=[tok.eos_id],
+                                    pad_id=tok.eos_id)
         outputs.append(tokens[0, len(prompt):].tolist())
     return outputs
 
