@@ -8,8 +8,8 @@ An evaluation module (`tapecli.eval.addition`, `perplexity`, `passkey`, ...) hol
    evaluation's settings, skips a half-written last line, and hands back the rows an interrupted run finished;
 3. appends result rows with `log.append(rows)` (flushed at once, so a finished unit survives an interruption), and
    writes results.json with `write_json` (atomically) at the end;
-4. decodes greedily with `generate_batch(model, prompts, max_new_tokens)` (prompts of any lengths, left-padded in a
-   batch), the one place that talks to `Transformer.generate` for greedy decoding.
+4. decodes greedily with `generate_batch(model, prompts, max_new_tokens)`, the one place that talks to
+   `Transformer.generate`.
 
 Output directory layout shared by all evaluations:
   settings.json   what is being evaluated (compared on resume)
@@ -274,31 +274,26 @@ def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, ba
     """Greedy continuations (new tokens only, `max_new_tokens` each, padded with `pad_id` after a stop token) of
     token-id prompts, in the order given.
 
-    Prompts are decoded `batch_size` at a time, shortest first, with the KV cache; prompts of different lengths in
-    one batch are left-padded with an attention mask, so each row decodes as it would alone. This is the one place
-    evaluations call `Transformer.generate` for greedy decoding.
+    Prompts of equal length are decoded together, `batch_size` at a time, with the KV cache. This is the one place
+    evaluations call `Transformer.generate`, so batched decoding of unequal prompts can replace it here alone.
     """
     import torch
 
     device = next(model.parameters()).device
-    fill = pad_id if pad_id is not None else (stop_tokens[0] if stop_tokens else 0)
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    by_length: dict[int, list[int]] = {}
+    for index, prompt in enumerate(prompts):
+        by_length.setdefault(len(prompt), []).append(index)
     outputs: list[list[int]] = [[] for _ in prompts]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        width = max(len(prompts[i]) for i in chunk)
-        input_ids = torch.full((len(chunk), width), fill, dtype=torch.long)
-        mask = torch.zeros((len(chunk), width), dtype=torch.long)
-        for row, i in enumerate(chunk):
-            input_ids[row, width - len(prompts[i]):] = torch.tensor(prompts[i], dtype=torch.long)
-            mask[row, width - len(prompts[i]):] = 1
-        padded = bool((mask == 0).any())
-        with torch.inference_mode():
-            tokens = model.generate(input_ids.to(device), max_new_tokens=max_new_tokens, use_cache=True,
-                                    temperature=0.0, stop_tokens=stop_tokens, pad_id=pad_id,
-                                    attention_mask=mask.to(device) if padded else None)
-        for i, row in zip(chunk, tokens[:, width:].tolist(), strict=True):
-            outputs[i] = (row + [fill] * max_new_tokens)[:max_new_tokens]
+    for length, indices in by_length.items():
+        for start in range(0, len(indices), batch_size):
+            chunk = indices[start : start + batch_size]
+            input_ids = torch.tensor([prompts[i] for i in chunk], dtype=torch.long, device=device)
+            with torch.inference_mode():
+                tokens = model.generate(input_ids, max_new_tokens=max_new_tokens, use_cache=True, temperature=0.0,
+                                        stop_tokens=stop_tokens, pad_id=pad_id)
+            for i, row in zip(chunk, tokens[:, length:].tolist(), strict=True):
+                fill = pad_id if pad_id is not None else (stop_tokens[0] if stop_tokens else 0)
+                outputs[i] = (row + [fill] * max_new_tokens)[:max_new_tokens]
     return outputs
 
 

@@ -31,7 +31,6 @@ from tapecli.eval.common import (
     RESULTS_FILE,
     OpenedModel,
     SamplesLog,
-    generate_batch,
     open_model,
     progress_bar,
     write_json,
@@ -147,21 +146,30 @@ def evaluate_task(opened: OpenedModel, task: str, run: ScrollsRun, out: str | No
 
 def _generate(model: Any, tok: Any, prompts: list[list[int]], max_new: int, run: ScrollsRun, sample: bool,
               ids: list[str]) -> list[list[int]]:
-    """New tokens for each prompt: greedy through the shared batched decoder (left padding + attention mask), or
-    seeded sampling one example at a time (one generator per example, so batching never changes a draw)."""
-    if not sample:
-        return generate_batch(model, prompts, max_new, batch_size=run.batch_size, stop_tokens=[tok.eos_id],
-                              pad_id=tok.eos_id)
+    """New tokens for each prompt: greedy for a left-padded batch with an attention mask (each row decodes as it
+    would alone), or seeded sampling one example at a time (one generator per example, so batching never changes
+    a draw). `common.generate_batch` only batches prompts of equal length, which SCROLLS prompts rarely are."""
     import torch
 
     device = next(model.parameters()).device
+    eos = tok.eos_id
+    if not sample:
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), eos, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        with torch.inference_mode():
+            tokens = model.generate(input_ids.to(device), max_new_tokens=max_new, use_cache=True, temperature=0.0,
+                                    stop_tokens=[eos], pad_id=eos, attention_mask=mask.to(device))
+        return tokens[:, width:].tolist()
     outputs = []
     for prompt, id_ in zip(prompts, ids, strict=True):
         seed = int.from_bytes(hashlib.blake2b(f"{run.seed}:{id_}".encode(), digest_size=4).digest(), "big")
         with torch.inference_mode():
             tokens = model.generate(torch.tensor([prompt], device=device), max_new_tokens=max_new, use_cache=True,
-                                    temperature=1.0, top_k=SAMPLE_TOP_K, seed=seed, stop_tokens=[tok.eos_id],
-                                    pad_id=tok.eos_id)
+                                    temperature=1.0, top_k=SAMPLE_TOP_K, seed=seed, stop_tokens=[eos], pad_id=eos)
         outputs.append(tokens[0, len(prompt):].tolist())
     return outputs
 

@@ -63,12 +63,12 @@ class ShiftedSparseAttention(Attention):
 
     fraction: float = 0.25
 
-    def forward(self, x: Tensor, pe, state, k_pos: Tensor, cache: dict | None,
+    def forward(self, x: Tensor, pe, state, k_pos: Tensor, key_mask: Tensor | None, cache: dict | None,
                 aggregation: str | None) -> tuple[Tensor, Tensor | None]:
         B, T, _ = x.shape
         group = int(T * self.fraction)
-        if not self.training or cache is not None or aggregation is not None or group < 2:
-            return super().forward(x, pe, state, k_pos, cache, aggregation)
+        if not self.training or key_mask is not None or cache is not None or aggregation is not None or group < 2:
+            return super().forward(x, pe, state, k_pos, key_mask, cache, aggregation)
         if T % group or group % 2:
             raise ValueError(f"S²-Attn: {T} tokens cannot be cut into groups of {group} (an even divisor)")
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
