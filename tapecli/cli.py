@@ -157,6 +157,109 @@ def eval_addition(
     typer.echo(f"{', '.join(parts)}; wrote results.json, samples.jsonl and heatmap.png to {out_dir}")
 
 
+@eval_app.command("scrolls")
+def eval_scrolls(
+    model: list[str] | None = typer.Option(None, "--model", help=_MODELS_HELP + " `{task}` in it is replaced by "
+                                           "each task's name (one fine-tuned model per task).", show_default=False),
+    task: list[str] | None = typer.Option(None, "--task", help="SCROLLS task (repeatable): gov_report, "
+                                          "summ_screen_fd, qmsum, narrative_qa, qasper, quality, contract_nli.",
+                                          show_default=False),
+    all_tasks: bool = typer.Option(False, "--all-tasks", help="All seven tasks; prints the paper's table."),
+    split: str = typer.Option("validation", "--split", help="train, validation or test (test has no references)."),
+    data: str | None = typer.Option(None, "--data", help="A downloaded tau/scrolls {task}.zip or the folder holding "
+                                    "the zips [default: the hub, online]."),
+    predictions: str | None = typer.Option(None, "--predictions", help="Score this predictions.json ({id: text}) "
+                                           "instead of running a model."),
+    compat: str | None = typer.Option(None, "--compat", help="Prompt construction: clean or official [default: "
+                                      "the fine-tuning run's data.compat, else clean]."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Prompt + answer tokens [default: the run's "
+                                       "data.seq_len, else the model's max_seq_len]; budgets scale from 8192."),
+    sample: bool = typer.Option(False, "--sample", help="Summaries: sample (temperature 1, top-k 3) as the official "
+                                "run did, seeded per example, instead of greedy decoding."),
+    seed: int = typer.Option(0, "--seed", help="Seeds --sample."),
+    limit: int | None = typer.Option(None, "--limit", help="Only the first N examples (a quick look, not the "
+                                     "official score)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Examples decoded together; changes speed, not results."),
+    out: str | None = typer.Option(None, "--out", help="Output folder [default: RUN/eval-scrolls/TASK-SPLIT]."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """SCROLLS: generate answers for every example of a split and score them with the official metric.
+
+    F1 (qasper, narrative_qa), exact match (quality, contract_nli), or the geometric mean of ROUGE-1/2/L (summaries).
+
+    Writes predictions.json (official format), results.json and samples.jsonl per model and task; rerun to resume.
+
+    Examples: tape eval scrolls --model runs/ft-qasper --task qasper --data scrolls/ ;
+    tape eval scrolls --all-tasks --model runs/rope-{task} --model runs/tape-{task} --data scrolls/ ;
+    tape eval scrolls --task qasper --predictions predictions.json --data scrolls/
+    """
+    import json
+
+    from tapecli.eval import scrolls
+
+    with reported_errors():
+        tasks = list(scrolls.data.TASKS) if all_tasks else list(task or [])
+        if not tasks:
+            raise TapeError("pass --task TASK (repeatable) or --all-tasks")
+        if compat not in (None, "clean", "official"):
+            raise TapeError(f"--compat: expected clean or official, got {compat!r}")
+        if predictions is not None:
+            if len(tasks) != 1 or model:
+                raise TapeError("--predictions scores one --task and takes no --model")
+            result = scrolls.score_predictions_file(tasks[0], predictions, split, data)
+            typer.echo(json.dumps(result, indent=1))
+            return
+        if not model:
+            raise TapeError("pass --model (or --predictions to score a predictions file)")
+        run = scrolls.ScrollsRun(split=split, data=data, compat=compat, seq_len=seq_len, sample=sample, seed=seed,
+                                 batch_size=batch_size, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
+                                 limit=limit)
+        results = scrolls.run_scrolls_eval(model, tasks, run, out)
+    header, rows = scrolls.table(model, results, tasks)
+    for cells in [header, ["---"] * len(header), *rows]:  # a Markdown table, ready to paste
+        typer.echo("| " + " | ".join(cells) + " |")
+    typer.echo(f"wrote predictions.json, results.json and samples.jsonl to {results[0][0]['out_dir']}"
+               + (" and the other (model, task) folders" if len(model) * len(tasks) > 1 else ""))
+
+
+@eval_app.command("synthetic")
+def eval_synthetic(
+    models: list[str] = typer.Option(..., "--model", "-m", help="Run directory (newest checkpoint) or checkpoint "
+                                     "trained on a synthetic task; repeat --model to compare several."),
+    splits: str = typer.Option("iid,ood-dense,ood-sparse", help="Comma-separated splits to evaluate."),
+    samples: int = typer.Option(None, help="Sequences per split (default: the run's eval.samples)."),
+    seed: int = typer.Option(1234, help="Seeds the evaluation sequences (each split has its own stream)."),
+    batch_size: int = typer.Option(64, help="Sequences scored together; changes speed, not results."),
+    out: str = typer.Option(None, help="Output directory (default: RUN/eval-synthetic/<checkpoint name>; with "
+                                       "several models, the comparison's folder, default eval-synthetic-comparison)."),
+    device: str = typer.Option("auto", help="cpu, cuda or auto."),
+) -> None:
+    """Selective copy or grid navigation (MapFormer): accuracy on the IID, OOD-dense and OOD-sparse splits.
+
+    The task and each split's parameters come from the run's recipe (data.kind, data.*, eval.*).
+
+    Scored: the copied symbols (selective copy) or observations of revisited cells (grid), teacher-forced argmax.
+
+    Per split: accuracy (whole sequence right) and token_accuracy; results.json, samples.jsonl, accuracy.png.
+
+    Interrupted? Run the same command again: finished sequences are kept.
+
+    Example: tape eval synthetic --model runs/copy-rope --model runs/copy-tape --out runs/copy-compare
+    """
+    from rich.console import Console
+
+    from tapecli.eval.synthetic import comparison_table, run_synthetic_eval
+
+    with reported_errors():
+        results, chart = run_synthetic_eval(models, [s.strip() for s in splits.split(",") if s.strip()],
+                                            samples=samples, seed=seed, batch_size=batch_size, out=out, device=device)
+    Console().print(comparison_table(results))
+    comparison = f"; comparison chart {chart}" if chart else ""
+    typer.echo(f"wrote results.json, samples.jsonl and accuracy.png per model{comparison}")
+
+
 def _numbers(text: str, option: str, kind: type = int) -> list:
     """`"1024,2048"` -> [1024, 2048] for a comma-separated option; one line naming the option when malformed."""
     try:
@@ -491,6 +594,8 @@ def demo(
     out: str = typer.Option(None, help="Output directory (default: runs/demo, plus -quick, -abacus, -seedN)."),
     seed: int = typer.Option(0, help="Seeds model init and the training problems (the same for every PE)."),
     abacus: bool = typer.Option(False, "--abacus", help="Give every PE the Abacus digit embedding (McLeish et al.)."),
+    task: str = typer.Option("addition", "--task", help="addition, or selective-copy (MapFormer's synthetic task; "
+                                                        "runs rope, tape, nope and alibi)."),
 ) -> None:
     """Train small RoPE and TAPE models on addition under one budget and compare them beyond the training length.
 
@@ -507,11 +612,27 @@ def demo(
     from tapecli.demo import DEFAULT_PES, FULL, QUICK, run_demo
 
     extra = [p.strip() for p in pe.split(",") if p.strip()]
+    if task != "addition":
+        with reported_errors():
+            _synthetic_demo(task, extra, quick, abacus, out, seed)
+        return
     pes = list(dict.fromkeys([*DEFAULT_PES, *extra]))  # keep order, drop repeats
     with reported_errors():
         # One directory per setting, so a re-run reuses finished work and never mixes settings.
         default_out = "runs/demo" + "-quick" * quick + "-abacus" * abacus + (f"-seed{seed}" if seed else "")
         run_demo(pes, QUICK if quick else FULL, out or default_out, seed=seed, abacus=abacus)
+
+
+def _synthetic_demo(task: str, extra: list[str], quick: bool, abacus: bool, out: str | None, seed: int) -> None:
+    """`tape demo --task <synthetic task>` (see tapecli.demo_synthetic)."""
+    from tapecli.demo_synthetic import BUDGETS, DEFAULT_PES, run_synthetic_demo
+
+    if task not in BUDGETS:
+        raise TapeError(f"--task: unknown demo task '{task}'; allowed: addition, {', '.join(BUDGETS)}")
+    if abacus or quick:
+        raise TapeError(f"--{'abacus' if abacus else 'quick'} applies to the addition demo only, not --task {task}")
+    default_out = f"runs/demo-{task}" + (f"-seed{seed}" if seed else "")
+    run_synthetic_demo(list(dict.fromkeys([*DEFAULT_PES, *extra])), BUDGETS[task], out or default_out, seed=seed)
 
 
 def main() -> None:

@@ -105,7 +105,7 @@ def run_demo(pes: list[str], budget: DemoBudget, out: str | Path, seed: int = 0,
         settings = AdditionEvalSettings(max_len=budget.eval_len, samples=budget.samples,
                                         train_digits=budget.max_digits, checkpoint=str(checkpoint.resolve()), pe=pe)
         grid = evaluate_addition(model, tokenizer, settings, run_dir / "eval-addition" / checkpoint.name)
-        train = _training_record(run_dir)
+        train = training_record(run_dir)
         results.append(DemoResult(
             pe=pe, parameters=count_parameters(model)["total"], train_seconds=train["elapsed"],
             final_loss=train["loss"], val_loss=train.get("val_loss"), mean_accuracy=grid["mean_accuracy"],
@@ -121,7 +121,7 @@ def run_demo(pes: list[str], budget: DemoBudget, out: str | Path, seed: int = 0,
     return results
 
 
-def _training_record(run_dir: Path) -> dict[str, Any]:
+def training_record(run_dir: Path) -> dict[str, Any]:
     """The last logged training row of a run (loss, cumulative elapsed seconds) plus its last validation loss."""
     rows = read_metrics(run_dir)
     train_rows = [row for row in rows if "loss" in row]

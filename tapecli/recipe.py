@@ -24,7 +24,7 @@ from tapecli.recipe_values import Tree, apply_override, check_tree, fail
 
 __all__ = ["Recipe", "list_recipes", "load_recipe", "recipe_text"]
 
-DataKind = Literal["text", "pairs", "addition"]
+DataKind = Literal["text", "pairs", "addition", "scrolls", "selective-copy", "grid-1d", "grid-2d"]
 Schedule = Literal["linear", "cosine", "constant"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 LoggerName = Literal["jsonl", "tensorboard", "wandb"]
@@ -55,7 +55,7 @@ class DataSection:
 
     kind: DataKind = "text"
     source: str | None = None  # hub id (`allenai/c4:en`), file, directory, glob or `.bin`; unused by addition
-    tokenizer: str = "byte"  # `byte`, a SentencePiece `.model`, a `tokenizer.json`, or `addition`
+    tokenizer: str = "byte"  # `byte`, a SentencePiece `.model`, a `tokenizer.json`, `addition` or `synthetic`
     seq_len: int = 1024
     val_fraction: float = 0.01
     text_field: str = "text"
@@ -63,6 +63,12 @@ class DataSection:
     target_field: str = "target"
     max_digits: int = 40
     min_digits: int = 1
+    task: str | None = None  # kind scrolls: the SCROLLS task (tapecli.data.scrolls.TASKS)
+    compat: Literal["clean", "official"] = "clean"  # kind scrolls: example construction (official = the code's quirks)
+    copy_tokens: int = 128  # selective copy: symbols to copy (tapecli.data.synthetic)
+    blanks: int = 128  # selective copy: blanks among them in training (the IID split)
+    grid_width: int = 64  # grid navigation: cells per side of the torus in training
+    p_empty: float = 0.5  # grid navigation: probability that a cell is blank in training
 
 
 @dataclass
@@ -110,10 +116,14 @@ class TrainSection:
 
 @dataclass
 class EvalSection:
-    """Evaluation settings used by the arithmetic evaluation."""
+    """Evaluation settings of the arithmetic and synthetic evaluations."""
 
     max_len: int | None = None  # largest operand length evaluated; None = 2 * data.max_digits
-    samples: int = 100  # problems per (length, length) cell
+    samples: int = 100  # problems per (length, length) cell; sequences per split for the synthetic tasks
+    dense_blanks: int = 64  # selective copy, OOD-dense split: blanks per sequence
+    sparse_blanks: int = 256  # selective copy, OOD-sparse split
+    dense_grid: list[float] = field(default_factory=lambda: [64, 32, 0.2])  # grid OOD-dense: length, width, p_empty
+    sparse_grid: list[float] = field(default_factory=lambda: [256, 128, 0.8])  # grid OOD-sparse
 
 
 @dataclass
@@ -226,6 +236,10 @@ class Recipe:
             fail("data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
         if d.kind in ("text", "pairs") and not d.source:
             fail("data.source", f"data.kind '{d.kind}' needs a source (hub id, file, directory or glob)")
+        if d.kind == "scrolls":
+            from tapecli.data.scrolls import check_task
+
+            check_task(d.task)
         if (d.kind == "addition") != (d.tokenizer == "addition"):
             fail("data.tokenizer", f"'{d.tokenizer}' does not fit data.kind '{d.kind}'; "
                   "addition data and the `addition` tokenizer go together")
@@ -237,6 +251,9 @@ class Recipe:
             if d.seq_len < needed:
                 fail("data.seq_len", f"{d.seq_len} is too short for {d.max_digits}-digit addition "
                       f"(needs {needed} tokens)")
+        from tapecli.data.synthetic import validate_synthetic
+
+        validate_synthetic(d, e)
         if t.batch_size % t.micro_batch_size:
             fail("train.batch_size", f"{t.batch_size} is not divisible by train.micro_batch_size "
                   f"({t.micro_batch_size})")

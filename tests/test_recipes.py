@@ -25,7 +25,7 @@ def error_of(recipe: str, overrides: list[str]) -> str:
 
 
 def test_expected_recipes_are_shipped():
-    expected = {"arithmetic", "c4", "scrolls", "context-extension"}
+    expected = {"arithmetic", "c4", "scrolls", "context-extension", "selective-copy", "grid-1d", "grid-2d"}
     assert expected | {f"{name}-smoke" for name in expected} <= set(SHIPPED)
 
 

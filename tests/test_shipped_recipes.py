@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from scrolls_helpers import write_scrolls_zip
 from typer.testing import CliRunner
 
 from tapecli.cli import app
@@ -28,7 +29,9 @@ def last_loss(run: Path) -> float:
 
 def test_every_smoke_recipe_is_exercised_here():
     smoke = {name for name, _ in list_recipes() if name.endswith("-smoke")}
-    assert smoke == {"arithmetic-smoke", "c4-smoke", "scrolls-smoke", "context-extension-smoke"}
+    assert smoke == {"arithmetic-smoke", "c4-smoke", "scrolls-smoke", "context-extension-smoke",
+                     # run through the CLI in test_synthetic.py
+                     "selective-copy-smoke", "grid-1d-smoke", "grid-2d-smoke"}
 
 
 def test_c4_then_scrolls_smoke(tmp_path: Path, tiny_corpus: Path):
@@ -36,14 +39,10 @@ def test_c4_then_scrolls_smoke(tmp_path: Path, tiny_corpus: Path):
     invoke("pretrain", "--recipe", "c4-smoke", "--out", str(c4), f"data.source={tiny_corpus}")
     assert (c4 / "checkpoints").is_dir() and last_loss(c4) < 6.0  # below uniform over 259 bytes (5.56 + margin)
 
-    pairs = tmp_path / "pairs.jsonl"
-    with pairs.open("w") as f:
-        for i in range(20):
-            f.write(json.dumps({"input": f"Question {i}: what is {i} plus one?\n\n" + "context " * 5,
-                                "output": str(i + 1)}) + "\n")
+    scrolls = write_scrolls_zip(tmp_path / "scrolls")  # qasper.zip in the tau/scrolls layout
     ft = tmp_path / "ft"
     out = invoke("finetune", "--recipe", "scrolls-smoke", "--checkpoint", str(c4), "--out", str(ft),
-                 f"data.source={pairs}")
+                 f"data.source={scrolls}", "data.task=qasper")
     assert "trainable" in out and (ft / "checkpoints").is_dir()
 
 

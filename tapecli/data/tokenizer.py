@@ -25,7 +25,7 @@ META_FILE = "tokenizer_meta.json"
 
 # Modules that register named tokenizers when imported; imported lazily so `load_tokenizer("addition")` works
 # without the caller having to import the arithmetic module first.
-_PLUGIN_MODULES = ("tapecli.data.arithmetic",)
+_PLUGIN_MODULES = ("tapecli.data.arithmetic", "tapecli.data.synthetic")
 
 
 class Tokenizer:

@@ -1,5 +1,6 @@
-"""The evaluation plots: addition heat-maps (training box outlined), line plots (perplexity or accuracy vs length)
-and labelled heat-maps (passkey depth x length). Each writes a PNG atomically; matplotlib is imported lazily."""
+"""The evaluation plots: addition heat-maps (training box outlined), grouped accuracy bar charts, line plots
+(perplexity or accuracy vs length) and labelled heat-maps (passkey depth x length). Each writes a PNG atomically;
+matplotlib is imported lazily."""
 
 from __future__ import annotations
 
@@ -94,6 +95,40 @@ def save_grid_heatmap(grid: list[list[float]], path: str | Path, x_labels: list[
 def _save(fig, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+@dataclass
+class BarSeries:
+    """One bar per group: `values[k]` in [0, 1] (or None: no bar) for the k-th group."""
+
+    label: str
+    values: list[float | None]
+
+
+def save_bars(groups: list[str], series: list[BarSeries], title: str, path: str | Path) -> Path:
+    """Grouped bar chart (one group per name in `groups`, one bar per series, 0..1 axis), written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + len(groups) * len(series) * 0.45), 3.8))
+    for k, s in enumerate(series):
+        xs = [g + (k - (len(series) - 1) / 2) * width for g in range(len(groups))]
+        ax.bar([x for x, v in zip(xs, s.values, strict=True) if v is not None],
+               [v for v in s.values if v is not None], width, label=s.label)
+    ax.set_xticks(range(len(groups)), groups)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:

@@ -34,6 +34,7 @@ from tapecli.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
+from tapecli.data.build import build_datasets
 from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
 from tapecli.recipe import Recipe
@@ -185,25 +186,6 @@ def find_resume(out: Path, resume: str) -> Path | None:
                             "continue that run, or another --out")
         return None
     return resolve_checkpoint(resume)
-
-
-def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Dataset, Dataset | None]:
-    """(train, validation or None) for `data.kind`; every dataset yields (input_ids, labels) with -100 = ignore."""
-    d, seed = recipe.data, recipe.train.seed
-    if d.kind == "addition":
-        from tapecli.data.arithmetic import build_addition_datasets
-
-        train, val, _ = build_addition_datasets(d, seed)
-        return train, val
-    if d.kind == "pairs":
-        from tapecli.data.pairs import build_pair_datasets
-
-        return build_pair_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed,
-                                   prompt_field=d.prompt_field, target_field=d.target_field)
-    from tapecli.data.text import build_text_datasets
-
-    return build_text_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed, text_field=d.text_field,
-                               cache_dir=cache_dir)
 
 
 def seed_everything(seed: int) -> None:
