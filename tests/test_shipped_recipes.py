@@ -36,7 +36,7 @@ def test_every_smoke_recipe_is_exercised_here():
 
 def test_c4_then_scrolls_smoke(tmp_path: Path, tiny_corpus: Path):
     c4 = tmp_path / "c4"
-    invoke("pretrain", "--recipe", "c4-smoke", "--out", str(c4), f"data.source={tiny_corpus}")
+    invoke("pretrain", "--recipe", "c4-smoke", "--out", str(c4), f"data.source={tiny_corpus}", "model.pe=rope")
     assert (c4 / "checkpoints").is_dir() and last_loss(c4) < 6.0  # below uniform over 259 bytes (5.56 + margin)
 
     scrolls = write_scrolls_zip(tmp_path / "scrolls")  # qasper.zip in the tau/scrolls layout
@@ -44,6 +44,10 @@ def test_c4_then_scrolls_smoke(tmp_path: Path, tiny_corpus: Path):
     out = invoke("finetune", "--recipe", "scrolls-smoke", "--checkpoint", str(c4), "--out", str(ft),
                  f"data.source={scrolls}", "data.task=qasper")
     assert "trainable" in out and (ft / "checkpoints").is_dir()
+    # The SCROLLS recipes leave the model to the checkpoint: each PE's C4 model is fine-tuned as that PE (a recipe
+    # that wrote `pe: tape` would silently grow a RoPE checkpoint into TAPE).
+    config = json.loads(next((ft / "checkpoints").glob("step-*/model_config.json")).read_text())
+    assert config["pe"] == "rope" and config["max_seq_len"] == 128
 
 
 
