@@ -15,7 +15,7 @@ from typing import Any
 
 from tapecli.errors import TapeError
 
-DEFAULT_PES = ("rope", "tape", "nope", "alibi")
+DEFAULT_PES = ("rope", "tape", "alibi")
 
 
 @dataclass(frozen=True)
