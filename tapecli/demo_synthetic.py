@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tapecli.errors import TapeError
+from tapecli.run import write_atomic
 
 DEFAULT_PES = ("rope", "tape", "alibi")
 
@@ -83,7 +84,7 @@ def run_synthetic_demo(pes: list[str], budget: SyntheticBudget, out: str | Path,
                         for key in ("accuracy", "token_accuracy")}})
     chart = save_chart(evaluations, out / "accuracy.png")
     summary = {"budget": asdict(budget), "seed": seed, "results": rows}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
     console.print(_table(rows, evaluations, budget, seed))
     console.print(f"chart: {chart}; per-PE runs, results.json and samples.jsonl under {out}/<pe>/")
     return rows
