@@ -263,7 +263,8 @@ def demo(
     The default takes about 10 minutes on a 2-core CPU (9.5 measured), --quick about 2. Re-running reuses finished work.
 
     --task selective-copy: MapFormer's selective copy instead (16 symbols among 16 blanks, tested with 14 and 18
-    blanks), RoPE, TAPE and ALiBi; prints whole-sequence / per-token accuracy per split, chart OUT/accuracy.png.
+    blanks), RoPE, TAPE and ALiBi, about 4 minutes; prints whole-sequence / per-token accuracy per split and writes
+    OUT/accuracy.png.
 
     Example: tape demo --pe nope
     """
