@@ -234,7 +234,9 @@ def eval_synthetic(
     batch_size: int = typer.Option(64, help="Sequences scored together; changes speed, not results."),
     out: str = typer.Option(None, help="Output directory (default: RUN/eval-synthetic/<checkpoint name>; with "
                                        "several models, the comparison's folder, default eval-synthetic-comparison)."),
-    device: str = typer.Option("auto", help="cpu, cuda or auto."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
 ) -> None:
     """Selective copy or grid navigation (MapFormer): accuracy on the IID, OOD-dense and OOD-sparse splits.
 
@@ -254,7 +256,8 @@ def eval_synthetic(
 
     with reported_errors():
         results, chart = run_synthetic_eval(models, [s.strip() for s in splits.split(",") if s.strip()],
-                                            samples=samples, seed=seed, batch_size=batch_size, out=out, device=device)
+                                            samples=samples, seed=seed, batch_size=batch_size, out=out, device=device,
+                                            dtype=dtype, pe_args=_pe_args(pe_arg))
     Console().print(comparison_table(results))
     comparison = f"; comparison chart {chart}" if chart else ""
     typer.echo(f"wrote results.json, samples.jsonl and accuracy.png per model{comparison}")

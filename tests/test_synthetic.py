@@ -249,6 +249,21 @@ def test_train_then_evaluate_through_the_cli(tmp_path, task):
     assert (out / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_eval_synthetic_opens_models_the_shared_way(tmp_path):
+    """--dtype and --pe-arg work as in every `tape eval`, and the settings record what was evaluated."""
+    run = tmp_path / "run"
+    invoke("pretrain", "--recipe", "selective-copy-smoke", "--out", str(run), "model.pe=rope", "train.max_steps=2")
+    out = tmp_path / "eval"
+    invoke("eval", "synthetic", "--model", str(run), "--splits", "iid", "--samples", "2", "--dtype", "fp32",
+           "--pe-arg", "theta=500", "--out", str(out))
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["model"]["dtype"] == "fp32" and settings["model"]["pe_overrides"] == {"theta": 500.0}
+    assert settings["model"]["pe_args"]["theta"] == 500.0
+    result = runner.invoke(app, ["eval", "synthetic", "--model", str(run), "--pe-arg", "bogus=1", "--out",
+                                 str(tmp_path / "bad")])
+    assert result.exit_code == 2 and "bogus" in result.output
+
+
 def test_several_models_give_one_comparison(tmp_path):
     runs = []
     for pe in ("rope", "tape"):

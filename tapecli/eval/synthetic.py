@@ -21,7 +21,6 @@ Files in the output directory:
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -31,7 +30,8 @@ import torch
 
 from tapecli.data.synthetic import SPLITS, TASKS, SyntheticDataset, split_specs
 from tapecli.errors import TapeError
-from tapecli.run import run_recipe, write_atomic
+from tapecli.eval.common import RESULTS_FILE, SamplesLog, write_json
+from tapecli.run import run_recipe
 
 PROTOCOL = (
     "MapFormer synthetic splits: `samples` fixed sequences per split seeded by (task, split, seed, index); one "
@@ -40,47 +40,27 @@ PROTOCOL = (
     "pooled over the split; accuracy = fraction of sequences with every scored token right (= greedy decoding "
     "exact match for selective copy); sequences with no scored token are left out"
 )
-SETTINGS_FILE, SAMPLES_FILE, RESULTS_FILE, CHART_FILE = "settings.json", "samples.jsonl", "results.json", "accuracy.png"
+CHART_FILE = "accuracy.png"
 
 
-def open_model(checkpoint: str, device: str = "auto") -> tuple[Any, Path, Any]:
-    """(model, checkpoint dir, run recipe) of a run or checkpoint directory trained on a synthetic task."""
-    from tapecli.checkpoint import load_model, resolve_checkpoint
-    from tapecli.device import resolve_device
+def open_synthetic(spec: str, dtype: str = "auto", device: str = "auto",
+                   pe_args: dict[str, Any] | None = None) -> tuple[Any, Path, Any]:
+    """(opened model, checkpoint dir, run recipe) of a run or checkpoint directory trained on a synthetic task,
+    opened through the shared `tapecli.eval.common.open_model`."""
+    from tapecli.eval.common import open_model
 
-    ckpt = resolve_checkpoint(checkpoint)
-    recipe = run_recipe(ckpt)
+    opened = open_model(spec, dtype=dtype, device=device, pe_args=pe_args)
+    ckpt = Path(opened.source)
+    recipe = run_recipe(ckpt) if opened.kind == "tape" else None
     if recipe is None or recipe.data.kind not in TASKS:
-        raise TapeError(f"{ckpt} is not from a run trained on a synthetic task (data.kind one of {', '.join(TASKS)}); "
-                        "its recipe.yaml says which task and splits to evaluate")
-    model, _ = load_model(ckpt, device=resolve_device(device))
-    return model, ckpt, recipe
+        raise TapeError(f"{opened.source} is not from a run trained on a synthetic task (data.kind one of "
+                        f"{', '.join(TASKS)}); its recipe.yaml says which task and splits to evaluate")
+    return opened, ckpt, recipe
 
 
-def _open_log(out: Path, settings: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
-    """Check `out` holds nothing or an evaluation with the same settings; return its finished rows by
-    (split, index), and rewrite the samples log with only whole rows (a row cut off mid-write is redone)."""
-    out.mkdir(parents=True, exist_ok=True)
-    settings_path, samples_path = out / SETTINGS_FILE, out / SAMPLES_FILE
-    if settings_path.is_file():
-        previous = json.loads(settings_path.read_text())
-        if previous != settings:
-            changed = sorted(k for k in previous.keys() | settings.keys() if previous.get(k) != settings.get(k))
-            raise TapeError(f"{out} holds an evaluation with other settings ({', '.join(changed)} differ); "
-                            "pass another --out or delete that directory")
-    else:
-        samples_path.unlink(missing_ok=True)
-        write_atomic(settings_path, json.dumps(settings, indent=1) + "\n")
-    rows = {}
-    if samples_path.is_file():
-        for line in samples_path.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:  # the last line of an interrupted write
-                continue
-            rows[(row["split"], row["index"])] = row
-    write_atomic(samples_path, "".join(json.dumps(row) + "\n" for row in rows.values()))
-    return rows
+def _latest_per_sequence(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (split, index): the resume log may hold a sequence twice only if a write was repeated."""
+    return list({(row["split"], row["index"]): row for row in rows}.values())
 
 
 @torch.inference_mode()
@@ -113,7 +93,8 @@ def split_results(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def evaluate_synthetic(model: torch.nn.Module, recipe: Any, out_dir: str | Path,
                        splits: tuple[str, ...] | list[str] = SPLITS, samples: int = 100, seed: int = 1234,
-                       batch_size: int = 64, checkpoint: str | None = None, label: str | None = None) -> dict[str, Any]:
+                       batch_size: int = 64, checkpoint: str | None = None, label: str | None = None,
+                       record: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate (or resume) `model` on `splits` of its recipe's task into `out_dir`; returns results.json's content."""
     unknown = [s for s in splits if s not in SPLITS]
     if unknown or not splits:
@@ -122,24 +103,23 @@ def evaluate_synthetic(model: torch.nn.Module, recipe: Any, out_dir: str | Path,
         raise TapeError(f"--samples must be positive, got {samples}")
     task, specs = recipe.data.kind, split_specs(recipe.data.kind, recipe.data, recipe.eval)
     settings = {"task": task, "splits": {s: asdict(specs[s]) for s in splits}, "samples": samples, "seed": seed,
-                "checkpoint": checkpoint, "pe": model.config.pe}
+                "checkpoint": checkpoint, "pe": model.config.pe, **({"model": record} if record else {})}
     out = Path(out_dir)
-    done = _open_log(out, settings)
     started = time.perf_counter()
     model.eval()
-    with (out / SAMPLES_FILE).open("a") as log:
+    with SamplesLog(out, settings, keep=_latest_per_sequence) as log:
+        done = {(row["split"], row["index"]): row for row in log.rows}
         for split in splits:
             data = SyntheticDataset(task, specs[split], seed, split, samples, specs[split].length)
             todo = [i for i in range(samples) if (split, i) not in done]
             for start in range(0, len(todo), batch_size):
                 rows = score_batch(model, data, todo[start : start + batch_size])
-                log.write("".join(json.dumps(row) + "\n" for row in rows))
-                log.flush()  # a finished batch survives an interruption from here on
+                log.append(rows)  # a finished batch survives an interruption from here on
                 done.update({(split, row["index"]): row for row in rows})
     results = {"task": task, "protocol": PROTOCOL, "settings": settings,
                "splits": {s: split_results([r for (name, _), r in done.items() if name == s]) for s in splits},
                "seconds_this_session": round(time.perf_counter() - started, 2)}
-    write_atomic(out / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
+    write_json(out / RESULTS_FILE, results)
     save_chart({label or model.config.pe: results}, out / CHART_FILE)
     return results
 
@@ -178,7 +158,8 @@ def comparison_table(results: dict[str, dict[str, Any]]):
 
 
 def run_synthetic_eval(models: list[str], splits: list[str], samples: int | None = None, seed: int = 1234,
-                       batch_size: int = 64, out: str | None = None, device: str = "auto") -> tuple[dict, Path | None]:
+                       batch_size: int = 64, out: str | None = None, device: str = "auto", dtype: str = "auto",
+                       pe_args: dict[str, Any] | None = None) -> tuple[dict, Path | None]:
     """`tape eval synthetic`: evaluate each model (run or checkpoint dir); returns ({label: results}, chart or None).
 
     One model: its files go to --out (default RUN/eval-synthetic/<checkpoint>). Several: each model's files go to
@@ -187,12 +168,13 @@ def run_synthetic_eval(models: list[str], splits: list[str], samples: int | None
     """
     if not models:
         raise TapeError("--model: give at least one run or checkpoint directory")
-    opened = [open_model(name, device) for name in models]
+    opened = [open_synthetic(name, dtype, device, pe_args) for name in models]
     tasks = sorted({recipe.data.kind for _, _, recipe in opened})
     if len(tasks) > 1:
         raise TapeError(f"--model: the runs were trained on different tasks ({', '.join(tasks)})")
     all_results: dict[str, dict[str, Any]] = {}
-    for name, (model, ckpt, recipe) in zip(models, opened, strict=True):
+    for name, (model_opened, ckpt, recipe) in zip(models, opened, strict=True):
+        model = model_opened.model
         label = _unique(model.config.pe, Path(name).name, all_results)
         if len(models) == 1 and out:
             target = Path(out)
@@ -202,12 +184,12 @@ def run_synthetic_eval(models: list[str], splits: list[str], samples: int | None
             target = ckpt.parent.parent / "eval-synthetic" / ckpt.name
         all_results[label] = evaluate_synthetic(
             model, recipe, target, splits, samples if samples is not None else recipe.eval.samples, seed, batch_size,
-            checkpoint=str(ckpt.resolve()), label=label)
+            checkpoint=str(ckpt.resolve()), label=label, record=model_opened.record())
     if len(models) == 1:
         return all_results, None
     folder = Path(out or "eval-synthetic-comparison")
     folder.mkdir(parents=True, exist_ok=True)
-    write_atomic(folder / "comparison.json", json.dumps(all_results, indent=1) + "\n")
+    write_json(folder / "comparison.json", all_results)
     return all_results, save_chart(all_results, folder / CHART_FILE)
 
 
