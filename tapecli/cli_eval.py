@@ -1,0 +1,316 @@
+"""`tape eval ...`: the evaluation commands. Each imports its protocol module lazily (`tape --help` stays fast) and
+opens models through `tapecli.eval.common`; errors are reported by the root group's boundary (`tapecli.cli`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tapecli.errors import TapeError
+
+eval_app = typer.Typer(help="Evaluate a tape run / checkpoint or a Hugging Face model.", no_args_is_help=True)
+
+# Options every `tape eval` command shares (tapecli.eval.common opens the model); reuse them in new eval commands.
+_MODEL_HELP = ("A tape run directory (its newest checkpoint), a checkpoint directory, or a Hugging Face model "
+               "directory or hub id.")
+_MODELS_HELP = _MODEL_HELP + " Repeat to compare models."
+DTYPE_OPTION = typer.Option("auto", "--dtype", help="Weights dtype: fp32, bf16, fp16, or auto (bf16 on a GPU, fp32 "
+                                                    "on the CPU).")
+DEVICE_OPTION = typer.Option("auto", "--device", help="cpu, cuda[:N] or auto (the GPU if there is one).")
+PE_ARG_OPTION = typer.Option(None, "--pe-arg", help="Override a positional-encoding argument at evaluation time, "
+                                                    "as in a recipe's model.pe_args; repeatable, e.g. --pe-arg "
+                                                    "scaling=linear --pe-arg factor=2.", show_default=False)
+
+
+def _pe_args(pairs: list[str] | None) -> dict:
+    from tapecli.eval.common import parse_pe_args
+
+    return parse_pe_args(pairs)
+
+
+@eval_app.command("addition")
+def eval_addition(
+    model: str = typer.Option(..., "--model", "--checkpoint", "-c", help=_MODEL_HELP + " --checkpoint is an alias."),
+    max_len: int = typer.Option(None, help="Longest operand evaluated, in digits (default: the run's "
+                                           "eval.max_len, i.e. 2 x data.max_digits)."),
+    samples: int = typer.Option(None, help="Problems per (length, length) cell (default: the run's eval.samples)."),
+    seed: int = typer.Option(1234, help="Seeds the problems of every cell (cell (i, j) gets its own stream)."),
+    batch_size: int = typer.Option(1024, "--batch-size", help="Problems decoded together; changes speed, not results."),
+    out: str = typer.Option(None, help="Output directory (default: RUN/eval-addition/<checkpoint name>)."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Addition length generalisation: exact-match accuracy for every pair of operand lengths up to --max-len.
+
+    Each cell (i, j) holds --samples fixed, seeded problems with exactly i and j digits (numbers reversed).
+
+    The model answers by greedy decoding with the KV cache; a problem counts only if the whole sum, then EOS, comes out.
+
+    Output (--out): results.json, samples.jsonl (every problem and answer) and heatmap.png (training box outlined).
+
+    results.json holds the grid, its mean over all cells (the paper's number) and the means in/out of the training box.
+
+    Interrupted? Run the same command again: finished cells are kept.
+
+    Example: tape eval addition --model runs/add-tape --max-len 80 --samples 100
+    """
+    from tapecli.eval.addition import run_addition_eval
+
+    results, out_dir = run_addition_eval(model, max_len=max_len, samples=samples, seed=seed,
+                                         batch_size=batch_size, out=out, device=device, dtype=dtype,
+                                         pe_args=_pe_args(pe_arg))
+    parts = [f"{name} {results[key]:.1%}" for name, key in [("mean accuracy", "mean_accuracy"),
+             ("inside the training box", "in_box_accuracy"), ("outside it", "out_of_box_accuracy")]
+             if results[key] is not None]
+    typer.echo(f"{', '.join(parts)}; wrote results.json, samples.jsonl and heatmap.png to {out_dir}")
+
+
+@eval_app.command("scrolls")
+def eval_scrolls(
+    model: list[str] | None = typer.Option(None, "--model", help=_MODELS_HELP + " `{task}` in it is replaced by "
+                                           "each task's name (one fine-tuned model per task).", show_default=False),
+    task: list[str] | None = typer.Option(None, "--task", help="SCROLLS task (repeatable): gov_report, "
+                                          "summ_screen_fd, qmsum, narrative_qa, qasper, quality, contract_nli.",
+                                          show_default=False),
+    all_tasks: bool = typer.Option(False, "--all-tasks", help="All seven tasks; prints the paper's table."),
+    split: str = typer.Option("validation", "--split", help="train, validation or test (test has no references)."),
+    data: str | None = typer.Option(None, "--data", help="A downloaded tau/scrolls {task}.zip or the folder holding "
+                                    "the zips [default: the hub, online]."),
+    predictions: str | None = typer.Option(None, "--predictions", help="Score this predictions.json ({id: text}) "
+                                           "instead of running a model."),
+    compat: str | None = typer.Option(None, "--compat", help="Prompt construction: clean or official [default: "
+                                      "the fine-tuning run's data.compat, else clean]."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Prompt + answer tokens [default: the run's "
+                                       "data.seq_len, else the model's max_seq_len]; budgets scale from 8192."),
+    sample: bool = typer.Option(False, "--sample", help="Summaries: sample (temperature 1, top-k 3) as the official "
+                                "run did, seeded per example, instead of greedy decoding."),
+    seed: int = typer.Option(0, "--seed", help="Seeds --sample."),
+    limit: int | None = typer.Option(None, "--limit", help="Only the first N examples (a quick look, not the "
+                                     "official score)."),
+    batch_size: int = typer.Option(8, "--batch-size", help="Examples decoded together; changes speed, not results."),
+    out: str | None = typer.Option(None, "--out", help="Output folder [default: RUN/eval-scrolls/TASK-SPLIT]."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """SCROLLS: generate answers for every example of a split and score them with the official metric.
+
+    F1 (qasper, narrative_qa), exact match (quality, contract_nli), or the geometric mean of ROUGE-1/2/L (summaries).
+
+    Writes predictions.json (official format), results.json and samples.jsonl per model and task; rerun to resume.
+
+    Examples: tape eval scrolls --model runs/ft-qasper --task qasper --data scrolls/ ;
+    tape eval scrolls --all-tasks --model runs/rope-{task} --model runs/tape-{task} --data scrolls/ ;
+    tape eval scrolls --task qasper --predictions predictions.json --data scrolls/
+    """
+    import json
+
+    from tapecli.eval import scrolls
+
+    tasks = list(scrolls.data.TASKS) if all_tasks else list(task or [])
+    if not tasks:
+        raise TapeError("pass --task TASK (repeatable) or --all-tasks")
+    if compat not in (None, "clean", "official"):
+        raise TapeError(f"--compat: expected clean or official, got {compat!r}")
+    if predictions is not None:
+        if len(tasks) != 1 or model:
+            raise TapeError("--predictions scores one --task and takes no --model")
+        result = scrolls.score_predictions_file(tasks[0], predictions, split, data)
+        typer.echo(json.dumps(result, indent=1))
+        return
+    if not model:
+        raise TapeError("pass --model (or --predictions to score a predictions file)")
+    run = scrolls.ScrollsRun(split=split, data=data, compat=compat, seq_len=seq_len, sample=sample, seed=seed,
+                             batch_size=batch_size, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
+                             limit=limit)
+    results = scrolls.run_scrolls_eval(model, tasks, run, out)
+    header, rows = scrolls.table(model, results, tasks)
+    for cells in [header, ["---"] * len(header), *rows]:  # a Markdown table, ready to paste
+        typer.echo("| " + " | ".join(cells) + " |")
+    typer.echo(f"wrote predictions.json, results.json and samples.jsonl to {results[0][0]['out_dir']}"
+               + (" and the other (model, task) folders" if len(model) * len(tasks) > 1 else ""))
+
+
+@eval_app.command("synthetic")
+def eval_synthetic(
+    models: list[str] = typer.Option(..., "--model", "-m", help="Run directory (newest checkpoint) or checkpoint "
+                                     "trained on a synthetic task; repeat --model to compare several."),
+    splits: str = typer.Option("iid,ood-dense,ood-sparse", help="Comma-separated splits to evaluate."),
+    samples: int = typer.Option(None, help="Sequences per split (default: the run's eval.samples)."),
+    seed: int = typer.Option(1234, help="Seeds the evaluation sequences (each split has its own stream)."),
+    batch_size: int = typer.Option(64, help="Sequences scored together; changes speed, not results."),
+    out: str = typer.Option(None, help="Output directory (default: RUN/eval-synthetic/<checkpoint name>; with "
+                                       "several models, the comparison's folder, default eval-synthetic-comparison)."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Selective copy or grid navigation (MapFormer): accuracy on the IID, OOD-dense and OOD-sparse splits.
+
+    The task and each split's parameters come from the run's recipe (data.kind, data.*, eval.*).
+
+    Scored: the copied symbols (selective copy) or observations of revisited cells (grid), teacher-forced argmax.
+
+    Per split: accuracy (whole sequence right) and token_accuracy; results.json, samples.jsonl, accuracy.png.
+
+    Interrupted? Run the same command again: finished sequences are kept.
+
+    Example: tape eval synthetic --model runs/copy-rope --model runs/copy-tape --out runs/copy-compare
+    """
+    from rich.console import Console
+
+    from tapecli.eval.synthetic import comparison_table, run_synthetic_eval
+
+    results, chart = run_synthetic_eval(models, [s.strip() for s in splits.split(",") if s.strip()],
+                                        samples=samples, seed=seed, batch_size=batch_size, out=out, device=device,
+                                        dtype=dtype, pe_args=_pe_args(pe_arg))
+    Console().print(comparison_table(results))
+    comparison = f"; comparison chart {chart}" if chart else ""
+    typer.echo(f"wrote results.json, samples.jsonl and accuracy.png per model{comparison}")
+
+
+def _numbers(text: str, option: str, kind: type = int) -> list:
+    """`"1024,2048"` -> [1024, 2048] for a comma-separated option; one line naming the option when malformed."""
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise TapeError(f"{option}: expected comma-separated {kind.__name__}s, got {text!r}") from None
+
+
+@eval_app.command("perplexity")
+def eval_perplexity(
+    model: list[str] = typer.Option(..., "--model", "-m", help=_MODELS_HELP),
+    data: str = typer.Option(..., "--data", help="LongLoRA .bin token file (uint16; .u32.bin for uint32) or a text "
+                                                 "source (file, directory, glob, jsonl/parquet, hub id) tokenized "
+                                                 "with each model's tokenizer."),
+    seq_len: str = typer.Option("1024,2048,4096,8192", "--seq-len", help="Comma-separated context lengths."),
+    protocol: str = typer.Option("longlora", "--protocol", help="longlora (the paper's table: windows every --stride "
+                                                                "tokens, every prediction scored), disjoint, or "
+                                                                "sliding (Hugging Face's strided protocol)."),
+    stride: int = typer.Option(256, "--stride", help="Tokens between window starts (longlora, sliding)."),
+    max_windows: int = typer.Option(None, "--max-windows", help="Evaluate a seeded choice of this many windows per "
+                                                                "length (default: all)."),
+    seed: int = typer.Option(0, "--seed", help="Seeds the --max-windows choice."),
+    max_tokens: int = typer.Option(None, "--max-tokens", help="Use only the first N tokens of the data."),
+    text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Windows per forward pass; changes speed, not results."),
+    out: str = typer.Option(..., "--out", help="Output directory: results.json, samples.jsonl, perplexity.png."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Perplexity of one or more models at several context lengths, under a named windowing protocol.
+
+    results.json: for each model and length, perplexity, nll (mean), token_accuracy and tokens scored, with the protocol and settings; perplexity.png: one line per model.
+
+    Interrupted? Run the same command again: finished windows are kept.
+
+    Example (the paper's table): tape eval perplexity --model runs/ext-tape --data pg19/test.bin --seq-len 1024,2048,4096,8192 --out eval/pg19
+    """
+    from tapecli.eval.perplexity import evaluate_perplexity
+
+    results = evaluate_perplexity(model, data, _numbers(seq_len, "--seq-len"), out, protocol=protocol,
+                                  stride=stride, max_windows=max_windows, seed=seed, max_tokens=max_tokens,
+                                  text_field=text_field, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
+                                  batch_size=batch_size)
+    for entry in results["models"]:
+        cells = ", ".join(f"{n}: {r['perplexity']:.3f}" for n, r in entry["lengths"].items())
+        typer.echo(f"{entry['name']}: perplexity {cells}")
+    typer.echo(f"wrote results.json, samples.jsonl and perplexity.png to {out}")
+
+
+@eval_app.command("passkey")
+def eval_passkey(
+    model: str = typer.Option(..., "--model", "-m", help=_MODEL_HELP),
+    max_tokens: int = typer.Option(8192, "--max-tokens", help="Evaluate the protocol's budgets whose prompts fit in "
+                                                              "this many tokens (8192: the paper's 8 lengths)."),
+    trials: int = typer.Option(20, "--trials", help="Trials per budget (trial t is seeded with t)."),
+    depths: str = typer.Option(None, "--depths", help="Depth x length sweep: comma-separated key depths as "
+                                                      "fractions of the filler, e.g. 0,0.25,0.5,0.75,1 (default: "
+                                                      "the protocol's random depth)."),
+    budgets: str = typer.Option(None, "--budgets", help="Comma-separated filler budgets in characters instead of "
+                                                        "the protocol's 3072, 7168, ... (e.g. 256,512 for a small "
+                                                        "model)."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Prompts decoded together; changes speed, not results."),
+    out: str = typer.Option(..., "--out", help="Output directory: results.json, samples.jsonl, passkey.png."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Passkey retrieval as LongLoRA and the official TAPE code run it: find a 1-5 digit key hidden in filler text.
+
+    Budget i hides the key in int(3.75 (i+1) 1000 // 1024 * 1024) filler characters (3072, 7168, ...); trial t draws depth and key from numpy.random.seed(t), so every model sees the same prompts.
+
+    The model decodes greedily exactly as many tokens as the answer " KEY" has; correct iff all match.
+
+    results.json: accuracy and mean prompt length per budget (and per depth with --depths); samples.jsonl: every trial; passkey.png: accuracy vs length, or the depth x length heat-map.
+
+    Interrupted? Run the same command again: finished trials are kept.
+
+    Example (the paper's setting): tape eval passkey --model runs/ext-tape --max-tokens 8192 --out eval/passkey
+    """
+    from tapecli.eval.passkey import evaluate_passkey
+
+    results = evaluate_passkey(model, out, budgets=_numbers(budgets, "--budgets") if budgets else None,
+                               max_tokens=max_tokens, trials=trials,
+                               depths=_numbers(depths, "--depths", float) if depths else None, dtype=dtype,
+                               device=device, pe_args=_pe_args(pe_arg), batch_size=batch_size)
+    for entry in results["budgets"]:
+        typer.echo(f"{entry['budget']} filler characters (~{entry['mean_prompt_tokens']:.0f} tokens): "
+                   f"accuracy {entry['accuracy']:.0%}")
+    typer.echo(f"wrote results.json, samples.jsonl and passkey.png to {out}")
+
+
+@eval_app.command("harness")
+def eval_harness(
+    model: str = typer.Option(..., "--model", "-m", help=_MODEL_HELP),
+    tasks: str = typer.Option(..., "--tasks", "-t", help="Comma-separated lm-eval task names (globs allowed) or "
+                              "task YAML paths."),
+    include_path: list[str] | None = typer.Option(None, "--include-path", help="A folder of task YAMLs "
+                                                  "(repeatable).", show_default=False),
+    num_fewshot: int | None = typer.Option(None, "--num-fewshot", help="Few-shot examples per prompt (default: "
+                                           "each task's own)."),
+    limit: float | None = typer.Option(None, "--limit", help="Only the first N documents per task (N < 1: a "
+                                       "fraction); for quick checks, not for reporting."),
+    out: Path | None = typer.Option(None, "--out", help="Output directory for results.json (default: "
+                                    "RUN/eval-harness/<checkpoint name>, or eval-harness/<model name>)."),
+    log_samples: bool = typer.Option(False, "--log-samples", help="Also write samples_<task>.jsonl: every prompt, "
+                                     "response and score."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Requests per forward pass (speed only)."),
+    max_length: int | None = typer.Option(None, "--max-length", help="Context window in tokens (default: the "
+                                          "model's max_seq_len); longer inputs are cut from the left, long "
+                                          "documents scored in windows."),
+    max_gen_toks: int = typer.Option(256, "--max-gen-toks", help="Generation cap when a task sets none."),
+    add_bos: bool = typer.Option(True, "--add-bos/--no-add-bos", help="Start every prompt with BOS, as tape "
+                                 "pre-training and Llama tokenizers do."),
+    seed: int = typer.Option(1234, "--seed", help="Seeds lm-eval (few-shot sampling) and sampled generation."),
+    bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", help="Bootstrap resamples for standard "
+                                        "errors (0: skip them)."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Run any lm-evaluation-harness task on a tape model (every PE, TAPE, FIRE and T5 included).
+
+    Calls lm-eval's own simple_evaluate with the native `tape` model, prints lm-eval's results table and writes lm-eval's results JSON (results.json) to --out.
+
+    Offline: write task YAMLs over local files (dataset_path: json, data_files with absolute paths) and pass their folder with --include-path.
+
+    Interrupted? Run the same command again: answers already computed come from lm-eval's request cache in --out.
+
+    lm-eval's own CLI with the tape model: `python -m tapecli.harness --model tape --model_args pretrained=RUN --tasks ...`.
+
+    Example: tape eval harness --model runs/c4-tape --tasks lambada_openai --limit 100
+    """
+    from tapecli.eval.harness import results_table, run_harness
+
+    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    results, out_dir = run_harness(
+        model, names, include_path=include_path, num_fewshot=num_fewshot,
+        limit=int(limit) if limit is not None and limit >= 1 else limit, out=out, log_samples=log_samples,
+        bootstrap_iters=bootstrap_iters, seed=seed, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
+        batch_size=batch_size, max_length=max_length, max_gen_toks=max_gen_toks, add_bos_token=add_bos)
+    typer.echo(results_table(results))
+    typer.echo(f"wrote {out_dir / 'results.json'}" + (" and samples_<task>.jsonl" if log_samples else ""))
