@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main command: sets everything up on a fresh clone, then runs `tape demo` (RoPE vs TAPE on addition,
-# about 10 minutes on a 2-core CPU; pass --quick for a 2-minute look). Extra arguments go to `tape demo`.
+# The main command: sets everything up on a fresh clone, then runs `tape demo` (RoPE, TAPE and ALiBi on selective
+# copy, about 4 minutes on a 2-core CPU; `--task addition [--quick]` for the addition demo). Extra arguments go to
+# `tape demo`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -271,24 +271,20 @@ def demo(
     out: str = typer.Option(None, help="Output directory (default: runs/demo, plus -quick, -abacus, -seedN)."),
     seed: int = typer.Option(0, help="Seeds model init and the training problems (the same for every PE)."),
     abacus: bool = typer.Option(False, "--abacus", help="Give every PE the Abacus digit embedding (McLeish et al.)."),
-    task: str = typer.Option("addition", "--task", help="addition, or selective-copy (MapFormer's synthetic task; "
-                                                        "runs rope, tape and alibi)."),
+    task: str = typer.Option("selective-copy", "--task", help="selective-copy (MapFormer's synthetic task: rope, "
+                                                              "tape and alibi) or addition (rope and tape)."),
 ) -> None:
-    """Train small RoPE and TAPE models on addition under one budget and compare them beyond the training length.
+    """Train small models with different PEs under one budget and compare them beyond their training distribution.
 
-    Every PE gets the same recipe: the shipped `arithmetic` recipe shrunk to a CPU budget (model, data, steps, lr).
+    Every PE gets the same recipe (a shipped recipe shrunk to a CPU budget), steps, batch, learning rate and seed.
 
-    Each model is then tested on every pair of operand lengths up to twice the training length (greedy, exact match).
+    --task selective-copy (default, about 4 minutes on a 2-core CPU): MapFormer's selective copy, 16 symbols among 16 blanks, tested with 14 and 18 blanks; RoPE, TAPE and ALiBi; prints whole-sequence / per-token accuracy per split and writes OUT/accuracy.png.
 
-    Prints a table (grid accuracy, inside/outside the training box, train time, loss); heat-maps: OUT/heatmaps.png.
+    --task addition (about 10 minutes, --quick about 2): reversed-digit addition, tested on every pair of operand lengths up to twice the training length (greedy, exact match); RoPE and TAPE; prints grid accuracy and inside/outside the training box; heat-maps: OUT/heatmaps.png.
 
-    The default takes about 10 minutes on a 2-core CPU (9.5 measured), --quick about 2. Re-running reuses finished work.
+    Re-running reuses finished work; --seed N repeats with another seed.
 
-    --task selective-copy: MapFormer's selective copy instead (16 symbols among 16 blanks, tested with 14 and 18
-    blanks), RoPE, TAPE and ALiBi, about 4 minutes; prints whole-sequence / per-token accuracy per split and writes
-    OUT/accuracy.png.
-
-    Example: tape demo --pe nope
+    Example: tape demo --pe nope ; tape demo --task addition --quick
     """
     from tapecli.demo import DEFAULT_PES, FULL, QUICK, run_demo
 

@@ -142,7 +142,8 @@ def test_demo_trains_evaluates_and_compares(tmp_path):
     assert (tmp_path / "tape" / "eval-addition" / "step-00000002" / "results.json").is_file()
 
 
-def test_demo_rejects_an_unknown_pe_before_training(tmp_path):
-    result = runner.invoke(app, ["demo", "--pe", "bogus", "--out", str(tmp_path)])
+@pytest.mark.parametrize("task", ["addition", "selective-copy"])
+def test_demo_rejects_an_unknown_pe_before_training(tmp_path, task):
+    result = runner.invoke(app, ["demo", "--task", task, "--pe", "bogus", "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "bogus" in result.output and not any(tmp_path.iterdir())
