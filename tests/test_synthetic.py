@@ -163,6 +163,9 @@ def test_split_parameters_follow_the_paper_recipes():
 def test_recipe_mistakes_name_the_key(overrides, key):
     with pytest.raises(TapeError, match=key.replace(".", r"\.")):
         load_recipe("selective-copy-smoke", overrides)
+
+
+def test_synthetic_tokenizer_needs_a_synthetic_task():
     with pytest.raises(TapeError, match="data.tokenizer"):
         load_recipe("c4-smoke", ["data.source=x", "data.tokenizer=synthetic"])
 

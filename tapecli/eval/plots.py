@@ -109,6 +109,8 @@ class BarSeries:
 
     label: str
     values: list[float | None]
+    color: str | None = None  # a matplotlib colour; None = the next in the cycle
+    hatch: str | None = None  # e.g. "//" to tell two series of one colour apart
 
 
 def save_bars(groups: list[str], series: list[BarSeries], title: str, path: str | Path) -> Path:
@@ -123,7 +125,8 @@ def save_bars(groups: list[str], series: list[BarSeries], title: str, path: str 
     for k, s in enumerate(series):
         xs = [g + (k - (len(series) - 1) / 2) * width for g in range(len(groups))]
         ax.bar([x for x, v in zip(xs, s.values, strict=True) if v is not None],
-               [v for v in s.values if v is not None], width, label=s.label)
+               [v for v in s.values if v is not None], width, label=s.label, color=s.color, hatch=s.hatch,
+               edgecolor="white" if s.hatch else None)
     ax.set_xticks(range(len(groups)), groups)
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")

@@ -150,9 +150,10 @@ def save_chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
 
     splits = list(dict.fromkeys(s for r in results.values() for s in r["splits"]))
     task = next(iter(results.values()))["task"]
-    series = [BarSeries(f"{label} {metric}", [r["splits"].get(s, {}).get(key) for s in splits])
-              for label, r in results.items()
-              for metric, key in (("sequence", "accuracy"), ("token", "token_accuracy"))]
+    # One colour per model: whole-sequence accuracy solid, per-token accuracy hatched.
+    series = [BarSeries(f"{label} {metric}", [r["splits"].get(s, {}).get(key) for s in splits], f"C{k}", hatch)
+              for k, (label, r) in enumerate(results.items())
+              for metric, key, hatch in (("sequence", "accuracy", None), ("token", "token_accuracy", "//"))]
     return save_bars(splits, series, f"{task}: accuracy per split", path)
 
 
