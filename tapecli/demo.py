@@ -98,7 +98,9 @@ def run_demo(pes: list[str], budget: DemoBudget, out: str | Path, seed: int = 0,
     for n, pe in enumerate(pes, start=1):
         run_dir = out / pe
         console.rule(f"[bold]{pe}[/] ({n}/{len(pes)}): train on 1-{budget.max_digits} digits, {budget.steps} steps")
-        pretrain(load_recipe("arithmetic", budget.overrides(pe, seed, abacus)), run_dir, command=["tape", "demo"])
+        command = ["tape", "demo", *["--quick"] * (budget == QUICK), *["--abacus"] * abacus, "--pe", ",".join(pes),
+                   "--seed", str(seed), "--out", str(out)]  # what resumes this demo (and is recorded in run.json)
+        pretrain(load_recipe("arithmetic", budget.overrides(pe, seed, abacus)), run_dir, command=command)
         checkpoint = resolve_checkpoint(run_dir)
         model, tokenizer = load_model(checkpoint)
         console.rule(f"[bold]{pe}[/]: evaluate every length pair up to {budget.eval_len} digits")

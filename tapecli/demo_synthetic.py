@@ -69,7 +69,8 @@ def run_synthetic_demo(pes: list[str], budget: SyntheticBudget, out: str | Path,
         run_dir = out / pe
         recipe = load_recipe(budget.task, [*budget.overrides, f"model.pe={pe}", f"train.seed={seed}"])
         console.rule(f"[bold]{pe}[/] ({n}/{len(pes)}): train {budget.task}, {recipe.train.max_steps} steps")
-        pretrain(recipe, run_dir, command=["tape", "demo", "--task", budget.task])
+        pretrain(recipe, run_dir, command=["tape", "demo", "--task", budget.task, "--pe", ",".join(pes),
+                                          "--seed", str(seed), "--out", str(out)])
         checkpoint = resolve_checkpoint(run_dir)
         model, _ = load_model(checkpoint)
         console.rule(f"[bold]{pe}[/]: evaluate {budget.samples} sequences per split")

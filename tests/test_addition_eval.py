@@ -140,6 +140,8 @@ def test_demo_trains_evaluates_and_compares(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["budget"]["steps"] == 2 and summary["abacus"] and len(summary["results"]) == 2
     assert (tmp_path / "tape" / "eval-addition" / "step-00000002" / "results.json").is_file()
+    recorded = json.loads((tmp_path / "rope" / "run.json").read_text())["command"]  # what resumes the demo
+    assert recorded == f"tape demo --abacus --pe rope,tape --seed 0 --out {tmp_path}"
 
 
 @pytest.mark.parametrize("task", ["addition", "selective-copy"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -285,18 +286,31 @@ def test_several_models_give_one_comparison(tmp_path):
     assert result.exit_code == 2 and "odd" in result.output
 
 
-def test_synthetic_demo_trains_evaluates_and_compares(tmp_path):
+@pytest.mark.parametrize("pes", [["rope", "nope"], ["cope", "path"]])  # the contextual PEs attend by themselves
+def test_synthetic_demo_trains_evaluates_and_compares(tmp_path, pes):
     from tapecli.demo_synthetic import BUDGETS, SyntheticBudget, run_synthetic_demo
 
     shipped = BUDGETS["selective-copy"]  # its model and data, trained for 2 steps
     budget = SyntheticBudget(shipped.task, (*shipped.overrides, "train.max_steps=2", "train.save_every=2",
                                             "train.batch_size=4", "train.micro_batch_size=4"), "tiny", samples=3)
-    rows = run_synthetic_demo(["rope", "nope"], budget, tmp_path)
-    assert [row["pe"] for row in rows] == ["rope", "nope"]
+    rows = run_synthetic_demo(pes, budget, tmp_path)
+    assert [row["pe"] for row in rows] == pes
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["results"] == rows and (tmp_path / "accuracy.png").is_file()
-    evaluated = json.loads((tmp_path / "nope" / "eval-synthetic" / "step-00000002" / "results.json").read_text())
+    evaluated = json.loads((tmp_path / pes[1] / "eval-synthetic" / "step-00000002" / "results.json").read_text())
     assert rows[1]["ood-sparse accuracy"] == evaluated["splits"]["ood-sparse"]["accuracy"]
+    recorded = json.loads((tmp_path / pes[0] / "run.json").read_text())["command"]  # what resumes the demo
+    assert recorded == f"tape demo --task selective-copy --pe {','.join(pes)} --seed 0 --out {tmp_path}"
+
+
+def test_a_stopped_demo_is_resumed_by_the_same_command():
+    from tapecli.train.preemption import stopped
+
+    demo = ["tape", "demo", "--task", "selective-copy", "--pe", "rope,tape", "--seed", "1", "--out", "runs/x"]
+    assert str(stopped(signal.SIGTERM, 5, Path("ckpt"), demo)).endswith(  # `tape demo` has no --resume option
+        "resume with: tape demo --task selective-copy --pe rope,tape --seed 1 --out runs/x")
+    assert str(stopped(signal.SIGTERM, 5, Path("ckpt"), ["tape", "pretrain", "--out", "r"])).endswith(
+        "resume with: tape pretrain --out r --resume auto")
 
 
 def test_demo_task_errors(tmp_path):

@@ -72,6 +72,8 @@ def stopped(signal_number: int, step: int, checkpoint: Path, command: list[str])
 def _resume_command(command: list[str]) -> str | None:
     if not command:
         return None
+    if command[:2] == ["tape", "demo"]:  # a demo resumes its runs by itself: the same command, no --resume option
+        return shlex.join(command)
     args = list(command)
     if "--resume" in args[:-1]:
         args[args.index("--resume") + 1] = "auto"
