@@ -404,15 +404,19 @@ def test_sigterm_saves_says_how_to_resume_and_resuming_is_exact(tmp_path: Path, 
 def test_second_ctrl_c_stops_at_once() -> None:
     from tapecli.train.preemption import StopSignal
 
-    before = signal.getsignal(signal.SIGINT)
-    with StopSignal() as stop:
-        os.kill(os.getpid(), signal.SIGINT)
-        time.sleep(0.05)
-        assert stop.requested(None) and stop.signal_number == signal.SIGINT
-        with pytest.raises(KeyboardInterrupt):
+    # Python's own Ctrl-C handler as the one to restore (a library imported by an earlier test may have replaced it).
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with StopSignal() as stop:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
-    assert signal.getsignal(signal.SIGINT) is before
+            assert stop.requested(None) and stop.signal_number == signal.SIGINT
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
 
 
 # ---------------------------------------------------------------------------------------------------------------
