@@ -10,18 +10,10 @@ import math
 
 import pytest
 import torch
+from test_model import VOCAB, tiny
 
 from tapecli.model import KVCache, ModelConfig, Transformer, count_parameters
 from tapecli.model.pe.path import path_attention
-
-VOCAB = 61
-
-
-def tiny(pe: str, **overrides) -> Transformer:
-    torch.manual_seed(0)
-    kwargs = dict(vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, max_seq_len=32, pe=pe)
-    kwargs.update(overrides)
-    return Transformer(ModelConfig(**kwargs))
 
 
 def randomize_pe(model: Transformer, std: float = 0.5) -> Transformer:
