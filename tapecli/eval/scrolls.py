@@ -31,6 +31,7 @@ from tapecli.eval.common import (
     RESULTS_FILE,
     OpenedModel,
     SamplesLog,
+    generate_batch,
     open_model,
     progress_bar,
     write_json,
@@ -146,38 +147,23 @@ def evaluate_task(opened: OpenedModel, task: str, run: ScrollsRun, out: str | No
 
 def _generate(model: Any, tok: Any, prompts: list[list[int]], max_new: int, run: ScrollsRun, sample: bool,
               ids: list[str]) -> list[list[int]]:
-    """New tokens for each prompt: greedy for a left-padded batch with an attention mask (each row decodes as it
-    would alone), or seeded sampling one example at a time (one generator per example, so batching never changes
-    a draw). `common.generate_batch` only batches prompts of equal length, which SCROLLS prompts rarely are."""
-    import torch
-
-    device = next(model.parameters()).device
+    """New tokens for each prompt (EOS-padded after the first EOS): greedy for the whole left-padded batch, or seeded
+    sampling one example at a time (one seed per example, so batching never changes a draw)."""
     eos = tok.eos_id
     if not sample:
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), eos, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt)
-            mask[row, width - len(prompt):] = 1
-        with torch.inference_mode():
-            tokens = model.generate(input_ids.to(device), max_new_tokens=max_new, use_cache=True, temperature=0.0,
-                                    stop_tokens=[eos], pad_id=eos, attention_mask=mask.to(device))
-        return tokens[:, width:].tolist()
+        return generate_batch(model, prompts, max_new, batch_size=len(prompts), stop_tokens=[eos], pad_id=eos)
     outputs = []
     for prompt, id_ in zip(prompts, ids, strict=True):
         seed = int.from_bytes(hashlib.blake2b(f"{run.seed}:{id_}".encode(), digest_size=4).digest(), "big")
-        with torch.inference_mode():
-            tokens = model.generate(torch.tensor([prompt], device=device), max_new_tokens=max_new, use_cache=True,
-                                    temperature=1.0, top_k=SAMPLE_TOP_K, seed=seed, stop_tokens=[eos], pad_id=eos)
-        outputs.append(tokens[0, len(prompt):].tolist())
+        outputs += generate_batch(model, [prompt], max_new, batch_size=1, stop_tokens=[eos], pad_id=eos,
+                                  temperature=1.0, top_k=SAMPLE_TOP_K, seed=seed)
     return outputs
 
 
 def _sample_row(task: str, example: data.Example, prompt: list[int], new: list[int], tok: Any) -> dict[str, Any]:
     prediction = decode_answer(tok, new)
     row = {"id": example.id, "prediction": prediction, "references": example.references,
-           "prompt_tokens": len(prompt), "new_tokens": len(new)}
+           "prompt_tokens": len(prompt), "new_tokens": new.index(tok.eos_id) if tok.eos_id in new else len(new)}
     if example.references:
         row.update({k: round(v, 4) for k, v in metric.example_scores(task, prediction, example.references).items()})
     return row
