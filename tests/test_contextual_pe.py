@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from test_model import VOCAB, tiny
+from test_model import VOCAB, randomize_tape, tiny
 
 from tapecli.model import KVCache, ModelConfig, Transformer, count_parameters
 from tapecli.model.pe.path import path_attention
@@ -18,12 +18,7 @@ from tapecli.model.pe.path import path_attention
 
 def randomize_pe(model: Transformer, std: float = 0.5) -> Transformer:
     """Non-trivial PE weights (CoPE's table starts at zero, PaTH's w at nearly zero), as after training."""
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".pe." in name:
-                p.normal_(0, std)
-    return model
+    return randomize_tape(model, std)
 
 
 def householder_product(w: torch.Tensor, beta: torch.Tensor, j: int, i: int) -> torch.Tensor:

@@ -132,9 +132,4 @@ def save_bars(groups: list[str], series: list[BarSeries], title: str, path: str 
     ax.set_ylabel("accuracy")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return _save(fig, path)
