@@ -162,12 +162,8 @@ def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, Toke
     if (checkpoint / BASE_MODEL).is_file():
         import torch
 
-        from tapecli.model.lora import merge_lora
-
         dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-        model = load_on_base(checkpoint, config, dtype=dtype, device=device)
-        merge_lora(model)  # evaluation runs the plain (merged) layers
-        model.base_model = None  # merged weights differ from the base: saving this model must write them all
+        model = load_merged_on_base(checkpoint, config, dtype=dtype, device=device)
     else:
         model = Transformer(config)
         load_weights(model, checkpoint)
@@ -180,6 +176,17 @@ def load_checkpoint_tokenizer(checkpoint: Path) -> Tokenizer:
 
     with reading(checkpoint / TOKENIZER):
         return load_tokenizer_dir(checkpoint / TOKENIZER)
+
+
+def load_merged_on_base(checkpoint: Path, config: Any, *, dtype: torch.dtype, device: Any) -> Transformer:
+    """`load_on_base` with LoRA merged into plain layers: a self-contained model (saving it writes every tensor,
+    since the merged weights differ from the base)."""
+    from tapecli.model.lora import merge_lora
+
+    model = load_on_base(checkpoint, config, dtype=dtype, device=device)
+    merge_lora(model)
+    model.base_model = None
+    return model
 
 
 def load_on_base(checkpoint: Path, config: Any, *, dtype: torch.dtype, device: Any, lora: Any = "saved") -> Transformer:

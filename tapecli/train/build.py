@@ -28,7 +28,7 @@ from tapecli import faults
 from tapecli.checkpoint import (
     BASE_MODEL,
     load_checkpoint_tokenizer,
-    load_on_base,
+    load_merged_on_base,
     load_weights,
     read_model_config,
     resolve_checkpoint,
@@ -78,7 +78,6 @@ def build_model(recipe: Recipe, resume_from: Path | None, init_from: str | None,
 def _tape_model(recipe: Recipe, checkpoint: Path | None) -> tuple[nn.Module, Any]:
     from tapecli.data.tokenizer import load_tokenizer
     from tapecli.model import ModelConfig, Transformer
-    from tapecli.model.lora import merge_lora
     from tapecli.model.merge import merge_model_config, new_parameter_names
 
     if checkpoint is not None:
@@ -86,9 +85,7 @@ def _tape_model(recipe: Recipe, checkpoint: Path | None) -> tuple[nn.Module, Any
         if (checkpoint / BASE_MODEL).is_file():  # an extended run's checkpoint: opened as a whole, LoRA merged
             if grown:
                 raise TapeError(f"model.pe: {checkpoint} sits on a frozen base; grow its PE with extend-context")
-            model = load_on_base(checkpoint, config, dtype=torch.float32, device="cpu")
-            merge_lora(model)
-            model.base_model = None  # from now on a self-contained model: checkpoints hold every tensor
+            model = load_merged_on_base(checkpoint, config, dtype=torch.float32, device="cpu")
         else:
             model = Transformer(config)
             load_weights(model, checkpoint, missing_ok=new_parameter_names(model) if grown else set())
