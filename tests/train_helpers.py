@@ -32,7 +32,7 @@ def write_recipe(path: Path, source: Path | str, **sections: dict[str, Any]) -> 
 
 def weights(run_or_checkpoint: Path) -> dict[str, torch.Tensor]:
     """The saved weights of a checkpoint, or of the newest checkpoint of a run directory."""
-    from tapecli.checkpoint import resolve_checkpoint
+    from tapecli.store.checkpoint import resolve_checkpoint
 
     return load_file(str(resolve_checkpoint(run_or_checkpoint) / "model.safetensors"))
 

@@ -13,54 +13,19 @@ training stream is random-access, reproducible and effectively infinite, and not
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch.utils.data import Dataset
 
 from tapecli.data.text import IGNORE_INDEX
-from tapecli.data.tokenizer import Tokenizer, register_tokenizer
+from tapecli.data.tokenizer import CharTokenizer
 from tapecli.errors import TapeError
 
 # Length of the training stream: indices are seeds, not rows, so this only bounds what an index may be.
 TRAIN_STREAM_LENGTH = 2**31
 # A fixed-size validation set is enough to track in-distribution loss; its size does not scale with anything.
 VAL_SAMPLES = 2048
-
-
-class AdditionTokenizer(Tokenizer):
-    """Character-level tokens: PAD=0, BOS=1, EOS=2, digits 0-9 = 3..12, `+` = 13, `=` = 14.
-
-    Prompts carry no BOS (as in McLeish et al.); the id exists because every tape tokenizer has one.
-    """
-
-    kind = "addition"
-    symbols = "0123456789+="
-
-    def __init__(self) -> None:
-        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
-        self._offset = 3
-        self.vocab_size = self._offset + len(self.symbols)
-        self._ids = {ch: self._offset + k for k, ch in enumerate(self.symbols)}
-
-    @property
-    def digit_ids(self) -> list[int]:
-        """Token ids of the digits 0-9, in order (what `ModelConfig.abacus_digit_ids` needs)."""
-        return [self._ids[d] for d in "0123456789"]
-
-    def encode(self, text: str) -> list[int]:
-        try:
-            return [self._ids[ch] for ch in text]
-        except KeyError as e:
-            known = self.symbols
-            raise TapeError(f"the addition tokenizer has no token for {e.args[0]!r}; it knows {known!r}") from None
-
-    def decode(self, ids: Iterable[int]) -> str:
-        return "".join(self.symbols[i - self._offset] for i in map(int, ids) if i >= self._offset)
-
-
-register_tokenizer(AdditionTokenizer.kind, AdditionTokenizer)
 
 
 def reverse_digits(n: int) -> str:
@@ -114,7 +79,7 @@ class AdditionDataset(Dataset):
             )
         self.seed, self.split, self.length = seed, split, length
         self.min_digits, self.max_digits, self.seq_len = min_digits, max_digits, seq_len
-        self.tokenizer = AdditionTokenizer()
+        self.tokenizer = CharTokenizer("addition")
 
     def __len__(self) -> int:
         return self.length
@@ -141,7 +106,7 @@ class AdditionDataset(Dataset):
         return input_ids, labels
 
 
-def build_addition_datasets(data: Any, seed: int) -> tuple[AdditionDataset, AdditionDataset, AdditionTokenizer]:
+def build_addition_datasets(data: Any, seed: int) -> tuple[AdditionDataset, AdditionDataset, CharTokenizer]:
     """The training stream, a fixed validation set and the tokenizer for a recipe's `data` section.
 
     Reads `data.min_digits`, `data.max_digits` and `data.seq_len`. The training stream has 2**31 items (use

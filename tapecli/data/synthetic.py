@@ -29,7 +29,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from tapecli.data.tokenizer import Tokenizer, register_tokenizer
+from tapecli.data.tokenizer import CharTokenizer
 from tapecli.errors import TapeError
 
 TASKS = ("selective-copy", "grid-1d", "grid-2d")
@@ -41,32 +41,6 @@ ACTIONS = {"grid-1d": {"L": (-1,), "R": (1,)},
 MAX_RUN = {"grid-1d": 10, "grid-2d": 3}  # k in 1..MAX_RUN steps per direction (the paper's values)
 TRAIN_STREAM_LENGTH = 2**31  # indices are seeds: this only bounds what an index may be
 VAL_SAMPLES = 2048
-
-
-class SyntheticTokenizer(Tokenizer):
-    """Character tokens of the three tasks: PAD=0, BOS=1, EOS=2, then `abcdefghijklmnop_|LRUD` = 3..24."""
-
-    kind = "synthetic"
-    symbols = SYMBOLS + BLANK + SEPARATOR + "LRUD"
-
-    def __init__(self) -> None:
-        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
-        self._offset = 3
-        self.vocab_size = self._offset + len(self.symbols)
-        self._ids = {ch: self._offset + k for k, ch in enumerate(self.symbols)}
-
-    def encode(self, text: str) -> list[int]:
-        try:
-            return [self._ids[ch] for ch in text]
-        except KeyError as e:
-            raise TapeError(f"the synthetic tokenizer has no token for {e.args[0]!r}; it knows "
-                            f"{self.symbols!r}") from None
-
-    def decode(self, ids: Any) -> str:
-        return "".join(self.symbols[i - self._offset] for i in map(int, ids) if i >= self._offset)
-
-
-register_tokenizer(SyntheticTokenizer.kind, SyntheticTokenizer)
 
 
 @dataclass(frozen=True)
@@ -174,7 +148,7 @@ class SyntheticDataset:
                             f"({spec.length} tokens)")
         self.task, self.spec, self.seed, self.split = task, spec, seed, split
         self.length, self.seq_len = length, seq_len
-        self.tokenizer = SyntheticTokenizer()
+        self.tokenizer = CharTokenizer("synthetic")
 
     def __len__(self) -> int:
         return self.length

@@ -23,9 +23,11 @@ from tapecli.errors import TapeError
 
 META_FILE = "tokenizer_meta.json"
 
-# Modules that register named tokenizers when imported; imported lazily so `load_tokenizer("addition")` works
-# without the caller having to import the arithmetic module first.
-_PLUGIN_MODULES = ("tapecli.data.arithmetic", "tapecli.data.synthetic")
+# The character tokenizers of the generated tasks, by name: their symbols, in id order after PAD, BOS, EOS.
+CHAR_TOKENIZERS = {
+    "addition": "0123456789+=",  # tapecli.data.arithmetic: reversed-digit addition (`321+54=861`)
+    "synthetic": "abcdefghijklmnop_|LRUD",  # tapecli.data.synthetic: 16 symbols, blank, separator, grid actions
+}
 
 
 class Tokenizer:
@@ -87,6 +89,33 @@ class ByteTokenizer(Tokenizer):
 
     def decode(self, ids: Iterable[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class CharTokenizer(Tokenizer):
+    """One id per character of a fixed alphabet: PAD=0, BOS=1, EOS=2, then the symbols of `CHAR_TOKENIZERS[kind]`.
+    Text outside the alphabet is a TapeError naming the character."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind, self.symbols = kind, CHAR_TOKENIZERS[kind]
+        self.pad_id, self.bos_id, self.eos_id = 0, 1, 2
+        self._offset = 3
+        self.vocab_size = self._offset + len(self.symbols)
+        self._ids = {ch: self._offset + k for k, ch in enumerate(self.symbols)}
+
+    @property
+    def digit_ids(self) -> list[int] | None:
+        """Token ids of the digits 0-9, in order (what `ModelConfig.abacus_digit_ids` needs); None without digits."""
+        return [self._ids[d] for d in "0123456789"] if all(d in self._ids for d in "0123456789") else None
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._ids[ch] for ch in text]
+        except KeyError as e:
+            raise TapeError(f"the {self.kind} tokenizer has no token for {e.args[0]!r}; it knows "
+                            f"{self.symbols!r}") from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return "".join(self.symbols[i - self._offset] for i in map(int, ids) if i >= self._offset)
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -175,29 +204,6 @@ class HFTokenizer(Tokenizer):
         return directory
 
 
-_REGISTRY: dict[str, Callable[[], Tokenizer]] = {}
-
-
-def register_tokenizer(name: str, factory: Callable[[], Tokenizer]) -> None:
-    """Make `load_tokenizer(name)` return `factory()`.
-
-    The tokenizer's `kind` should equal `name`, so that `save` + `load_tokenizer_dir` find the factory again.
-    """
-    _REGISTRY[name] = factory
-
-
-def _registry() -> dict[str, Callable[[], Tokenizer]]:
-    import importlib
-
-    for module in _PLUGIN_MODULES:
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:  # a genuine missing dependency inside the plugin must not be hidden
-                raise
-    return _REGISTRY
-
-
 def _existing_file(path: Path) -> Path:
     if not path.is_file():
         raise TapeError(f"tokenizer file {path} does not exist")
@@ -205,12 +211,12 @@ def _existing_file(path: Path) -> Path:
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
-    """`byte`, a registered name (e.g. `addition`), a `.model` path, a `tokenizer.json` path, or a saved directory."""
+    """`byte`, a character tokenizer's name (`addition`, `synthetic`), a `.model` path, a `tokenizer.json` path, or a
+    saved directory."""
     if spec == "byte":
         return ByteTokenizer()
-    registry = _registry()
-    if spec in registry:
-        return registry[spec]()
+    if spec in CHAR_TOKENIZERS:
+        return CharTokenizer(spec)
     path = Path(spec).expanduser()
     if path.suffix == ".model":
         return SentencePieceTokenizer(_existing_file(path))
@@ -218,7 +224,7 @@ def load_tokenizer(spec: str) -> Tokenizer:
         return HFTokenizer(_existing_file(path))
     if (path / META_FILE).is_file():
         return load_tokenizer_dir(path)
-    names = ", ".join(sorted(["byte", *registry]))
+    names = ", ".join(sorted(["byte", *CHAR_TOKENIZERS]))
     raise TapeError(
         f"unknown tokenizer {spec!r}; use one of {names}, a SentencePiece .model file, a tokenizer.json file, "
         "or a directory written by tokenizer.save()"
@@ -239,9 +245,8 @@ def load_tokenizer_dir(directory: str | Path) -> Tokenizer:
         return SentencePieceTokenizer(_existing_file(directory / SentencePieceTokenizer.file_name), specials)
     if kind == HFTokenizer.kind:
         return HFTokenizer(_existing_file(directory / HFTokenizer.file_name), specials)
-    registry = _registry()
-    if kind in registry:
-        return registry[kind]()
+    if kind in CHAR_TOKENIZERS:
+        return CharTokenizer(kind)
     raise TapeError(f"{meta_path}: unknown tokenizer kind {kind!r}")
 
 
@@ -257,7 +262,7 @@ def train_tokenizer(
 
     from tapecli.data.sources import iter_documents
     from tapecli.faults import check_output_file
-    from tapecli.run import atomic_path
+    from tapecli.files import atomic_path
 
     out_path = Path(out)
     if out_path.suffix != ".model":

@@ -24,12 +24,14 @@ from typing import Any
 
 import torch
 
-from tapecli.data.arithmetic import AdditionTokenizer, eval_problems, prompt_text, reverse_digits
+from tapecli.data.arithmetic import eval_problems, prompt_text, reverse_digits
+from tapecli.data.tokenizer import CharTokenizer
 from tapecli.errors import TapeError
 from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, open_model, progress_bar
 from tapecli.eval.plots import HeatmapPanel, save_heatmaps
 from tapecli.faults import check_output_dir
-from tapecli.run import run_recipe, write_atomic
+from tapecli.files import write_atomic
+from tapecli.store.run import run_recipe
 
 PROTOCOL = (
     "addition grid (McLeish et al. 2024): for each operand-length pair (i, j) in 1..max_len, `samples` fixed "
@@ -59,7 +61,7 @@ class AdditionEvalSettings:
 
 def evaluate_addition(
     model: torch.nn.Module,
-    tokenizer: AdditionTokenizer,
+    tokenizer: CharTokenizer,
     settings: AdditionEvalSettings,
     out_dir: str | Path,
     batch_size: int = 1024,
@@ -119,7 +121,7 @@ def _batches(cells: list[tuple[int, int]], samples: int, batch_size: int) -> Ite
 
 @torch.inference_mode()
 def _solve(
-    model: torch.nn.Module, tokenizer: AdditionTokenizer, cells: list[tuple[int, int]], settings: AdditionEvalSettings
+    model: torch.nn.Module, tokenizer: CharTokenizer, cells: list[tuple[int, int]], settings: AdditionEvalSettings
 ) -> list[dict[str, Any]]:
     """Greedy-decode every problem of `cells` (equal prompt lengths) in one batch; one result row per problem."""
     problems = [(i, j, a, b) for i, j in cells for a, b in eval_problems(i, j, settings.samples, settings.seed)]
@@ -191,9 +193,9 @@ def run_addition_eval(
         check_output_dir(out)
     opened = open_model(model, dtype=dtype, device=device, pe_args=pe_args)
     ckpt = Path(opened.source)
-    if not isinstance(opened.tokenizer, AdditionTokenizer):
-        raise TapeError(f"{opened.spec} was not trained on addition (its tokenizer is "
-                        f"{getattr(opened.tokenizer, 'kind', type(opened.tokenizer).__name__)!r}, not 'addition')")
+    if opened.tokenizer.kind != "addition":
+        raise TapeError(f"{opened.spec} was not trained on addition (its tokenizer is {opened.tokenizer.kind!r}, "
+                        "not 'addition')")
     recipe = run_recipe(ckpt)
     if max_len is None:
         if recipe is None:

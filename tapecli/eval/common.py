@@ -29,11 +29,10 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from tapecli.errors import TapeError
-from tapecli.faults import reading, writing
-from tapecli.run import write_atomic
+from tapecli.faults import reading
+from tapecli.files import JsonlLog, write_atomic
 
 if TYPE_CHECKING:
-    import torch
     from rich.progress import Progress
 
     from tapecli.data.tokenizer import Tokenizer
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
 SETTINGS_FILE = "settings.json"
 SAMPLES_FILE = "samples.jsonl"
 RESULTS_FILE = "results.json"
-DTYPE_NAMES = ("auto", "fp32", "bf16", "fp16")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -91,18 +89,6 @@ def parse_pe_args(pairs: list[str] | None) -> dict[str, Any]:
     return parsed
 
 
-def resolve_dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
-    """(name, torch dtype); `auto` is bf16 on a GPU and fp32 on the CPU."""
-    import torch
-
-    if name == "auto":
-        name = "bf16" if device.type == "cuda" else "fp32"
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if name not in dtypes:
-        raise TapeError(f"--dtype: unknown dtype {name!r}; allowed: {', '.join(DTYPE_NAMES)}")
-    return name, dtypes[name]
-
-
 def open_model(spec: str, *, dtype: str = "auto", device: str = "auto",
                pe_args: dict[str, Any] | None = None) -> OpenedModel:
     """Open a tape run / checkpoint or a Hugging Face model (directory or hub id) for evaluation.
@@ -112,8 +98,8 @@ def open_model(spec: str, *, dtype: str = "auto", device: str = "auto",
     `{"scaling": "linear", "factor": 2}` to evaluate a RoPE model with position interpolation); they are validated
     by the PE exactly as a recipe's `model.pe_args` are, and may not change the shapes of the weights.
     """
-    from tapecli.checkpoint import load_model
-    from tapecli.device import resolve_device
+    from tapecli.runtime import resolve_device, resolve_dtype
+    from tapecli.store.checkpoint import load_model
 
     torch_device = resolve_device(device)
     dtype_name, torch_dtype = resolve_dtype(dtype, torch_device)
@@ -139,7 +125,7 @@ def open_model(spec: str, *, dtype: str = "auto", device: str = "auto",
 def model_source(spec: str) -> tuple[str, str]:
     """("tape", the checkpoint directory a run or checkpoint resolves to) or ("hf", the directory or hub id), without
     loading anything; what an evaluation's settings name a model by."""
-    from tapecli.checkpoint import resolve_checkpoint
+    from tapecli.store.checkpoint import resolve_checkpoint
 
     path = Path(spec).expanduser()
     if _is_tape(path):
@@ -150,7 +136,7 @@ def model_source(spec: str) -> tuple[str, str]:
 
 def _is_tape(path: Path) -> bool:
     """A tape checkpoint, or a run directory (one with checkpoints/ or step-* directories)."""
-    from tapecli.checkpoint import is_checkpoint, list_checkpoints
+    from tapecli.store.checkpoint import is_checkpoint, list_checkpoints
 
     return path.is_dir() and (is_checkpoint(path) or (path / "checkpoints").is_dir() or bool(list_checkpoints(path)))
 
@@ -221,14 +207,14 @@ def claim_settings(out_dir: Path, settings: dict[str, Any], started: bool, stale
     write_atomic(settings_path, json.dumps(settings, indent=1) + "\n")
 
 
-class SamplesLog:
+class SamplesLog(JsonlLog):
     """`out/settings.json` + `out/samples.jsonl`: what an evaluation is, and every unit it has finished.
 
     On opening, a directory that holds finished units of an evaluation with other settings is refused with one line
     naming the keys that differ; a directory without finished units (new, or left by a run that failed before its
     first unit) gets `settings` written. The rows an interrupted run finished are read back (a last line
     cut off mid-write is skipped; a broken line elsewhere is an error), filtered by `keep` (e.g. "only whole cells")
-    and rewritten, so `self.rows` is exactly what the evaluation need not redo.
+    and rewritten, so `self.rows` is exactly what the evaluation need not redo; `append` logs finished rows at once.
     Use as a context manager, or call `close()`.
     """
 
@@ -236,49 +222,10 @@ class SamplesLog:
                  keep: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> None:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.path = self.out / SAMPLES_FILE
-        started = self.path.is_file() and self.path.stat().st_size > 0
+        path = self.out / SAMPLES_FILE
+        started = path.is_file() and path.stat().st_size > 0
         claim_settings(self.out, settings, started=started, stale=[SAMPLES_FILE])
-        rows = read_jsonl(self.path) if self.path.is_file() else []
-        self.rows = keep(rows) if keep else rows
-        write_atomic(self.path, "".join(json.dumps(row) + "\n" for row in self.rows))
-        self._file = self.path.open("a")
-
-    def append(self, rows: list[dict[str, Any]]) -> None:
-        """Log finished rows now (one write + flush, so a unit is either whole in the log or redone)."""
-        with writing(self.path):
-            self._file.write("".join(json.dumps(row) + "\n" for row in rows))
-            self._file.flush()
-        self.rows.extend(rows)
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> SamplesLog:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The rows of a JSONL log; a last line cut off mid-write is dropped, any other broken line is an error."""
-    with reading(path):
-        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = []
-    for number, line in enumerate(lines, 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if number == len(lines):  # the interrupted write
-                break
-            raise TapeError(f"{path} line {number} is not JSON; the log is damaged, delete that directory") from None
-    return rows
-
-
-def write_json(path: Path, data: Any) -> None:
-    """results.json and friends: indented JSON, written atomically."""
-    write_atomic(Path(path), json.dumps(data, indent=1) + "\n")
+        super().__init__(path, keep)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any
 
 from tapecli.errors import TapeError
 from tapecli.eval.common import RESULTS_FILE, claim_settings
-from tapecli.run import write_atomic
+from tapecli.files import write_atomic
 
 CACHE_PREFIX = "requests"  # lm-eval appends _rank0.db
 CACHE_FILE = f"{CACHE_PREFIX}_rank0.db"

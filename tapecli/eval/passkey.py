@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, open_model, progress_bar, write_json
+from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, open_model, progress_bar
+from tapecli.files import write_json
 
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                "I will quiz you about the important information there.")

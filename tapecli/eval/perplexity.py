@@ -40,9 +40,8 @@ from tapecli.eval.common import (
     model_source,
     open_model,
     progress_bar,
-    resolve_dtype,
-    write_json,
 )
+from tapecli.files import write_json
 
 PROTOCOLS = {
     "longlora": "windows of seq_len tokens starting every `stride` tokens while start < len - seq_len (LongLoRA "
@@ -159,7 +158,7 @@ def evaluate_perplexity(
 
     Models are opened one at a time. Windows already in samples.jsonl (same settings) are not recomputed.
     """
-    from tapecli.device import resolve_device
+    from tapecli.runtime import resolve_device, resolve_dtype
 
     if protocol not in PROTOCOLS:
         raise TapeError(f"--protocol: unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tapecli.run import atomic_path
+from tapecli.files import atomic_path
 
 
 @dataclass

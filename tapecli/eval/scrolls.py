@@ -34,8 +34,8 @@ from tapecli.eval.common import (
     generate_batch,
     open_model,
     progress_bar,
-    write_json,
 )
+from tapecli.files import write_json
 
 PROTOCOL = (
     "SCROLLS (method.md 4.3): one example per id (all of its rows' outputs are references); prompt = the "
@@ -181,7 +181,7 @@ def _run_recipe(opened: Any) -> Any:
     """The recipe of the tape run the model comes from (None for Hugging Face models or bare checkpoints)."""
     if opened.kind != "tape":
         return None
-    from tapecli.run import run_recipe
+    from tapecli.store.run import run_recipe
 
     return run_recipe(Path(opened.source))
 

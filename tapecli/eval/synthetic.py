@@ -30,8 +30,9 @@ import torch
 
 from tapecli.data.synthetic import SPLITS, TASKS, SyntheticDataset, split_specs
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SamplesLog, write_json
-from tapecli.run import run_recipe
+from tapecli.eval.common import RESULTS_FILE, SamplesLog
+from tapecli.files import write_json
+from tapecli.store.run import run_recipe
 
 PROTOCOL = (
     "MapFormer synthetic splits: `samples` fixed sequences per split seeded by (task, split, seed, index); one "

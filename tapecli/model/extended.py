@@ -9,7 +9,7 @@ fresh model, so TAPE's updates start at exactly zero; LoRA adapters (B = 0) are 
 computing exactly what the base computes under the same RoPE scaling.
 
 Checkpoints of such a model hold only `own_parameters` (new or trainable ones) plus `base_model` (where the base was
-imported from); `tapecli.checkpoint` writes and reads them.
+imported from); `tapecli.store.checkpoint` writes and reads them.
 """
 
 from __future__ import annotations

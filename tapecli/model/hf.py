@@ -45,7 +45,7 @@ SHORT_NAMES: dict[str, str] = {
 }
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 HF_CONFIG = "config.json"
-TAPE_CONFIG = "model_config.json"  # tapecli.checkpoint.MODEL_CONFIG (not imported: checkpoint sits above model)
+TAPE_CONFIG = "model_config.json"  # tapecli.store.checkpoint.MODEL_CONFIG (not imported: checkpoint sits above model)
 INDEX = "model.safetensors.index.json"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # RoPE types transformers writes -> our `scaling` names; the HF defaults our RoPE also uses are not repeated.

@@ -16,7 +16,6 @@ base, the trainable parameters are kept in fp32 (the optimizer's master copy).
 
 from __future__ import annotations
 
-import fnmatch
 import json
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,9 @@ import torch
 from torch import nn
 
 from tapecli import faults
-from tapecli.checkpoint import (
+from tapecli.errors import TapeError
+from tapecli.recipe import Recipe
+from tapecli.store.checkpoint import (
     BASE_MODEL,
     load_checkpoint_tokenizer,
     load_merged_on_base,
@@ -33,26 +34,7 @@ from tapecli.checkpoint import (
     read_model_config,
     resolve_checkpoint,
 )
-from tapecli.errors import TapeError
-from tapecli.recipe import Recipe
-
-
-def apply_freeze(model: nn.Module, freeze: list[str], unfreeze: list[str], keys: tuple[str, str] = (
-        "train.freeze", "train.unfreeze")) -> None:
-    """Freeze parameters whose name matches a `freeze` glob, then unfreeze those matching an `unfreeze` glob.
-    Parameters the model declares inert (they never get a gradient) stay frozen, which DDP requires. A pattern
-    that matches no parameter is a TapeError naming it (`keys` name the recipe keys in the message)."""
-    inert = getattr(model, "inert_parameters", set())
-    names = [name for name, _ in model.named_parameters()]
-    for key, patterns in zip(keys, (freeze, unfreeze), strict=True):
-        for pattern in patterns:
-            if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-                raise TapeError(f"{key}: pattern {pattern!r} matches no parameter (names look like {names[-1]!r})")
-    for name, param in model.named_parameters():
-        frozen = any(fnmatch.fnmatchcase(name, p) for p in freeze)
-        if frozen and any(fnmatch.fnmatchcase(name, p) for p in unfreeze):
-            frozen = False
-        param.requires_grad_(not frozen and name not in inert)
+from tapecli.train.freeze import apply_freeze, apply_plan
 
 
 def build_model(recipe: Recipe, resume_from: Path | None, init_from: str | None,
@@ -94,9 +76,10 @@ def _tape_model(recipe: Recipe, checkpoint: Path | None) -> tuple[nn.Module, Any
         tokenizer = load_tokenizer(recipe.data.tokenizer)
     kwargs = recipe.model_config_kwargs(tokenizer.vocab_size)
     if kwargs["abacus"]:
-        if not hasattr(tokenizer, "digit_ids"):
+        digits = getattr(tokenizer, "digit_ids", None)
+        if digits is None:
             raise TapeError("model.abacus: needs a tokenizer with digit ids (data.tokenizer: addition)")
-        kwargs["abacus_digit_ids"] = list(tokenizer.digit_ids)
+        kwargs["abacus_digit_ids"] = list(digits)
     try:
         return Transformer(ModelConfig.from_dict(kwargs)), tokenizer
     except ValueError as e:
@@ -108,7 +91,7 @@ def _on_base(recipe: Recipe, source: str, record: dict | None, resume_from: Path
     from tapecli.model.extended import base_record, build_from_base, find_base
     from tapecli.model.hf import hf_model_config, load_hf_tokenizer, read_hf_config, resolve_hf_source
     from tapecli.model.merge import merge_model_config
-    from tapecli.train.extend import apply_plan, plan_extension
+    from tapecli.train.extend import plan_extension
 
     directory = find_base(record) if record is not None else resolve_hf_source(source)
     hf = read_hf_config(directory)

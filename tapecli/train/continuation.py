@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tapecli.checkpoint import read_model_config
 from tapecli.errors import TapeError
 from tapecli.recipe import Recipe
-from tapecli.run import run_recipe
+from tapecli.store.checkpoint import read_model_config
+from tapecli.store.run import run_recipe
 
 _INSTEAD = "use another --out for a new run, or start from it with tape finetune / train.init_from"
 

@@ -13,20 +13,23 @@ import contextlib
 import dataclasses
 import hashlib
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
 from tapecli import faults
-from tapecli.checkpoint import (
+from tapecli.data.build import build_datasets
+from tapecli.data.text import IGNORE_INDEX
+from tapecli.errors import LossNotFinite, TapeError
+from tapecli.recipe import Recipe
+from tapecli.runtime import resolve_precision, rng_state, seed_everything, set_rng_state
+from tapecli.store.checkpoint import (
     checkpoint_step,
     list_checkpoints,
     load_train_state,
@@ -34,11 +37,7 @@ from tapecli.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from tapecli.data.build import build_datasets
-from tapecli.data.text import IGNORE_INDEX
-from tapecli.errors import LossNotFinite, TapeError
-from tapecli.recipe import Recipe
-from tapecli.run import CHECKPOINTS, removed_on_failure, write_run_files
+from tapecli.store.run import CHECKPOINTS, removed_on_failure, write_run_files
 from tapecli.train import distributed, fsdp, memory
 from tapecli.train.build import build_model
 from tapecli.train.continuation import check_continuation
@@ -155,13 +154,6 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     return job
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    """`auto` means bf16 autocast where the hardware supports it (CUDA with bf16), fp32 otherwise (CPU)."""
-    if precision != "auto":
-        return precision
-    return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-
-
 def _check_hardware(recipe: Recipe, env: DistEnv) -> None:
     t = recipe.train
     t.precision = resolve_precision(t.precision, env.device)
@@ -188,35 +180,6 @@ def find_resume(out: Path, resume: str) -> Path | None:
     return resolve_checkpoint(resume)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch (all devices)."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def _rng_state() -> dict[str, Any]:
-    # numpy's state holds a numpy array; stored as a tensor so train_state.pt loads with weights_only=True.
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {
-        "python": random.getstate(),
-        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-    }
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 def _restore(job: Job, checkpoint: Path) -> None:
     state = load_train_state(checkpoint)
     if fsdp.is_sharded(job.model):
@@ -226,7 +189,7 @@ def _restore(job: Job, checkpoint: Path) -> None:
     job.scheduler.load_state_dict(state["scheduler"])
     if job.scaler is not None and state["scaler"] is not None:
         job.scaler.load_state_dict(state["scaler"])
-    _set_rng_state(state["rng"])
+    set_rng_state(state["rng"])
     job.start_step, job.tokens, job.elapsed = state["step"], state["tokens"], state["elapsed"]
     job.last_checkpoint = checkpoint
     if state["recipe_hash"] != job.recipe_hash and job.env.is_main:
@@ -240,7 +203,7 @@ def _train_state(job: Job, step: int, elapsed: float, optimizer_state: dict | No
         "optimizer": job.optimizer.state_dict() if optimizer_state is None else optimizer_state,
         "scheduler": job.scheduler.state_dict(),
         "scaler": job.scaler.state_dict() if job.scaler is not None else None,
-        "rng": _rng_state(),
+        "rng": rng_state(),
         "recipe_hash": job.recipe_hash,
         "tokens": job.tokens,
         "elapsed": elapsed,

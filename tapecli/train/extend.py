@@ -16,14 +16,12 @@ included) and TAPE's post-attention map left frozen at zero.
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tapecli.errors import TapeError
 
 if TYPE_CHECKING:
-    from torch import nn
 
     from tapecli.model import ModelConfig
     from tapecli.model.lora import LoraSpec
@@ -102,17 +100,3 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
     return Plan(config=config, grown=grown, lora=lora, unfreeze=METHOD_PARAMETERS[x.method] + list(x.trainable),
                 freeze_after=freeze_after, s2_fraction=x.group_fraction if x.method == "longlora" else None,
                 summary=summary)
-
-
-def apply_plan(model: nn.Module, plan: Plan) -> None:
-    """Freeze all but the plan's trainable set (a pattern matching nothing is a TapeError), then switch longlora's
-    attention to S²-Attn (training only)."""
-    from tapecli.model.s2attn import enable_s2_attn
-    from tapecli.train.build import apply_freeze
-
-    apply_freeze(model, ["*"], plan.unfreeze, keys=("extend.method", "extend.trainable"))
-    for name, param in model.named_parameters():
-        if any(fnmatch.fnmatchcase(name, p) for p in plan.freeze_after):
-            param.requires_grad_(False)
-    if plan.s2_fraction is not None:
-        enable_s2_attn(model, plan.s2_fraction)

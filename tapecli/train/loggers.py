@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tapecli.errors import TapeError
-from tapecli.run import METRICS, MetricsLog, write_atomic
+from tapecli.files import write_atomic
+from tapecli.store.run import METRICS, MetricsLog
 
 TENSORBOARD_DIR = "tensorboard"
 WANDB_ID_FILE = "wandb.json"

@@ -1,0 +1,5 @@
+"""`python -m tapecli ...`: the same as the `tape` command."""
+
+from tapecli.cli import main
+
+main()

@@ -1,0 +1,36 @@
+"""The `tape` command line: the root group (`app`, tapecli/cli/app.py) and the table of its commands below.
+
+The commands are plain functions with typed Typer signatures, one module per group: train.py (pretrain, finetune,
+extend-context), eval.py (the `tape eval` group), models.py (export, tokenizer), recipes.py, experiments.py (demo,
+bench). This table is the one place that names them, orders them and groups them in `tape --help`.
+
+Entry points: the `tape` script (`main`), `python -m tapecli ...`, `python -m tapecli.cli ...` and
+`torchrun --nproc_per_node N -m tapecli.cli pretrain ...`.
+"""
+
+from __future__ import annotations
+
+from tapecli.cli import experiments, models, recipes, train
+from tapecli.cli.app import app
+from tapecli.cli.eval import eval_app
+
+_TRAIN, _EVAL, _FILES, _EXPERIMENTS = "Train", "Evaluate", "Models, tokenizers and recipes", "Experiments"
+
+for name, command, panel in [
+    ("pretrain", train.pretrain, _TRAIN),
+    ("finetune", train.finetune, _TRAIN),
+    ("extend-context", train.extend_context, _TRAIN),
+    ("export", models.export, _FILES),
+    ("recipes", recipes.recipes, _FILES),
+    ("demo", experiments.demo, _EXPERIMENTS),
+    ("bench", experiments.bench, _EXPERIMENTS),
+]:
+    app.command(name, rich_help_panel=panel)(command)
+app.add_typer(eval_app, name="eval", rich_help_panel=_EVAL)
+app.add_typer(models.tokenizer_app, name="tokenizer", rich_help_panel=_FILES)
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    app()

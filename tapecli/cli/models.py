@@ -1,0 +1,59 @@
+"""`tape export` and `tape tokenizer train`: turning checkpoints and text into files other tools read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tapecli.errors import TapeError
+
+
+def export(
+    checkpoint: str = typer.Option(..., "--checkpoint", "-c", help="Run directory (newest checkpoint) or checkpoint."),
+    out: Path = typer.Option(..., "--out", help="The Hugging Face directory to write (new or empty)."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16 weights."),
+) -> None:
+    """Write a checkpoint as a Hugging Face Llama directory that `AutoModelForCausalLM.from_pretrained` opens.
+
+    config.json (with rope_parameters for RoPE's scaling), safetensors, the tokenizer. LoRA adapters are merged into the weights.
+
+    Only RoPE models (any scaling) export: TAPE, FIRE, T5, ALiBi and xPos have no Llama equivalent in transformers; keep their native checkpoints, which every `tape eval` opens.
+
+    Example: tape export --checkpoint runs/extend-lora-pi --out exported/llama2-7b-8k --dtype bfloat16
+    """
+    import torch
+
+    from tapecli.model.hf_export import export_hf
+    from tapecli.store.checkpoint import load_model
+
+    if dtype not in ("float32", "bfloat16"):
+        raise TapeError(f"--dtype: expected float32 or bfloat16, got {dtype!r}")
+    model, tokenizer = load_model(checkpoint)
+    wrote_tokenizer = export_hf(model, tokenizer, out, dtype=getattr(torch, dtype))
+    note = "" if wrote_tokenizer else f" (no tokenizer: the {tokenizer.kind} tokenizer has no Hugging Face form)"
+    typer.echo(f"wrote a Hugging Face Llama to {out}{note}")
+
+
+
+tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True)
+
+
+@tokenizer_app.command("train")
+def tokenizer_train(
+    data: str = typer.Option(..., "--data", help="Text source: a file, directory, glob or hub id (dataset:config)."),
+    vocab_size: int = typer.Option(..., "--vocab-size", help="Number of pieces, e.g. 32000."),
+    out: Path = typer.Option(..., "--out", help="The SentencePiece model file to write (must end in .model)."),
+    text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
+) -> None:
+    """Train a SentencePiece BPE tokenizer whose encode/decode round trip is lossless.
+
+    Use it with `data.tokenizer=PATH.model`.
+
+    Example: `tape tokenizer train --data corpus/ --vocab-size 8000 --out tok.model`.
+    """
+    from tapecli.data.tokenizer import train_tokenizer
+
+    path = train_tokenizer(data, vocab_size, str(out), text_field=text_field)
+    typer.echo(f"wrote {path}")
+

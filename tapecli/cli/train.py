@@ -1,0 +1,103 @@
+"""`tape pretrain`, `tape finetune`, `tape extend-context`: the training commands (tapecli.train.engine runs them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tapecli.errors import TapeError
+
+_OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."
+_RESUME_HELP = ("auto: continue from the newest checkpoint in --out if there is one, else start fresh; "
+                "never: always start fresh; or a checkpoint / run directory to continue from.")
+
+
+def pretrain(
+    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
+    recipe: str = typer.Option(..., "--recipe", help="A shipped recipe name (c4, c4-smoke, ...) or a YAML file."),
+    out: Path = typer.Option(..., "--out", help="Run directory: recipe.yaml, run.json, metrics.jsonl, checkpoints/."),
+    resume: str = typer.Option("auto", "--resume", help=_RESUME_HELP),
+) -> None:
+    """Train a model from scratch (or from train.init_from) as a recipe says.
+
+    Writes recipe.yaml, run.json, metrics.jsonl and checkpoints/ into --out; a killed run continues exactly where it stopped with the same command (--resume auto).
+
+    Data parallel: `torchrun --nproc_per_node 4 -m tapecli.cli pretrain ...` (gloo on CPU, NCCL on GPU).
+
+    Example: `tape pretrain --recipe c4-smoke --out runs/smoke data.source=corpus/ model.pe=rope train.max_steps=50`.
+    """
+    from tapecli.recipe import load_recipe
+    from tapecli.train.engine import pretrain as run_pretrain
+
+    command = ["tape", "pretrain", "--recipe", recipe, "--out", str(out), "--resume", resume, *(overrides or [])]
+    run_pretrain(load_recipe(recipe, overrides or []), out, resume=resume, command=command)
+
+
+def finetune(
+    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
+    checkpoint: str | None = typer.Option(None, "--checkpoint", help="A run directory (its newest checkpoint) or "
+                                          "one checkpoint directory [default: the recipe's train.init_from]."),
+    recipe: str = typer.Option(..., "--recipe", help="A shipped recipe name or a YAML file; its model section may "
+                               "not change the checkpoint's shapes."),
+    out: Path = typer.Option(..., "--out", help="Run directory for the fine-tuned model."),
+    resume: str = typer.Option("auto", "--resume", help=_RESUME_HELP),
+) -> None:
+    """Fine-tune a checkpoint on a recipe's data (prompt/target pairs learn the target only).
+
+    Freeze parameters with fnmatch globs over their names; trainable and total counts are printed.
+
+    Example: `tape finetune --checkpoint runs/c4 --recipe scrolls --out runs/ft train.freeze=['*'] train.unfreeze=['*.pe.*']`.
+    """
+    from tapecli.recipe import load_recipe
+    from tapecli.train.engine import finetune as run_finetune
+
+    command = ["tape", "finetune", *(["--checkpoint", checkpoint] if checkpoint else []), "--recipe", recipe,
+               "--out", str(out), "--resume", resume, *(overrides or [])]
+    loaded = load_recipe(recipe, overrides or [])
+    checkpoint = checkpoint or loaded.train.init_from
+    if not checkpoint:
+        raise TapeError("finetune needs a model: pass --checkpoint or set train.init_from")
+    run_finetune(loaded, checkpoint, out, resume=resume, command=command)
+
+
+_BASE_HELP = ("A Hugging Face Llama directory (config.json, *.safetensors, tokenizer), a hub id "
+              "(meta-llama/Llama-2-7b-hf: downloaded online, read from the HF cache offline), or a short name: "
+              "llama2-7b, llama2-13b, llama3-8b, llama3.2-1b, mistral-7b, tinyllama, smollm2-135m, smollm2-360m, "
+              "smollm2-1.7b.")
+
+
+def extend_context(
+    overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
+    base: str = typer.Option(..., "--base", help=_BASE_HELP),
+    method: str = typer.Option("tape", "--method", help="What is trained: tape | lora | longlora | full."),
+    scaling: str = typer.Option("pi", "--scaling", help="How positions reach the longer context: pi | yarn | "
+                                "dynamic | theta | none."),
+    compat: str = typer.Option("paper", "--compat", help="paper, or official: the official scripts' protocol (PI "
+                               "under every method, theta included; TAPE's post-attention map frozen)."),
+    recipe: str = typer.Option("context-extension", "--recipe", help="A shipped recipe name or a YAML file."),
+    out: Path = typer.Option(None, "--out", help="Run directory (default: runs/extend-METHOD-SCALING)."),
+    resume: str = typer.Option("auto", "--resume", help=_RESUME_HELP),
+) -> None:
+    """Extend a pre-trained Llama's context from its max_position_embeddings L to model.max_seq_len N.
+
+    Methods (all also train embeddings and norms, extend.trainable): tape adds TAPE to the base's RoPE, its new modules zero-initialised so step 0 equals the base; lora trains LoRA r=8, alpha=16 on q, k, v, o (LongLoRA's "LoRA+"); longlora adds shifted sparse attention while training (groups of N/4, half the heads shifted; evaluation uses full attention); full trains every weight.
+
+    Scalings: pi interpolates positions by N/L (the default); yarn; dynamic (NTK); theta sets the RoPE base to 1e6; none.
+
+    The paper's rows: --method lora, --method longlora, --method lora --scaling theta, --method tape (all with --compat official for the official numbers).
+
+    Checkpoints hold only the trained tensors plus a pointer to the base; `tape eval` and `tape export` open them like any other. Prints trainable and total parameter counts. A killed run continues exactly with the same command.
+
+    Example (CPU-size, SmolLM2-135M from 8192 to 16384 tokens on short rows): tape extend-context --base smollm2-135m --recipe context-extension-smoke --method tape --out runs/ext model.max_seq_len=16384 data.source=corpus/
+    """
+    from tapecli.recipe import load_recipe
+    from tapecli.train.engine import pretrain as run_pretrain
+
+    out = out or Path(f"runs/extend-{method}-{scaling}")
+    command = ["tape", "extend-context", "--base", base, "--method", method, "--scaling", scaling, "--compat", compat,
+               "--recipe", recipe, "--out", str(out), "--resume", resume, *(overrides or [])]
+    settings = [f"extend.method={method}", f"extend.scaling={scaling}", f"extend.compat={compat}",
+                f"train.init_from={base}"]
+    run_pretrain(load_recipe(recipe, [*(overrides or []), *settings]), out, resume=resume, command=command)
+

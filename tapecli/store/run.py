@@ -1,0 +1,106 @@
+"""The run directory: what a training run leaves behind besides its checkpoints.
+
+    RUN/recipe.yaml     the resolved recipe (after overrides), re-runnable with `--recipe RUN/recipe.yaml`
+    RUN/run.json        seed, tapecli version, git revision, command line, start time (+ one entry per resume)
+    RUN/metrics.jsonl   one JSON object per logged step and per validation
+    RUN/checkpoints/    step-XXXXXXXX/ directories (see tapecli.store.checkpoint)
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import tapecli
+from tapecli.faults import reading
+from tapecli.files import JsonlLog, read_jsonl, write_atomic
+
+if TYPE_CHECKING:
+    from tapecli.recipe import Recipe
+
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.jsonl"
+RECIPE = "recipe.yaml"
+RUN_INFO = "run.json"
+
+
+def git_revision() -> str | None:
+    """The commit of the tapecli source tree, or None outside a git checkout (e.g. a pip install)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(tapecli.__file__).parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_run_files(run_dir: Path, recipe_yaml: str, seed: int, command: list[str], resumed_from: Path | None) -> None:
+    """Write recipe.yaml and run.json. A resumed run keeps its original run.json and appends to `resumes`.
+    An unreadable run.json fails before either file is rewritten."""
+    info_path = run_dir / RUN_INFO
+    entry = {"command": shlex.join(command), "time": _now()}
+    if resumed_from is not None and info_path.exists():
+        with reading(info_path):
+            info = json.loads(info_path.read_text(encoding="utf-8"))
+            info.setdefault("resumes", []).append({**entry, "checkpoint": str(resumed_from)})
+    else:
+        info = {"seed": seed, "version": tapecli.__version__, "git_revision": git_revision(),
+                "command": entry["command"], "start_time": entry["time"]}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / RECIPE, recipe_yaml)
+    write_atomic(info_path, json.dumps(info, indent=2) + "\n")
+
+
+@contextmanager
+def removed_on_failure(run_dir: Path) -> Iterator[None]:
+    """Undo what a failed setup created in `run_dir`: the directory itself if it is new, else new cache entries
+    (a too-small corpus must not leave a tokenized `cache/` behind)."""
+    existed = run_dir.exists()
+    cache = run_dir / "cache"
+    before = set(cache.iterdir()) if cache.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif before is None:
+            shutil.rmtree(cache, ignore_errors=True)
+        elif cache.is_dir():
+            for entry in set(cache.iterdir()) - before:
+                shutil.rmtree(entry, ignore_errors=True)
+        raise
+
+
+class MetricsLog(JsonlLog):
+    """Append-only metrics.jsonl; each row is flushed at once so a killed run keeps everything it logged. Rows after
+    `resume_step` (logged by a run killed after its last checkpoint, which the resumed run logs again) are dropped."""
+
+    def __init__(self, path: Path, resume_step: int) -> None:
+        super().__init__(path, keep=lambda rows: [row for row in rows if row.get("step", 0) <= resume_step])
+
+    def log(self, row: dict[str, Any]) -> None:
+        self.append([row])
+
+
+def run_recipe(checkpoint: Path) -> Recipe | None:
+    """The resolved recipe of the run a checkpoint belongs to (RUN/checkpoints/step-N -> RUN/recipe.yaml), if any."""
+    from tapecli.recipe import load_recipe
+
+    path = Path(checkpoint).parent.parent / RECIPE
+    return load_recipe(str(path)) if path.is_file() else None
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """All rows of RUN/metrics.jsonl."""
+    return read_jsonl(Path(run_dir) / METRICS)

@@ -1,0 +1,473 @@
+"""Fault injection through the CLI: corrupt and truncated files of every kind tape reads, unwritable outputs, a full
+disk, out of memory, SIGTERM then resume, a kill during pruning, a recipe that would change what a checkpoint means.
+
+Each fault must give one line (`error: ...` naming the file or key), the right exit code (2 bad input, 1 failed run),
+no traceback, and leave every file written before byte-identical.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import REPO, assert_same_weights, cli, subprocess_env, weights, write_recipe
+from typer.testing import CliRunner
+
+from tapecli.cli import app
+from tapecli.recipe import load_recipe
+from tapecli.store.checkpoint import list_checkpoints
+from tapecli.store.run import read_metrics
+from tapecli.train import engine
+
+runner = CliRunner()
+STEP2 = Path("checkpoints") / "step-00000002"
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_line_error(result, code: int, *fragments: str) -> str:
+    """The command failed with `code` and printed exactly one `error:` line holding every fragment."""
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output and not isinstance(result.exception, Exception), result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("corpus")
+    for i in range(6):
+        (root / f"doc{i}.txt").write_text(" ".join(f"Word{(i * 7 + j) % 97} sits at place {j * 13 % 101}; "
+                                                   f"the {['quick', 'lazy', 'brown', 'tall'][j % 4]} one moves."
+                                                   for j in range(80)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
+    """A finished 2-step run (one checkpoint, step-00000002) of the tiny recipe; tests work on copies."""
+    folder = tmp_path_factory.mktemp("base")
+    recipe = write_recipe(folder / "r.yaml", corpus, train={"max_steps": 2})
+    return engine.pretrain(load_recipe(str(recipe)), folder / "run")
+
+
+@pytest.fixture
+def run_copy(base_run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "run"
+    shutil.copytree(base_run, copy)
+    return copy
+
+
+def resume(run: Path, *overrides: str):
+    """Continue `run` (a copy of base_run) to step 4 with its own resolved recipe."""
+    return runner.invoke(app, ["pretrain", "--recipe", str(run / "recipe.yaml"), "--out", str(run),
+                               "train.max_steps=4", *overrides])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Corrupt and truncated files
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: max(1, path.stat().st_size // 2)])
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(b"\x00garbage\xff" * 8)
+
+
+@pytest.mark.parametrize("damage", [_truncate, _garbage], ids=["truncated", "garbage"])
+@pytest.mark.parametrize("name", ["model.safetensors", "model_config.json", "train_state.pt",
+                                  "tokenizer/tokenizer_meta.json", "../../run.json"])
+def test_corrupt_run_files_are_one_line_and_nothing_is_rewritten(run_copy: Path, name: str, damage) -> None:
+    bad = (run_copy / STEP2 / name).resolve()
+    damage(bad)
+    before = snapshot(run_copy)
+    named = bad.parent if bad.parent.name == "tokenizer" else bad  # a saved tokenizer is named by its folder
+    line = one_line_error(resume(run_copy), 2, str(named))
+    assert re.search(r"is corrupt or truncated \(.+\)|is not UTF-8 text", line), line
+    assert snapshot(run_copy) == before
+
+
+def test_corrupt_checkpoint_is_one_line_for_evaluation_too(run_copy: Path, tmp_path: Path) -> None:
+    _truncate(run_copy / STEP2 / "model.safetensors")
+    result = runner.invoke(app, ["eval", "addition", "--checkpoint", str(run_copy), "--max-len", "2",
+                                 "--out", str(tmp_path / "eval")])
+    one_line_error(result, 2, str(run_copy / STEP2 / "model.safetensors"), "corrupt or truncated")
+
+
+def test_recipe_that_is_not_utf8(tmp_path: Path) -> None:
+    recipe = tmp_path / "latin1.yaml"
+    recipe.write_bytes("model:\n  pe: rope  # café\n".encode("latin-1"))
+    result = runner.invoke(app, ["pretrain", "--recipe", str(recipe), "--out", str(tmp_path / "run")])
+    one_line_error(result, 2, str(recipe), "is not UTF-8 text")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("content", [b"", b"not a sentencepiece model"], ids=["empty", "garbage"])
+def test_corrupt_sentencepiece_model(tmp_path: Path, corpus: Path, content: bytes) -> None:
+    model = tmp_path / "tok.model"
+    model.write_bytes(content)
+    recipe = write_recipe(tmp_path / "r.yaml", corpus, data={"tokenizer": str(model)})
+    result = runner.invoke(app, ["pretrain", "--recipe", str(recipe), "--out", str(tmp_path / "run")])
+    one_line_error(result, 2, str(model), "corrupt or truncated")
+    assert not (tmp_path / "run").exists()
+
+
+def test_truncated_sentencepiece_model_in_a_checkpoint(tmp_path: Path, corpus: Path) -> None:
+    from tapecli.data.tokenizer import train_tokenizer
+
+    train_tokenizer(str(corpus), 300, str(tmp_path / "tok.model"))
+    recipe = write_recipe(tmp_path / "r.yaml", corpus, data={"tokenizer": str(tmp_path / "tok.model")},
+                          train={"max_steps": 1, "save_every": 1, "warmup": 0})
+    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "sp")
+    saved = run / "checkpoints" / "step-00000001" / "tokenizer" / "tokenizer.model"
+    _truncate(saved)
+    result = runner.invoke(app, ["finetune", "--checkpoint", str(run), "--recipe", str(recipe),
+                                 "--out", str(tmp_path / "ft")])
+    one_line_error(result, 2, str(saved.parent), "corrupt or truncated")
+
+
+def test_corrupt_evaluation_settings(tmp_path: Path) -> None:
+    run = tmp_path / "add"
+    engine.pretrain(load_recipe("arithmetic-smoke", ["train.max_steps=1", "train.save_every=1", "train.warmup=0",
+                                                     "data.max_digits=2", "data.seq_len=12"]), run)
+    args = ["eval", "addition", "--checkpoint", str(run), "--max-len", "2", "--samples", "1",
+            "--out", str(tmp_path / "eval")]
+    assert runner.invoke(app, args).exit_code == 0
+    settings = tmp_path / "eval" / "settings.json"
+    _truncate(settings)
+    before = snapshot(tmp_path / "eval")
+    one_line_error(runner.invoke(app, args), 2, str(settings), "corrupt or truncated")
+    assert snapshot(tmp_path / "eval") == before
+    one_line_error(runner.invoke(app, [*args[:-2], "--batch-size", "0"]), 2, "--batch-size must be a positive")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions (these tests run as root "
+                                               "in some sandboxes)")
+def test_unreadable_checkpoint_file(run_copy: Path) -> None:
+    weights_file = run_copy / STEP2 / "model.safetensors"
+    weights_file.chmod(0)
+    try:
+        one_line_error(resume(run_copy), 2, str(weights_file), "permission denied")
+    finally:
+        weights_file.chmod(0o644)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write into read-only directories")
+def test_read_only_out_fails_before_any_work(tmp_path: Path, corpus: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    try:
+        result = runner.invoke(app, ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "300",
+                                     "--out", str(locked / "tok.model")])
+        one_line_error(result, 2, str(locked), "cannot write")
+    finally:
+        locked.chmod(0o755)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Outputs checked before the work starts
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["bench", "--out", "{tmp}"], "is a directory"),
+    (["tokenizer", "train", "--data", "{corpus}", "--vocab-size", "300", "--out", "{tmp}/dir.model"],
+     "is a directory"),
+    (["pretrain", "--recipe", "c4-smoke", "--out", "{tmp}/file.txt", "data.source={corpus}"], "is a file"),
+    (["eval", "addition", "--checkpoint", "{tmp}", "--out", "{tmp}/file.txt"], "is a file"),
+])
+def test_unusable_out_fails_at_once(tmp_path: Path, corpus: Path, args: list[str], fragment: str) -> None:
+    (tmp_path / "dir.model").mkdir()
+    (tmp_path / "file.txt").write_text("keep me\n")
+    started = time.perf_counter()
+    result = runner.invoke(app, [a.format(tmp=tmp_path, corpus=corpus) for a in args])
+    one_line_error(result, 2, "--out", fragment)
+    assert time.perf_counter() - started < 5  # nothing was benchmarked or trained first
+    assert (tmp_path / "file.txt").read_text() == "keep me\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Disk full
+
+
+def with_tmpfs(mount: Path, options: str, script: str) -> subprocess.CompletedProcess:
+    """Run `script` (sh) with a fresh tmpfs mounted at `mount` (in a user namespace: no root needed where the
+    kernel allows them); skip the test where it cannot be mounted. Exit codes 98/99 are reserved."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux) to mount a tmpfs")
+    mount.mkdir(exist_ok=True)
+    proc = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o {options} tmpfs {mount} || exit 99; "
+                           + script], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=120)
+    if proc.returncode in (98, 99) or proc.stderr.startswith("unshare:"):
+        pytest.skip(f"cannot mount a tmpfs in a user namespace here: {proc.stderr.strip()[:200]}")
+    return proc
+
+
+def test_full_disk_while_saving_keeps_the_previous_checkpoint(base_run: Path, tmp_path: Path) -> None:
+    """A real out-of-space file system: a tmpfs just big enough for the run so far."""
+    mount, out = tmp_path / "mnt", tmp_path / "after"
+    size_kb = sum(len(b) for b in snapshot(base_run).values()) // 1024 + 200  # < one more checkpoint (~630 KB)
+    proc = with_tmpfs(mount, f"size={size_kb}k", f"cp -a {base_run} {mount}/run || exit 98; "
+                      f"{sys.executable} -m tapecli.cli pretrain --recipe {mount}/run/recipe.yaml --out {mount}/run "
+                      f"train.max_steps=4; rc=$?; cp -a {mount}/run {out}; exit $rc")
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (f"error: no space left on device while writing "
+                                                    f"{mount}/run/checkpoints/step-00000004")
+    assert snapshot(out / STEP2) == snapshot(base_run / STEP2)
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000002"]  # no partial save left
+
+
+def test_read_only_file_system_fails_before_any_work(tmp_path: Path, corpus: Path) -> None:
+    mount = tmp_path / "ro"
+    proc = with_tmpfs(mount, "ro", f"{sys.executable} -m tapecli.cli tokenizer train --data {corpus} "
+                      f"--vocab-size 300 --out {mount}/tok.model; echo rc=$?; {sys.executable} -m tapecli.cli bench "
+                      f"--out {mount}/bench.json --dim 8 --n-heads 2 --n-layers 1 --seq-len 4 --rounds 1 --steps 1")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.stdout.strip() == "rc=2" and proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert lines == [f"error: --out {mount}/tok.model: cannot write in {mount} (read-only file system)",
+                     f"error: --out {mount}/bench.json: cannot write in {mount} (read-only file system)"]
+
+
+def test_full_disk_while_writing_a_tokenizer_keeps_the_old_one(tmp_path: Path, corpus: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC injected at the write: half the bytes land, then the OS error."""
+    out = tmp_path / "tok.model"
+    assert runner.invoke(app, ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "300",
+                               "--out", str(out)]).exit_code == 0
+    good = out.read_bytes()
+
+    def copy_until_full(src: str, dst: str) -> None:
+        Path(dst).write_bytes(Path(src).read_bytes()[:100])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr("tapecli.data.tokenizer.shutil.copyfile", copy_until_full)
+    result = runner.invoke(app, ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "320",
+                                 "--out", str(out)])
+    one_line_error(result, 1, f"no space left on device while writing {out}")
+    assert out.read_bytes() == good and os.listdir(tmp_path) == ["tok.model"]  # no partial file either
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Out of memory, bugs, --debug
+
+
+def test_out_of_memory_is_one_line_with_size_and_hint(run_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity "
+                                     "of 79.11 GiB of which 1.2 GiB is free.")
+
+    monkeypatch.setattr(engine, "_loss_sum", no_memory)
+    line = one_line_error(resume(run_copy), 1, "out of GPU memory allocating 2.50 GiB",
+                          "lower train.micro_batch_size or data.seq_len")
+    assert re.search(r"for a [\d,]+-parameter model \(2 x 32 tokens per micro-batch\)", line), line
+
+
+def test_real_bugs_keep_their_traceback_and_debug_shows_every_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    def bug(**kwargs):
+        return 1 / 0
+
+    monkeypatch.setattr("tapecli.experiments.bench.run_bench", bug)
+    assert isinstance(runner.invoke(app, ["bench"]).exception, ZeroDivisionError)
+    monkeypatch.undo()
+    one_line_error(runner.invoke(app, ["bench", "--steps", "0"]), 2, "--steps must be a positive integer, got 0")
+    from tapecli.errors import TapeError
+
+    assert isinstance(runner.invoke(app, ["--debug", "bench", "--steps", "0"]).exception, TapeError)
+    assert isinstance(runner.invoke(app, ["bench", "--steps", "0"], env={"TAPE_DEBUG": "1"}).exception, TapeError)
+    proc = subprocess.run(cli("bench", "--rounds", "0"), env={**subprocess_env(), "TAPE_DEBUG": "1"}, cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "--rounds must be a positive" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Nothing already written is damaged
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), [
+    (["data.kind=addition", "data.tokenizer=addition", "data.max_digits=3", "data.seq_len=32", "model.pe=rope"],
+     "data.kind: the recipe says 'addition'"),
+    (["model.max_seq_len=128"], "model.max_seq_len: the recipe asks for 128"),
+    (["model.pe_args.theta=500"], "model.pe_args"),
+])
+def test_continuing_with_a_recipe_that_changes_the_checkpoint_is_refused(run_copy: Path, overrides: list[str],
+                                                                          fragment: str) -> None:
+    before = snapshot(run_copy)
+    one_line_error(resume(run_copy, *overrides), 2, fragment)
+    assert snapshot(run_copy) == before
+
+
+def test_continuing_with_another_tokenizer_is_refused(run_copy: Path, tmp_path: Path, corpus: Path) -> None:
+    from tapecli.data.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(str(corpus), 320, str(tmp_path / "tok.model"))
+    before = snapshot(run_copy)
+    one_line_error(resume(run_copy, f"data.tokenizer={tok}", "model.vocab_size=null"), 2,
+                   f"data.tokenizer: '{tok}' is not the tokenizer")
+    assert snapshot(run_copy) == before
+
+
+def test_half_written_metrics_line_is_skipped_on_resume(run_copy: Path) -> None:
+    complete = read_metrics(run_copy)
+    with (run_copy / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "loss": 5.1')  # killed mid-write
+    assert read_metrics(run_copy) == complete
+    assert resume(run_copy).exit_code == 0
+    assert [r["step"] for r in read_metrics(run_copy)] == [1, 2, 2, 3, 4, 4]
+
+
+def test_too_small_corpus_leaves_nothing_behind(tmp_path: Path) -> None:
+    (tmp_path / "tiny.txt").write_text("too short\n" * 3)
+    recipe = write_recipe(tmp_path / "r.yaml", tmp_path / "tiny.txt")
+    result = runner.invoke(app, ["pretrain", "--recipe", str(recipe), "--out", str(tmp_path / "run")])
+    one_line_error(result, 2, "fewer than seq_len + 1")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_kill_during_pruning_leaves_only_complete_checkpoints(tmp_path: Path, corpus: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    import tapecli.store.checkpoint as checkpoint
+
+    recipe = write_recipe(tmp_path / "r.yaml", corpus, train={"max_steps": 3, "save_every": 1, "keep_last": 1})
+    real_rmtree = shutil.rmtree
+
+    def killed_half_way(path, *args, **kwargs):
+        if Path(path).name.startswith(".tmp-deleted-"):
+            (Path(path) / "model.safetensors").unlink()
+            raise KeyboardInterrupt  # the process dies half-way through the deletion
+        return real_rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+    monkeypatch.undo()
+    root = tmp_path / "run" / "checkpoints"
+    steps = sorted(p.name for p in root.iterdir() if p.name.startswith("step-"))
+    assert steps == ["step-00000002"] and [p.name for p in list_checkpoints(root)] == steps
+    assert any(p.name.startswith(".tmp-deleted-step-00000001") for p in root.iterdir())
+    engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")  # resumes and sweeps the leftover away
+    assert sorted(p.name for p in root.iterdir()) == ["step-00000003"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Preemption
+
+
+@pytest.mark.slow
+def test_sigterm_saves_says_how_to_resume_and_resuming_is_exact(tmp_path: Path, corpus: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", corpus, model={"pe": "randpe"},
+                          train={"max_steps": 16, "save_every": 1000, "eval_every": 0, "log_every": 1})
+    whole = engine.pretrain(load_recipe(str(recipe)), tmp_path / "whole")
+
+    out = tmp_path / "stopped"
+    proc = subprocess.Popen(cli("pretrain", "--recipe", str(recipe), "--out", str(out)), cwd=REPO,
+                            env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # plain log lines: "step 3/40 | loss ..."
+        if line.startswith("step 2/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    match = re.search(r"stopped: SIGTERM after step (\d+); saved (\S+); resume with: (.+)", stderr)
+    assert match and "Traceback" not in stderr, stderr
+    step = int(match.group(1))
+    assert 2 <= step < 16 and Path(match.group(2)) == out / "checkpoints" / f"step-{step:08d}"
+    assert [p.name for p in list_checkpoints(out / "checkpoints")] == [f"step-{step:08d}"]
+
+    command = shlex.split(match.group(3))
+    assert command[:2] == ["tape", "pretrain"] and "--resume" in command and "auto" in command
+    resumed = subprocess.run(cli(*command[1:]), cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
+                             timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_weights(weights(whole), weights(out))
+
+
+def test_second_ctrl_c_stops_at_once() -> None:
+    from tapecli.train.preemption import StopSignal
+
+    # Python's own Ctrl-C handler as the one to restore (a library imported by an earlier test may have replaced it).
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with StopSignal() as stop:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert stop.requested(None) and stop.signal_number == signal.SIGINT
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Input checks
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--steps", "0"], "--steps must be a positive integer, got 0"),
+    (["--rounds", "-1"], "--rounds must be a positive integer, got -1"),
+    (["--dim", "0"], "--dim must be a positive integer, got 0"),
+    (["--dim", "30", "--n-heads", "4"], "--n-heads 4 does not divide --dim 30"),
+    (["--seq-len", "0"], "--seq-len must be a positive integer, got 0"),
+    (["--batch-size", "-2"], "--batch-size must be a positive integer, got -2"),
+])
+def test_bench_options_are_checked(args: list[str], message: str) -> None:
+    one_line_error(runner.invoke(app, ["bench", *args]), 2, message)
+
+
+@pytest.mark.parametrize("pe", ["tape", "fire"])
+@pytest.mark.parametrize("hidden", ["0", "-4"])
+def test_pe_hidden_must_be_positive(tmp_path: Path, corpus: Path, pe: str, hidden: str) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", corpus)
+    result = runner.invoke(app, ["pretrain", "--recipe", str(recipe), "--out", str(tmp_path / "run"), f"model.pe={pe}",
+                                 f"model.pe_args.hidden={hidden}"])
+    one_line_error(result, 2, f"model.pe_args.hidden: must be a positive integer, got {hidden}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_tokenizer_vocab_size_zero(tmp_path: Path, corpus: Path) -> None:
+    result = runner.invoke(app, ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "0",
+                                 "--out", str(tmp_path / "t.model")])
+    one_line_error(result, 2, "--vocab-size must be a positive integer, got 0")
+
+
+def test_faults_are_explained_and_bugs_are_not() -> None:
+    from tapecli.faults import explain
+
+    assert explain(PermissionError(errno.EACCES, "Permission denied", "/data/x.txt")) == (
+        "/data/x.txt: permission denied", 2, "error")
+    assert explain(IsADirectoryError(errno.EISDIR, "Is a directory", "out.json")) == (
+        "out.json: is a directory", 2, "error")
+    assert explain(OSError(errno.ENOSPC, "No space left on device", "/runs/a/metrics.jsonl")) == (
+        "no space left on device while writing /runs/a/metrics.jsonl", 1, "error")
+    assert explain(OSError(errno.EROFS, "Read-only file system", "/mnt/x")) == ("/mnt/x: read-only file system", 2,
+                                                                               "error")
+    rust = Exception("Error while serializing: I/O error: No space left on device (os error 28)")
+    assert explain(rust) == ("no space left on device (Error while serializing: I/O error: No space left on device "
+                             "(os error 28))", 1, "error")
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")
+    message, code, _ = explain(cpu)
+    assert code == 1 and message.startswith("out of CPU memory allocating 1.00 GiB")
+    for bug in (ZeroDivisionError(), KeyError("x"), RuntimeError("shape mismatch"), ValueError("bad")):
+        assert explain(bug) is None

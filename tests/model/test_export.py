@@ -1,0 +1,112 @@
+"""`tape export`: Hugging Face Llama directories that transformers opens with the same logits as tape (every RoPE
+scaling, LoRA merged, tied or untied, with the tokenizer), and a one-line refusal for PEs transformers lacks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tapecli.cli import app
+from tapecli.data.tokenizer import ByteTokenizer
+from tapecli.model import ModelConfig, Transformer
+from tapecli.model.hf import load_hf_model
+from tapecli.model.hf_export import export_hf
+from tapecli.recipe import load_recipe
+from tapecli.store.checkpoint import load_model, save_model
+from tapecli.train.build import build_model
+
+transformers = pytest.importorskip("transformers")
+from hf_helpers import make_hf_llama  # noqa: E402
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("export")
+    make_hf_llama(root / "hf", n_kv_heads=2, max_position_embeddings=32)
+    return root / "hf"
+
+
+def hf_logits(directory: Path, x: torch.Tensor) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
+    with torch.no_grad():
+        return model(x).logits
+
+
+def extended_checkpoint(base: Path, out: Path, method: str, scaling: str) -> Path:
+    """A checkpoint of an extended model whose adapters and embeddings moved away from the base (no training)."""
+    recipe = load_recipe("context-extension-smoke", ["model.max_seq_len=64", f"extend.method={method}",
+                                                     f"extend.scaling={scaling}"])
+    model, tokenizer, _ = build_model(recipe, None, str(base), torch.device("cpu"))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.05)
+    return save_model(model, tokenizer, out)
+
+
+@pytest.mark.parametrize("scaling", ["pi", "yarn", "dynamic", "theta", "none"])
+def test_lora_extension_exports_merged_with_equal_logits(base, tmp_path, scaling):
+    checkpoint = extended_checkpoint(base, tmp_path / "ckpt", "lora", scaling)
+    result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")])
+    assert result.exit_code == 0, result.output
+    ours, tokenizer = load_model(checkpoint)
+    x = torch.randint(0, tokenizer.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = ours(x)
+    assert torch.equal(hf_logits(tmp_path / "hf", x), expected)
+    fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert fast.encode("the model reads", add_special_tokens=False) == tokenizer.encode("the model reads")
+    assert (fast.bos_token_id, fast.eos_token_id, fast.pad_token_id) == (tokenizer.bos_id, tokenizer.eos_id,
+                                                                         tokenizer.pad_id)
+    again, _ = load_hf_model(str(tmp_path / "hf"))  # and tape imports its own export
+    with torch.no_grad():
+        assert torch.equal(again(x), expected)
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+                                  {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4, "beta_fast": 16.0,
+                                   "original_max_position_embeddings": 8}])
+def test_import_export_round_trip_keeps_the_scaling(tmp_path, rope):
+    original = make_hf_llama(tmp_path / "a", rope=rope, tie=True, tokenizer="sp")
+    model, tokenizer = load_hf_model(str(tmp_path / "a"))
+    export_hf(model, tokenizer, tmp_path / "b")
+    x = torch.randint(0, 60, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(hf_logits(tmp_path / "b", x), original(x).logits)
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["rope_parameters"]["rope_type"] == rope["rope_type"]
+    again, tok = load_hf_model(str(tmp_path / "b"))
+    assert (tok.bos_id, tok.eos_id, tok.pad_id) == (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
+
+
+def test_tape_pretrained_rope_exports_without_a_tokenizer_and_bf16(tmp_path):
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=259, dim=32, n_layers=2, n_heads=2, pe="rope", tie_embeddings=True,
+                                    pe_args={"theta": 500.0})).eval()
+    save_model(model, ByteTokenizer(), tmp_path / "ckpt")
+    result = runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")])
+    assert result.exit_code == 0 and "no tokenizer" in result.output
+    x = torch.randint(0, 259, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(hf_logits(tmp_path / "hf", x), model(x))
+    result = runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "bf"),
+                                 "--dtype", "bfloat16"])
+    assert result.exit_code == 0 and json.loads((tmp_path / "bf" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf").dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("pe", ["tape", "alibi", "fire", "xpos", "t5"])
+def test_pes_without_a_llama_equivalent_are_refused_in_one_line(tmp_path, pe):
+    model = Transformer(ModelConfig(vocab_size=259, dim=32, n_layers=1, n_heads=2, pe=pe))
+    save_model(model, ByteTokenizer(), tmp_path / "ckpt")
+    result = runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")])
+    assert result.exit_code == 2 and result.output.count("\n") == 1
+    assert f"pe '{pe}' has no Hugging Face Llama equivalent" in result.output and "native checkpoint" in result.output
+    assert not (tmp_path / "hf").exists()

@@ -1,0 +1,207 @@
+"""Recipes: every shipped recipe validates, overrides are type-checked, mistakes give one-line TapeErrors."""
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tapecli.errors import TapeError
+from tapecli.recipe import Recipe, list_recipes, load_recipe, recipe_text
+
+SHIPPED = [name for name, _ in list_recipes()]
+
+
+def error_of(recipe: str, overrides: list[str]) -> str:
+    """The message of the TapeError that loading raises; asserts it is one line."""
+    with pytest.raises(TapeError) as info:
+        load_recipe(recipe, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_expected_recipes_are_shipped():
+    expected = {"arithmetic", "c4", "scrolls", "context-extension", "selective-copy", "grid-1d", "grid-2d"}
+    assert expected | {f"{name}-smoke" for name in expected} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_recipe_validates_and_round_trips(name, tmp_path):
+    recipe = load_recipe(name, [])
+    assert load_recipe(f"{name}.yaml", []) == recipe
+    dumped = tmp_path / "resolved.yaml"
+    dumped.write_text(recipe.to_yaml())
+    assert load_recipe(str(dumped), []) == recipe
+    assert Recipe.from_dict(recipe.to_dict()) == recipe
+
+
+def _commented_keys(text: str) -> dict[str, set[str]]:
+    """{section: keys written as comments (`# key: ...`)} of a recipe's YAML text."""
+    found: dict[str, set[str]] = {}
+    section = None
+    for line in text.splitlines():
+        if re.match(r"^\w+:", line):
+            section = line.split(":")[0]
+        elif section and (match := re.match(r"^\s+#\s*(\w+):", line)):
+            found.setdefault(section, set()).add(match.group(1))
+    return found
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_recipe_sets_every_key(name):
+    """Shipped recipes double as documentation, so every section they write spells out every key, as a key or,
+    where the command or a base model decides it (context extension), as a commented key. Only context-extension
+    recipes have an `extend` section."""
+    text = recipe_text(name)
+    written, commented = yaml.safe_load(text), _commented_keys(text)
+    for section, values in load_recipe(name, []).to_dict().items():
+        if section == "extend" and not name.startswith("context-extension"):
+            assert section not in written
+            continue
+        assert set(written[section]) | commented.get(section, set()) == set(values), section
+
+
+def test_descriptions_are_first_comment_lines():
+    descriptions = dict(list_recipes())
+    assert all(descriptions.values())
+    assert descriptions["c4-smoke"].startswith("CI/smoke")
+    assert recipe_text("c4").startswith("# " + descriptions["c4"])
+
+
+def test_paper_values():
+    c4 = load_recipe("c4", [])
+    assert (c4.train.batch_size, c4.train.max_steps, c4.train.lr, c4.data.seq_len) == (512, 10_000, 1e-4, 1024)
+    assert (c4.train.warmup_steps, c4.train.grad_accum_steps, c4.train.min_lr) == (200, 64, 1e-7)
+    arithmetic = load_recipe("arithmetic", [])
+    assert (arithmetic.data.max_digits, arithmetic.eval.max_len, arithmetic.train.max_steps) == (40, 80, 20_000)
+    extension = load_recipe("context-extension", [])
+    assert (extension.model.max_seq_len, extension.data.seq_len) == (8192, 8192)
+    x = extension.extend
+    assert (x.lora_rank, x.lora_alpha, x.lora_dropout, x.group_fraction, x.theta) == (8, 16.0, 0.0, 0.25, 1e6)
+    assert x.lora_targets == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert (extension.train.warmup_steps, extension.train.schedule) == (50, "constant")
+    assert load_recipe("scrolls", []).train.seed == 2024
+
+
+def test_overrides_are_typed():
+    recipe = load_recipe("c4", [
+        "model.pe=alibi", "train.max_steps=200", "train.lr=1e-4", "train.min_lr=0", "train.compile=true",
+        "model.n_kv_heads=null", "model.n_kv_heads=4", "model.ffn_dim=null", "train.betas=[0.9, 0.95]",
+        "model.pe_args.theta=500000", "model.pe_args.scaling.factor=4", "model.pe_args.base=1e6",
+        "train.freeze=*.pe.*", "data.source=2024", "train.warmup=20",
+    ])
+    assert recipe.model.pe == "alibi"
+    assert recipe.train.max_steps == 200 and isinstance(recipe.train.max_steps, int)
+    assert recipe.train.lr == 1e-4 and recipe.train.min_lr == 0.0 and isinstance(recipe.train.min_lr, float)
+    assert recipe.train.compile is True
+    assert recipe.model.n_kv_heads == 4 and recipe.model.ffn_dim is None
+    assert recipe.train.betas == [0.9, 0.95]
+    assert recipe.model.pe_args == {"theta": 500000, "scaling": {"factor": 4}, "base": 1e6}
+    assert recipe.train.freeze == ["*.pe.*"]
+    assert recipe.data.source == "2024"
+    assert recipe.train.warmup_steps == 20
+    assert load_recipe("c4", ["train.max_steps=1e4"]).train.max_steps == 10_000
+
+
+def test_overrides_do_not_leak_between_loads():
+    load_recipe("c4", ["model.pe_args.factor=4", "model.pe_args.yarn.beta=1"])
+    assert load_recipe("c4", []).model.pe_args == load_recipe("c4.yaml", []).model.pe_args
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("train.max_step=3", "unknown key 'train.max_step' (did you mean 'train.max_steps'?)"),
+    ("modle.pe=rope", "unknown key 'modle.pe' (did you mean 'model.pe'?)"),
+    ("train.max_steps=abc", "train.max_steps: expected an integer, got 'abc'"),
+    ("train.max_steps=2.5", "train.max_steps: expected an integer, got 2.5"),
+    ("train.lr=fast", "train.lr: expected a number"),
+    ("train.compile=maybe", "train.compile: expected true or false"),
+    ("model.n_kv_heads=x", "model.n_kv_heads: expected an integer or null"),
+    ("train.betas=0.9", "train.betas: expected a list"),
+    ("train.betas=[0.9]", "train.betas: expected a list of 2 floats"),
+    ("model.pe=foo", "model.pe: unknown positional encoding 'foo'; allowed: nope, rope"),
+    ("train.precision=fp8", "train.precision: expected one of auto, fp32, bf16, fp16; got 'fp8'"),
+    ("train.schedule=step", "train.schedule: expected one of linear, cosine, constant"),
+    ("data.kind=images", "data.kind: expected one of text, pairs, addition"),
+    ("train.batch_size=100", "train.batch_size: 100 is not divisible by train.micro_batch_size (8)"),
+    ("train.warmup=10000", "train.warmup: 10000 warm-up steps must be fewer than train.max_steps"),
+    ("data.seq_len=2048", "data.seq_len: 2048 exceeds model.max_seq_len (1024)"),
+    ("data.source=null", "data.source: data.kind 'text' needs a source"),
+    ("data.kind=addition", "data.tokenizer:"),
+    ("model.n_heads=5", "model.n_heads: 5 does not divide model.dim (768)"),
+    ("model.dim.x=1", "unknown key 'model.dim.x'"),
+    ("model=1", "'model' is a section"),
+    ("train.max_steps", "override 'train.max_steps' must look like key=value"),
+])
+def test_bad_overrides(override, expected):
+    assert expected in error_of("c4", [override])
+
+
+def test_addition_needs_room_for_its_problems():
+    message = error_of("arithmetic", ["data.max_digits=80"])
+    assert message.startswith("data.seq_len: 128 is too short for 80-digit addition")
+
+
+def test_unknown_recipe_lists_shipped():
+    message = error_of("c5.yaml", [])
+    assert message.startswith("recipe 'c5.yaml' not found")
+    assert "shipped recipes: arithmetic, " in message and "c4" in message
+
+
+def test_name_lookup_from_another_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_recipe("c4.yaml", []) == load_recipe("c4", [])
+
+
+def test_path_and_file_errors(tmp_path):
+    good = tmp_path / "mine.yaml"
+    good.write_text("model:\n  pe: rope\ndata:\n  source: corpus.txt\n")
+    recipe = load_recipe(str(good), ["train.max_steps=5", "train.warmup=0"])
+    assert (recipe.model.pe, recipe.train.max_steps, recipe.data.source) == ("rope", 5, "corpus.txt")
+
+    bad_key = tmp_path / "bad.yaml"
+    bad_key.write_text("train:\n  lr: 1e-4\n  max_step: 3\n")
+    message = error_of(str(bad_key), [])
+    assert "bad.yaml" in message and "unknown key 'train.max_step' (did you mean 'train.max_steps'?)" in message
+
+    bad_type = tmp_path / "type.yaml"
+    bad_type.write_text("train:\n  max_steps: many\n")
+    assert error_of(str(bad_type), []) == f"{bad_type}: train.max_steps: expected an integer, got 'many'"
+
+    bad_section = tmp_path / "section.yaml"
+    bad_section.write_text("optim:\n  lr: 1\n")
+    assert "section.yaml: unknown key 'optim'" in error_of(str(bad_section), [])
+
+    not_yaml = tmp_path / "broken.yaml"
+    not_yaml.write_text("model: [\n")
+    assert "broken.yaml: not valid YAML" in error_of(str(not_yaml), [])
+
+
+def test_model_config_kwargs():
+    recipe = load_recipe("c4-smoke", [])
+    kwargs = recipe.model_config_kwargs(tokenizer_vocab_size=259)
+    assert kwargs["vocab_size"] == 259 and kwargs["abacus"] is False and kwargs["pe"] == "tape"
+    assert set(kwargs) == set(recipe.to_dict()["model"])
+    with pytest.raises(TapeError, match="model.vocab_size: 100 is smaller than the tokenizer's vocabulary"):
+        load_recipe("c4-smoke", ["model.vocab_size=100"]).model_config_kwargs(tokenizer_vocab_size=259)
+
+
+@pytest.mark.parametrize("name", [n for n, _ in list_recipes()])
+def test_shipped_model_sections_build_a_valid_model_config(name):
+    """pe_args are free-form in the recipe schema; the model validates them, so every shipped recipe must pass."""
+    from tapecli.model import ModelConfig
+
+    ModelConfig(**load_recipe(name, []).model_config_kwargs(tokenizer_vocab_size=300))
+
+
+def test_shipped_recipes_are_package_data_of_the_wheel(tmp_path):
+    """`--recipe c4.yaml` must work after a non-editable `pip install .`: the YAML files ship in the wheel."""
+    repo = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(repo)], check=True, capture_output=True, timeout=300)
+    wheel = next(tmp_path.glob("tapecli-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"tapecli/recipe/shipped/{name}.yaml" for name, _ in list_recipes()} <= names

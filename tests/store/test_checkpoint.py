@@ -1,0 +1,138 @@
+"""Checkpoints: exact resume (in-process and after SIGKILL), atomic saves, pruning, tied weights, loading."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from train_helpers import REPO, assert_same_weights, cli, subprocess_env, weights, write_recipe
+
+from tapecli.errors import TapeError
+from tapecli.recipe import load_recipe
+from tapecli.store.checkpoint import load_model, resolve_checkpoint, save_model
+from tapecli.store.run import read_metrics
+from tapecli.train import engine
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_is_bitwise_exact(tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """6 steps in one go == 3 steps, a crash right after the step-3 checkpoint, then --resume auto."""
+    # randpe draws random positions from the torch RNG, so this also checks that RNG states are restored.
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, model={"pe": "randpe"},
+                          train={"max_steps": 6, "save_every": 3, "eval_every": 2})
+    whole = engine.pretrain(load_recipe(str(recipe)), tmp_path / "whole")
+
+    real_save = engine.save
+
+    def save_then_crash(job: engine.Job, step: int, elapsed: float) -> Path:
+        path = real_save(job, step, elapsed)
+        if step == 3:
+            raise Interrupted
+        return path
+
+    monkeypatch.setattr(engine, "save", save_then_crash)
+    with pytest.raises(Interrupted):
+        engine.pretrain(load_recipe(str(recipe)), tmp_path / "split")
+    monkeypatch.undo()
+    torch.manual_seed(999)  # whatever state the process is in, resuming restores the run's own
+    engine.pretrain(load_recipe(str(recipe)), tmp_path / "split", resume="auto")
+
+    assert_same_weights(weights(whole), weights(tmp_path / "split"))
+    assert read_metrics(whole) == [{**r, **_timing(a)} for r, a in zip(read_metrics(tmp_path / "split"),
+                                                                       read_metrics(whole), strict=True)]
+
+
+def _timing(row: dict) -> dict:
+    return {k: row[k] for k in ("tokens_per_s", "elapsed") if k in row}
+
+
+def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path, tiny_corpus: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus,
+                          train={"max_steps": 200, "save_every": 10, "keep_last": 2, "eval_every": 0,
+                                 "log_every": 10})
+    env = subprocess_env()
+    whole = tmp_path / "whole"
+    subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(whole)), cwd=REPO, env=env, check=True,
+                   capture_output=True, timeout=300)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(cli("pretrain", "--recipe", str(recipe), "--out", str(killed)), cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((killed / "checkpoints").glob("step-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not (killed / "checkpoints" / "step-00000200").exists(), "the kill came too late to test anything"
+
+    subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(killed), "--resume", "auto"), cwd=REPO,
+                   env=env, check=True, capture_output=True, timeout=300)
+    assert_same_weights(weights(whole), weights(killed))
+    def losses(run: Path) -> list[tuple[int, float]]:
+        return [(r["step"], r.get("loss", r.get("val_loss"))) for r in read_metrics(run)]
+
+    assert losses(killed) == losses(whole)  # no step logged twice
+    assert not list((killed / "checkpoints").glob(".tmp-*"))
+
+
+def test_keep_last_prunes_old_checkpoints(tmp_path: Path, tiny_corpus: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"save_every": 1, "keep_last": 2})
+    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000003", "step-00000004"]
+
+
+def test_leftover_temp_dir_is_ignored_then_removed(tmp_path: Path, tiny_corpus: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 2})
+    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+    # What a save killed half-way leaves behind: a temp dir with a truncated weights file.
+    partial = run / "checkpoints" / ".tmp-step-00000009-4242"
+    partial.mkdir()
+    (partial / "model.safetensors").write_bytes(b"\x00" * 10)
+    assert resolve_checkpoint(run).name == "step-00000002"
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 3})
+    engine.pretrain(load_recipe(str(recipe)), run, resume="auto")
+    assert resolve_checkpoint(run).name == "step-00000003" and not partial.exists()
+
+
+def test_resume_never_refuses_to_mix_runs(tmp_path: Path, tiny_corpus: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 2})
+    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+    with pytest.raises(TapeError, match="already holds checkpoints"):
+        engine.pretrain(load_recipe(str(recipe)), run, resume="never")
+
+
+def test_tied_embeddings_are_saved_once_and_reloaded_tied(tmp_path: Path, tiny_corpus: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, model={"tie_embeddings": True}, train={"max_steps": 2})
+    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+    saved = load_file(str(resolve_checkpoint(run) / "model.safetensors"))
+    assert "lm_head.weight" not in saved and "model.embed_tokens.weight" in saved
+    model, _ = load_model(run)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert torch.equal(model.lm_head.weight, saved["model.embed_tokens.weight"])
+
+
+def test_save_model_load_model_round_trip(tmp_path: Path, tiny_corpus: Path) -> None:
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 1, "save_every": 1, "warmup": 0})
+    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+    model, tokenizer = load_model(run)
+    export = save_model(model, tokenizer, tmp_path / "export")
+    assert resolve_checkpoint(export) == export
+    again, _ = load_model(export)
+    ids = torch.tensor([tokenizer.encode("round trip")])
+    with torch.no_grad():
+        assert torch.equal(model(ids), again(ids))
+    with pytest.raises(TapeError, match="does not exist"):
+        resolve_checkpoint(tmp_path / "missing")
+    with pytest.raises(TapeError, match="holds no checkpoint"):
+        resolve_checkpoint(tmp_path)
