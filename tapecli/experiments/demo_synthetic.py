@@ -29,9 +29,9 @@ class SyntheticBudget:
     samples: int = 200  # evaluation sequences per split
 
 
-# Sized on the project's 2-core CPU by measurement (README, "The demo"). The OOD splits are far milder than the
-# paper's (x0.5 / x2 blanks): at this size no PE tried (rope, tape, alibi, nope, fire, randpe) copied a single
-# whole sequence right with 8, 12, 24 or 32 blanks; two blanks fewer or more already separate the PEs.
+# Sized on the project's 2-core CPU by measurement (docs/results/demo-selective-copy.md). The OOD splits are far
+# milder than the paper's (x0.5 / x2 blanks): at this size no PE tried (rope, tape, alibi, nope, fire, randpe) copied
+# a single whole sequence right with 8, 12, 24 or 32 blanks; two blanks fewer or more already separate the PEs.
 BUDGETS = {
     "selective-copy": SyntheticBudget(
         task="selective-copy",

@@ -33,7 +33,7 @@ pe_args (plus every RoPE argument, which shapes the initial state):
                [V | E], with queries and keys zero-padded to that width so fused kernels (and flash-attn) apply:
                the weights are computed once, like the paper's fused kernel. `separate` runs a second attention
                call with E as the values. Both are exact; on the 2-core CPU concat was as fast or faster in 2 of
-               3 `tape bench` runs (README, Speed)
+               3 `tape bench` runs (docs/speed.md)
   state_dtype  float32 (default; fp64 for fp64 models) | model (the parameter dtype, like the official code)
 """
 
