@@ -194,9 +194,7 @@ def parse_tape(args: list[str], strict: bool):
             except typer.Exit:
                 return None  # --help
             except cx.NoArgsIsHelpError:
-                if strict and parent is None:
-                    raise
-                return None
+                return None  # `tape` or `tape eval` alone: shows the help
             except cx.MissingParameter:
                 if strict:
                     raise
@@ -248,7 +246,7 @@ def check(line: Line) -> None:
     if program == "harness":
         from lm_eval._cli import HarnessCLI
 
-        cli = HarnessCLI()
+        cli = HarnessCLI()  # what `python -m tapecli.harness` runs; its argparse parser has no public name
         _argparse(cli._parser, args if args[:1] in (["run"], ["ls"], ["validate"]) else ["run", *args], "lm-eval")
         return
     ctx = parse_tape(args, line.strict)
@@ -371,7 +369,7 @@ def test_named_modules_paths_and_imports_exist() -> None:
         for path in set(re.findall(r"(?<![\w./-])((?:tapecli|tests|scripts)/[\w./-]*)", text)):
             if not (ROOT / path.rstrip(".")).exists():
                 missing.append(f"{name}: {path}")
-        for module, names in re.findall(r"^\s*from (tapecli[\w.]*) import ([\w, ]+)$", text, flags=re.M):
+        for module, names in re.findall(r"^\s*from (tapecli[\w.]*) import ([\w, ]+?)\s*(?:#.*)?$", text, flags=re.M):
             imported = [n.split()[0] for n in names.split(",") if n.strip()]  # `a as b` imports a
             missing += [f"{name}: from {module} import {n}" for n in imported if not _resolves(f"{module}.{n}")]
     assert not missing, "the docs name what does not exist:\n" + "\n".join(sorted(missing))
