@@ -8,7 +8,6 @@ The commands live in the sibling modules (train, eval, models, recipes, experime
 
 from __future__ import annotations
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -18,7 +17,7 @@ from tapecli import faults
 class _Guarded(TyperGroup):
     """The root group: every command (and sub-command) runs inside the fault boundary."""
 
-    def invoke(self, ctx: click.Context) -> object:
+    def invoke(self, ctx: typer.Context) -> object:
         with faults.boundary():
             return super().invoke(ctx)
 
