@@ -79,14 +79,16 @@ def plan(tasks: str, haystack: str | None, qa_data: list[str] | None) -> Plan:
         sources.qa, described["qa_data"] = read_qa(qa_data)
     available = {"essay": sources.essay_words is not None, "squad": "squad" in sources.qa,
                  "hotpotqa": "hotpotqa" in sources.qa}
-    hints = {"essay": "the essay haystack: pass --haystack FILE_OR_DIR", "squad": "SQuAD: pass --qa-data FILE",
-             "hotpotqa": "HotpotQA: pass --qa-data FILE"}
+    hints = {"essay": "the essay haystack (pass --haystack FILE_OR_DIR)", "squad": "SQuAD data (pass --qa-data FILE)",
+             "hotpotqa": "HotpotQA data (pass --qa-data FILE)"}
     missing = {n: needs(n) for n in names if needs(n) and not available[needs(n)]}
     if missing and tasks.strip() != "all":
         name, source = next(iter(missing.items()))
         raise TapeError(f"--tasks {name} needs {hints[source]}")
-    skipped = [f"skipping {', '.join(n for n in missing if missing[n] == s)}: no {hints[s]}"
-               for s in dict.fromkeys(missing.values())]
+    skipped = []
+    for source in dict.fromkeys(missing.values()):
+        these = [n for n in missing if missing[n] == source]
+        skipped.append(f"skipping {', '.join(these)}: {'they need' if len(these) > 1 else 'it needs'} {hints[source]}")
     runnable = [n for n in names if n not in missing]
     if not runnable:
         raise TapeError("no task left to run; " + "; ".join(skipped))
