@@ -18,7 +18,7 @@ from __future__ import annotations
 import random
 
 from tapecli.data.ruler.constants import FAMILIES
-from tapecli.data.ruler.sizing import Counter, RulerSample, fit_sample, largest_fitting, split_answer_prefix
+from tapecli.data.ruler.sizing import Counter, RulerSample, draw_samples, largest_fitting
 from tapecli.data.ruler.words import cwe_words
 from tapecli.errors import TapeError
 
@@ -65,18 +65,6 @@ class CommonWords:
         to_generate, incremental = FAMILY.tokens_to_generate, 10
         per_word = self.count(self.make(4096)[0]) / 4096
         upper = max(int(budget // per_word) * 2, incremental * 2)
-        found = largest_fitting(lambda n: self.count(self.make(n)[0]) + to_generate, budget, incremental, upper)
-        num_words = found if found is not None else incremental
-
-        def attempt(size: int) -> tuple[str, list[str], int, int] | None:
-            text, answer = self.make(size)
-            length = self.count(text) + to_generate
-            return (text, answer, length, size) if length <= budget else None
-
-        out = []
-        for index in range(num_samples):
-            text, answer, length, size = fit_sample(attempt, num_words, incremental, f"{self.task} at length "
-                                                                                     f"{max_length}")
-            prompt, prefix = split_answer_prefix(text, FAMILY.answer_prefix)
-            out.append(RulerSample(self.task, max_length, index, prompt, prefix, answer, length, {"words": size}))
-        return out
+        num_words = largest_fitting(lambda n: self.count(self.make(n)[0]) + to_generate, budget, incremental, upper)
+        return draw_samples(self.task, max_length, num_samples, FAMILY, self.count, lambda _, n: self.make(n),
+                            num_words, incremental, "words")

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from tapecli.data.ruler.constants import FAMILIES, NOISE
-from tapecli.data.ruler.sizing import Counter, RulerSample, fit_sample, largest_fitting, split_answer_prefix
+from tapecli.data.ruler.sizing import Counter, RulerSample, draw_samples, largest_fitting
 from tapecli.data.ruler.words import adjective_noun_words
 from tapecli.errors import TapeError
 
@@ -114,19 +114,7 @@ class Niah:
             incremental = 5
         per_unit = self.count(self.make(incremental)[0]) / incremental
         upper = max(int((budget / per_unit) * 3), incremental * 2)
-        found = largest_fitting(lambda n: self.count(self.make(n)[0]) + to_generate, budget, incremental, upper)
-        num_haystack = found if found is not None else incremental
-
-        def attempt(size: int) -> tuple[str, list[str], int, int] | None:
-            text, answers = self.make(size)
-            length = self.count(text) + to_generate
-            return (text, answers, length, size) if length <= budget else None
-
-        out = []
-        for index in range(num_samples):
-            text, answers, length, size = fit_sample(attempt, num_haystack, incremental,
-                                                     f"{self.task} at length {max_length}")
-            prompt, prefix = split_answer_prefix(text, FAMILY.answer_prefix)
-            out.append(RulerSample(self.task, max_length, index, prompt, prefix, answers, length,
-                                   {"haystack": size}))
-        return out
+        num_haystack = largest_fitting(lambda n: self.count(self.make(n)[0]) + to_generate, budget, incremental,
+                                       upper)
+        return draw_samples(self.task, max_length, num_samples, FAMILY, self.count, lambda _, n: self.make(n),
+                            num_haystack, incremental, "haystack")

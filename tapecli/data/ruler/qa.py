@@ -17,7 +17,7 @@ import random
 from typing import Any
 
 from tapecli.data.ruler.constants import FAMILIES
-from tapecli.data.ruler.sizing import Counter, RulerSample, fit_sample, largest_fitting, split_answer_prefix
+from tapecli.data.ruler.sizing import Counter, RulerSample, draw_samples, largest_fitting
 from tapecli.errors import TapeError
 
 FAMILY = FAMILIES["qa"]
@@ -84,18 +84,6 @@ class QA:
         budget, to_generate, incremental = max_length, FAMILY.tokens_to_generate, 10
         per_doc = self.count(self.make(0, incremental)[0]) / incremental
         upper = max(int((budget / per_doc) * 3), incremental * 2)
-        found = largest_fitting(lambda n: self.count(self.make(0, n)[0]) + to_generate, budget, incremental, upper)
-        num_docs = found if found is not None else incremental
-        out = []
-        for index in range(num_samples):
-            def attempt(size: int, index: int = index) -> tuple[str, list[str], int, int] | None:
-                text, answers = self.make(index, size)
-                length = self.count(text) + to_generate
-                return (text, answers, length, size) if length <= budget else None
-
-            text, answers, length, size = fit_sample(attempt, num_docs, incremental,
-                                                     f"{self.task} at length {max_length}")
-            prompt, prefix = split_answer_prefix(text, FAMILY.answer_prefix)
-            out.append(RulerSample(self.task, max_length, index, prompt, prefix, answers, length,
-                                   {"documents": size}))
-        return out
+        num_docs = largest_fitting(lambda n: self.count(self.make(0, n)[0]) + to_generate, budget, incremental, upper)
+        return draw_samples(self.task, max_length, num_samples, FAMILY, self.count, self.make, num_docs, incremental,
+                            "documents")

@@ -4,13 +4,15 @@ stream, so the order of calls matters as much as the arithmetic).
 
 - `largest_fitting(measure, budget, lower, upper)`: the official binary search (niah.py, variable_tracking.py,
   common_words_extraction.py, qa.py at main): probe `mid = (lower + upper) // 2`, keep the largest size whose
-  `measure(size) <= budget`; None when no probed size fits (the scripts then fall back to `incremental`).
+  `measure(size) <= budget`; `lower` (the scripts' `incremental`) when no probed size fits, as the scripts fall back.
 - `fit_sample(attempt, size, incremental, ...)`: the official per-sample loop: draw a sample at `size`; when it is too
   long or the draw fails (a `ValueError`/`IndexError` from the generator, e.g. more needles than haystack slots),
   shrink `size` by `incremental` while it is larger than `incremental`, and draw again. At the floor the official
   loop redraws forever; here it redraws at most `FLOOR_TRIES` times, then raises a TapeError naming the task and
   length (the length is too short for the task).
 - `split_answer_prefix(text, answer_prefix)`: cut at the last occurrence of the answer prefix's first 10 characters.
+- `draw_samples(...)`: the common tail of the families' `generate_samples`: per sample, `fit_sample` from the searched
+  size with "prompt tokens + tokens to generate <= length", then the answer-prefix split.
 """
 
 from __future__ import annotations
@@ -50,16 +52,17 @@ class RulerSample:
 Counter = Callable[[str], int]  # text -> number of tokens (the model's tokenizer, no special tokens)
 
 
-def largest_fitting(measure: Callable[[int], int], budget: int, lower: int, upper: int) -> int | None:
+def largest_fitting(measure: Callable[[int], int], budget: int, lower: int, upper: int) -> int:
     """The largest size in [lower, upper] with measure(size) <= budget, found by the official binary search."""
-    best = None
+    best = fallback = lower
+    found = False
     while lower <= upper:
         mid = (lower + upper) // 2
         if measure(mid) <= budget:
-            best, lower = mid, mid + 1
+            best, lower, found = mid, mid + 1, True
         else:
             upper = mid - 1
-    return best
+    return best if found else fallback
 
 
 def fit_sample(attempt: Callable[[int], T | None], size: int, incremental: int, what: str) -> T:
@@ -85,3 +88,21 @@ def split_answer_prefix(text: str, answer_prefix: str) -> tuple[str, str]:
     """(input, answer prefix): `text` cut where the answer prefix's first 10 characters last occur."""
     at = text.rfind(answer_prefix[:10])
     return text[:at], text[at:]
+
+
+def draw_samples(task: str, max_length: int, num_samples: int, family: Any, count: Counter,
+                 make: Callable[[int, int], tuple[str, list[str]]], size: int, incremental: int,
+                 size_name: str) -> list[RulerSample]:
+    """`make(sample index, size)` -> (whole prompt, references); see the module docstring."""
+    budget, to_generate = max_length, family.tokens_to_generate
+    out = []
+    for index in range(num_samples):
+        def attempt(n: int, index: int = index) -> tuple[str, list[str], int, int] | None:
+            text, references = make(index, n)
+            length = count(text) + to_generate
+            return (text, references, length, n) if length <= budget else None
+
+        text, references, length, used = fit_sample(attempt, size, incremental, f"{task} at length {max_length}")
+        prompt, prefix = split_answer_prefix(text, family.answer_prefix)
+        out.append(RulerSample(task, max_length, index, prompt, prefix, references, length, {size_name: used}))
+    return out

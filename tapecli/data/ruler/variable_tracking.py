@@ -86,9 +86,8 @@ class VariableTracking:
         is_icl = example is None
         per_unit = self.count(self.make(incremental, is_icl)[0]) / incremental
         upper = max(int((budget / per_unit) * 3), incremental * 2)
-        found = largest_fitting(lambda n: self.count(self.make(n, is_icl)[0]) + example_tokens + to_generate,
-                                budget, incremental, upper)
-        num_noises = found if found is not None else incremental
+        num_noises = largest_fitting(lambda n: self.count(self.make(n, is_icl)[0]) + example_tokens + to_generate,
+                                     budget, incremental, upper)
 
         def attempt(size: int) -> tuple[str, list[str], int, int] | None:
             text, names = self.make(size, is_icl)
