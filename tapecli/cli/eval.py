@@ -314,3 +314,54 @@ def eval_harness(
         batch_size=batch_size, max_length=max_length, max_gen_toks=max_gen_toks, add_bos_token=add_bos)
     typer.echo(results_table(results))
     typer.echo(f"wrote {out_dir / 'results.json'}" + (" and samples_<task>.jsonl" if log_samples else ""))
+
+
+@eval_app.command("ruler")
+def eval_ruler(
+    model: list[str] = typer.Option(..., "--model", "-m", help=_MODELS_HELP),
+    tasks: str = typer.Option("all", "--tasks", "-t", help="all, or comma-separated tasks: niah_single_1..3, "
+                              "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, cwe, fwe, qa_1 (SQuAD), "
+                              "qa_2 (HotpotQA); lm-eval's names (ruler_vt, ruler_qa_squad, ...) work too."),
+    lengths: str = typer.Option("4096", "--lengths", help="Comma-separated sequence lengths in tokens (prompt + "
+                                "answer), e.g. 1024,2048,4096,8192."),
+    samples: int = typer.Option(500, "--samples", help="Samples per task and length (RULER: 500)."),
+    haystack: str | None = typer.Option(None, "--haystack", help="Essay haystack: a text file, a folder of .txt/.md "
+                                        "files, or RULER's PaulGrahamEssays.json. Without it the 5 essay tasks are "
+                                        "skipped."),
+    qa_data: list[str] | None = typer.Option(None, "--qa-data", help="SQuAD 2.0 dev / HotpotQA dev-distractor JSON "
+                                             "(file or folder; repeatable). Without it qa_1 / qa_2 are skipped.",
+                                             show_default=False),
+    threshold: float = typer.Option(85.6, "--threshold", help="Effective length: the longest length up to which "
+                                    "the average score exceeds this (RULER: Llama-2-7B's 4K score)."),
+    seed: int = typer.Option(42, "--seed", help="Seeds the generators (RULER: 42)."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Prompts decoded together; changes speed, not results."),
+    out: str = typer.Option(..., "--out", help="Output directory: results.json, samples.jsonl, ruler.png, "
+                            "heat-maps."),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """RULER: NVIDIA's 13 synthetic long-context tasks, offline, and the effective context length.
+
+    Samples come from the official generators (prompts, templates, needle depths, answer prefixes, seed 42), their haystacks sized to each length with the model's own tokenizer; scored by RULER's case-insensitive string match.
+
+    results.json: score per task and length, average per length, effective length; ruler.png: average vs length, one line per model; heatmap*.png: task x length per model.
+
+    Interrupted? Run the same command again: finished samples are kept.
+
+    Example: tape eval ruler --model runs/rope --model runs/alibi --tasks niah_single_1,vt --lengths 1024,2048,4096 --samples 50 --out eval/ruler
+    """
+    from tapecli.eval.ruler import evaluate_ruler
+
+    results = evaluate_ruler(model, out, tasks=tasks, lengths=_numbers(lengths, "--lengths"), samples=samples,
+                             seed=seed, threshold=threshold, haystack=haystack, qa_data=qa_data, dtype=dtype,
+                             device=device, pe_args=_pe_args(pe_arg), batch_size=batch_size, notify=typer.echo)
+    lengths_run = results["settings"]["lengths"]
+    for entry in results["models"]:
+        typer.echo(f"\n{entry['name']}: effective length {entry['effective_length'] or 'none'} "
+                   f"(threshold {results['threshold']})")
+        for cells in [["task", *map(str, lengths_run)], ["---"] * (len(lengths_run) + 1),
+                      *[[t, *(f"{entry['scores'][t][str(n)]:.1f}" for n in lengths_run)] for t in entry["scores"]],
+                      ["average", *(f"{entry['average'][str(n)]:.1f}" for n in lengths_run)]]:
+            typer.echo("| " + " | ".join(cells) + " |")
+    typer.echo(f"wrote results.json, samples.jsonl, ruler.png and the heat-maps to {out}")

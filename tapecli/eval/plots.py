@@ -46,8 +46,10 @@ def save_heatmaps(panels: list[HeatmapPanel], path: str | Path) -> Path:
 
 
 def save_line_plot(series: dict[str, list[tuple[float, float]]], path: str | Path, xlabel: str, ylabel: str,
-                   title: str, log_x: bool = False, ylim: tuple[float, float] | None = None) -> Path:
-    """One line with markers per series name ((x, y) points, drawn in x order); written atomically as a PNG."""
+                   title: str, log_x: bool = False, ylim: tuple[float, float] | None = None,
+                   hline: float | None = None) -> Path:
+    """One line with markers per series name ((x, y) points, drawn in x order), and a dashed horizontal line at
+    `hline` (e.g. a threshold); written atomically as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,6 +59,8 @@ def save_line_plot(series: dict[str, list[tuple[float, float]]], path: str | Pat
     for name, points in series.items():
         xs, ys = zip(*sorted(points), strict=True) if points else ((), ())
         ax.plot(xs, ys, marker="o", label=name)
+    if hline is not None:
+        ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
     if log_x:
         ax.set_xscale("log", base=2)
     if ylim:

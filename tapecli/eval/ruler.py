@@ -1,0 +1,237 @@
+"""RULER (NVIDIA/RULER): 13 synthetic long-context tasks at several lengths, the effective context length.
+
+Per model and (task, length), `tapecli.data.ruler.tasks.generate` makes the official samples with the model's own
+tokenizer (seed 42: the same prompts for every model sharing a tokenizer). The model reads BOS (when its tokenizer
+has one) + the tokens of `input + answer_prefix` (RULER's "base" template) and decodes greedily up to the family's
+tokens_to_generate (niah 128, vt 30, cwe 120, fwe 50, qa 32), stopping at EOS. The prediction is post-processed and
+scored by RULER's string match (`tapecli.eval.ruler_metric`: "all" for NIAH/vt/cwe/fwe, "part" for QA). A task's
+score at a length is the mean over its samples x 100 (rounded to 2 decimals, as RULER rounds); the average at a
+length is the mean over the tasks run. The effective length is the longest length up to which every evaluated
+length's average exceeds the threshold (RULER: Llama-2-7B's 4K average, 85.6).
+
+Local sources: the essay haystack (`--haystack`) for niah_single_2/3, multikey_1, multivalue, multiquery; SQuAD /
+HotpotQA files (`--qa-data`) for qa_1 / qa_2. With `--tasks all`, a task whose source is missing is skipped with one
+line; named explicitly, it is an error. Essay sentences are split with NLTK's English Punkt model when installed (as
+RULER), otherwise NLTK's untrained Punkt (settings.json names which).
+
+Files in the output directory (the layout of `tapecli.eval.common`): settings.json, samples.jsonl (one row per
+model, task, length and sample: the resume log), results.json, ruler.png (average score vs length, one line per
+model, the threshold dashed) and one task x length heat-map per model (heatmap.png, or heatmap-<n>-<model>.png).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tapecli.errors import TapeError
+from tapecli.eval.common import (
+    RESULTS_FILE,
+    SamplesLog,
+    generate_batch,
+    model_source,
+    open_model,
+    progress_bar,
+)
+from tapecli.files import write_json
+
+THRESHOLD = 85.6
+PLOT_FILE = "ruler.png"
+PROTOCOL = ("RULER (NVIDIA/RULER main): samples from the official generators (seed 42, base template, haystack sized "
+            "with the model's tokenizer by RULER's binary search); prompt = BOS + input + answer_prefix; greedy "
+            "decoding of up to the family's tokens_to_generate, stopping at EOS; RULER's post-processing and "
+            "string match (all: niah, vt, cwe, fwe; part: qa); task score = mean x 100; average = mean over the "
+            "tasks run; effective length = longest length up to which every average exceeds the threshold")
+
+
+@dataclass
+class Plan:
+    """What will run: the tasks, the lines saying what was skipped, the generator's sources, their description."""
+
+    tasks: list[str]
+    skipped: list[str]
+    sources: Any  # tapecli.data.ruler.tasks.Sources
+    described: dict[str, Any]
+
+
+def plan(tasks: str, haystack: str | None, qa_data: list[str] | None) -> Plan:
+    """Expand --tasks, read the local sources, and skip (for `all`) or refuse (named) tasks whose source is missing."""
+    from tapecli.data.ruler.constants import needs
+    from tapecli.data.ruler.sources import read_essay, read_qa
+    from tapecli.data.ruler.tasks import Sources, resolve_tasks
+    from tapecli.data.ruler.words import wonderwords_version
+
+    names = resolve_tasks(tasks)
+    sources, described = Sources(), {"wonderwords": wonderwords_version(), "haystack": None, "qa_data": {}}
+    if haystack:
+        from tapecli.eval.scrolls_metric import sentence_splitter
+
+        sources.essay_words, digest = read_essay(haystack)
+        splitter_name, sources.split_sentences = sentence_splitter()
+        described["haystack"] = {"path": str(Path(haystack).expanduser().resolve()), "sha256": digest,
+                                 "sentence_splitter": splitter_name}
+    if qa_data:
+        sources.qa, described["qa_data"] = read_qa(qa_data)
+    available = {"essay": sources.essay_words is not None, "squad": "squad" in sources.qa,
+                 "hotpotqa": "hotpotqa" in sources.qa}
+    hints = {"essay": "the essay haystack (pass --haystack FILE_OR_DIR)", "squad": "SQuAD data (pass --qa-data FILE)",
+             "hotpotqa": "HotpotQA data (pass --qa-data FILE)"}
+    missing = {n: needs(n) for n in names if needs(n) and not available[needs(n)]}
+    if missing and tasks.strip() != "all":
+        name, source = next(iter(missing.items()))
+        raise TapeError(f"--tasks {name} needs {hints[source]}")
+    skipped = []
+    for source in dict.fromkeys(missing.values()):
+        these = [n for n in missing if missing[n] == source]
+        skipped.append(f"skipping {', '.join(these)}: {'they need' if len(these) > 1 else 'it needs'} {hints[source]}")
+    runnable = [n for n in names if n not in missing]
+    if not runnable:
+        raise TapeError("no task left to run; " + "; ".join(skipped))
+    return Plan(runnable, skipped, sources, described)
+
+
+def effective_length(averages: dict[int, float], threshold: float) -> int | None:
+    """The longest length up to which every average exceeds `threshold` (None if the shortest does not)."""
+    best = None
+    for length in sorted(averages):
+        if averages[length] <= threshold:
+            break
+        best = length
+    return best
+
+
+def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int], threshold: float) -> dict[str, Any]:
+    """Scores per task and length, the average per length and the effective length of one model's rows."""
+    scores: dict[str, dict[str, float]] = {}
+    tokens: dict[str, dict[str, float]] = {}
+    for task in tasks:
+        for length in lengths:
+            cell = [r for r in rows if r["task"] == task and r["length"] == length]
+            scores.setdefault(task, {})[str(length)] = round(sum(r["score"] for r in cell) / len(cell) * 100, 2)
+            tokens.setdefault(task, {})[str(length)] = sum(r["prompt_tokens"] for r in cell) / len(cell)
+    averages = {n: round(sum(scores[t][str(n)] for t in tasks) / len(tasks), 2) for n in lengths}
+    return {"scores": scores, "average": {str(n): a for n, a in averages.items()},
+            "passes": {str(n): a > threshold for n, a in averages.items()},
+            "effective_length": effective_length(averages, threshold), "mean_prompt_tokens": tokens}
+
+
+def evaluate_ruler(
+    models: list[str],
+    out_dir: str | Path,
+    tasks: str = "all",
+    lengths: list[int] | None = None,
+    samples: int = 500,
+    seed: int = 42,
+    threshold: float = THRESHOLD,
+    haystack: str | None = None,
+    qa_data: list[str] | None = None,
+    dtype: str = "auto",
+    device: str = "auto",
+    pe_args: dict[str, Any] | None = None,
+    batch_size: int = 1,
+    show_progress: bool = True,
+    notify: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run (or resume) RULER for every model into `out_dir`; returns what results.json holds."""
+    from tapecli.runtime import resolve_device, resolve_dtype
+
+    lengths = sorted(set(lengths or [4096]))
+    if not models:
+        raise TapeError("--model: pass at least one model")
+    for name, value in (("--lengths", min(lengths)), ("--samples", samples), ("--batch-size", batch_size)):
+        if value < 1:
+            raise TapeError(f"{name} must be a positive integer, got {value}")
+    chosen = plan(tasks, haystack, qa_data)
+    for line in chosen.skipped:
+        (notify or (lambda _: None))(line)
+    settings = {"task": "ruler", "models": [model_source(m)[1] for m in models], "tasks": chosen.tasks,
+                "lengths": lengths, "samples": samples, "seed": seed, **chosen.described,
+                "dtype": resolve_dtype(dtype, resolve_device(device))[0], "pe_args": pe_args or {}}
+    started = time.perf_counter()
+    model_results = []
+    with SamplesLog(out_dir, settings) as log, progress_bar("samples", show_progress) as progress:
+        done = {(r["model"], r["task"], r["length"], r["index"]) for r in log.rows}
+        cache: dict[tuple[str, str, int], list] = {}
+        for index, spec in enumerate(models):
+            opened = open_model(spec, dtype=dtype, device=device, pe_args=pe_args)
+            total = len(chosen.tasks) * len(lengths) * samples
+            bar = progress.add_task(f"ruler {opened.name}", total=total,
+                                    completed=sum(1 for key in done if key[0] == index))
+            for task in chosen.tasks:
+                for length in lengths:
+                    todo = [i for i in range(samples) if (index, task, length, i) not in done]
+                    if not todo:
+                        continue
+                    cell = _samples(cache, opened.tokenizer, task, length, samples, chosen.sources, seed)
+                    for start in range(0, len(todo), batch_size):
+                        batch = [cell[i] for i in todo[start : start + batch_size]]
+                        log.append([{"model": index, **row} for row in _answer(opened, batch, batch_size)])
+                        progress.advance(bar, len(batch))
+            rows = [r for r in log.rows if r["model"] == index]
+            model_results.append({**opened.record(), **summarise(rows, chosen.tasks, lengths, threshold)})
+            del opened
+    results = {"task": "ruler", "protocol": PROTOCOL, "threshold": threshold, "skipped": chosen.skipped,
+               "settings": settings, "models": model_results,
+               "seconds_this_session": round(time.perf_counter() - started, 2)}
+    out = Path(out_dir)
+    write_json(out / RESULTS_FILE, results)
+    _plot(results, out)
+    return results
+
+
+def _samples(cache: dict, tokenizer: Any, task: str, length: int, samples: int, sources: Any, seed: int) -> list:
+    """The official samples of (task, length) for this tokenizer, made once per tokenizer."""
+    from tapecli.data.ruler.tasks import generate
+    from tapecli.data.tokenizer import tokenizer_fingerprint
+
+    key = (tokenizer_fingerprint(tokenizer), task, length)
+    if key not in cache:
+        cache[key] = generate(task, length, lambda text: len(tokenizer.encode(text)), samples, sources, seed)
+    return cache[key]
+
+
+def _answer(opened: Any, batch: list, batch_size: int) -> list[dict[str, Any]]:
+    """Greedy answers to a batch of samples of one (task, length), scored; one samples.jsonl row each."""
+    from tapecli.data.ruler.constants import FAMILIES, METRICS, TASKS
+    from tapecli.eval.ruler_metric import postprocess, sample_score
+
+    tokenizer = opened.tokenizer
+    family = TASKS[batch[0].task][0]
+    bos, eos = getattr(tokenizer, "bos_id", None), getattr(tokenizer, "eos_id", None)
+    prompts = [([bos] if bos is not None and bos >= 0 else []) + tokenizer.encode(s.prompt) for s in batch]
+    stop = [eos] if eos is not None and eos >= 0 else None
+    outputs = generate_batch(opened.model, prompts, FAMILIES[family].tokens_to_generate, batch_size=batch_size,
+                             stop_tokens=stop, pad_id=eos if stop else None)
+    rows = []
+    for sample, prompt, output in zip(batch, prompts, outputs, strict=True):
+        if stop and eos in output:
+            output = output[: output.index(eos)]
+        prediction = postprocess(tokenizer.decode(output))
+        rows.append({"task": sample.task, "length": sample.max_length, "index": sample.index,
+                     "prompt_tokens": len(prompt), "ruler_length": sample.length, "outputs": sample.outputs,
+                     "prediction": prediction, "score": sample_score(METRICS[family], prediction, sample.outputs)})
+    return rows
+
+
+def _plot(results: dict[str, Any], out: Path) -> None:
+    from tapecli.eval.plots import save_grid_heatmap, save_line_plot
+
+    models = results["models"]
+    lengths = results["settings"]["lengths"]
+    series = {m["name"]: [(n, m["average"][str(n)]) for n in lengths] for m in models}
+    save_line_plot(series, out / PLOT_FILE, xlabel="sequence length (tokens)", ylabel="RULER average score",
+                   title=f"RULER ({len(results['settings']['tasks'])} tasks); dashed: threshold {results['threshold']}",
+                   log_x=True, ylim=(-3, 103), hline=results["threshold"])
+    for k, m in enumerate(models):
+        rows = [*results["settings"]["tasks"], "average"]
+        grid = [[(m["scores"][t] if t != "average" else m["average"])[str(n)] / 100 for n in lengths] for t in rows]
+        name = "heatmap.png" if len(models) == 1 else f"heatmap-{k}-{re.sub(r'[^A-Za-z0-9._-]+', '_', m['name'])}.png"
+        eff = m["effective_length"]
+        save_grid_heatmap(grid, out / name, x_labels=[str(n) for n in lengths], y_labels=rows,
+                          xlabel="sequence length (tokens)", ylabel="task",
+                          title=f"RULER: {m['name']} (effective length: {eff if eff else 'none'})",
+                          colorbar="score / 100")
