@@ -20,6 +20,7 @@ Output directory layout shared by all evaluations:
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -229,12 +230,14 @@ class SamplesLog:
     first unit) gets `settings` written. The rows an interrupted run finished are read back (a last line
     cut off mid-write is skipped; a broken line elsewhere is an error), filtered by `keep` (e.g. "only whole cells")
     and rewritten, so `self.rows` is exactly what the evaluation need not redo.
-    Use as a context manager, or call `close()`.
+    Use as a context manager, or call `close()`. Leaving the context with an error before any row was logged (a
+    model that cannot be opened) removes the directory again if this log created it: a failed start leaves no --out.
     """
 
     def __init__(self, out_dir: str | Path, settings: dict[str, Any],
                  keep: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> None:
         self.out = Path(out_dir)
+        self._created = next((f for f in (*reversed(self.out.parents), self.out) if not f.exists()), None)
         self.out.mkdir(parents=True, exist_ok=True)
         self.path = self.out / SAMPLES_FILE
         started = self.path.is_file() and self.path.stat().st_size > 0
@@ -257,8 +260,10 @@ class SamplesLog:
     def __enter__(self) -> SamplesLog:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type | None, *exc: object) -> None:
         self.close()
+        if kind is not None and self._created is not None and not self.rows:
+            shutil.rmtree(self._created, ignore_errors=True)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
