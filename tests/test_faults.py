@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -514,6 +515,11 @@ def _edit_tensors(path: Path, edit) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
+def _dangling(path: Path) -> None:
+    path.unlink()
+    path.symlink_to(path.parent / "blobs" / "deleted")
+
+
 def _without(*keys: str):
     return lambda config: {k: v for k, v in config.items() if k not in keys}
 
@@ -567,6 +573,8 @@ HF_DAMAGE = [
         (d / "model.safetensors.index.json").read_text().replace("model-00007-of-00012", "model-7-of-12")),
      ["{d}/model.safetensors.index.json lists the shard model-7-of-12.safetensors, which is not in {d}"]),
     ("no-weights", "single", lambda d: (d / "model.safetensors").unlink(), ["{d} has no model.safetensors"]),
+    ("weights-dangling-symlink", "single", lambda d: _dangling(d / "model.safetensors"),  # a hub cache's lost blob
+     ["{d}/model.safetensors: no such file or directory"]),
     ("no-tokenizer", "sharded", lambda d: (d / "tokenizer.json").unlink(), ["{d} has no tokenizer"]),
     ("no-config", "sharded", lambda d: (d / "config.json").unlink(), ["{d} has no config.json"]),
 ]
@@ -626,14 +634,23 @@ def test_every_command_opening_a_hf_directory_goes_through_the_boundary(hf_llama
     assert not (tmp_path / "out").exists()  # not even the parent the command would have created
 
 
-@pytest.fixture
-def extended_run(hf_llamas: Path, tmp_path: Path) -> tuple[Path, Path]:
+@pytest.fixture(scope="module")
+def trained_extension(hf_llamas: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(a LoRA extension trained one step on a copy of the sharded base, that copy)."""
-    base, run = tmp_path / "base", tmp_path / "extended"
+    root = tmp_path_factory.mktemp("extended")
+    base, run = root / "base", root / "run"
     shutil.copytree(hf_llamas / "sharded", base)
     result = runner.invoke(app, [*_extend(base, run, hf_llamas / "corpus.txt"), "--method", "lora"])
     assert result.exit_code == 0, result.output
     return run, base
+
+
+@pytest.fixture
+def extended_run(trained_extension: tuple[Path, Path], hf_llamas: Path) -> Iterator[tuple[Path, Path]]:
+    """`trained_extension`, its base put back intact after the test (which damages it)."""
+    yield trained_extension
+    shutil.rmtree(trained_extension[1], ignore_errors=True)
+    shutil.copytree(hf_llamas / "sharded", trained_extension[1])
 
 
 @pytest.mark.parametrize(("damage", "fragment"), [
