@@ -121,11 +121,16 @@ def reading(path: str | Path) -> Iterator[None]:
     """Turn a parse error while reading `path` into `TapeError("<path> is corrupt or truncated (<reason>)")`.
 
     Keep the block to the read itself: every non-OS error inside it is taken to mean the file is bad. OS errors
-    (permission denied, not found) pass through; the boundary names their file.
+    (permission denied, not found) pass through; the boundary names their file. An OSError without errno (raised by a
+    Rust library, e.g. safetensors for a dangling symlink) becomes `TapeError("<path>: <problem>")` here.
     """
     try:
         yield
-    except (TapeError, OSError):
+    except TapeError:
+        raise
+    except OSError as e:
+        if e.errno is None:  # Rust libraries (safetensors) raise OSErrors that name neither errno nor file
+            raise TapeError(f"{path}: {_rust_os_problem(e)}") from e
         raise
     except Exception as e:
         if isinstance(e, UnicodeDecodeError):
@@ -133,6 +138,12 @@ def reading(path: str | Path) -> Iterator[None]:
         if not _is_corrupt_file_error(e):
             raise
         raise TapeError(f"{path} is corrupt or truncated ({_short(e)})") from e
+
+
+def _rust_os_problem(e: OSError) -> str:
+    """"no such file or directory" from "No such file or directory: /x" or "... (os error 2)"."""
+    code = re.search(r"\(os error (\d+)\)", str(e))
+    return os.strerror(int(code.group(1))).lower() if code else str(e).split(":")[0].strip().lower()
 
 
 def _write_problem(e: BaseException, path: Path) -> str | None:

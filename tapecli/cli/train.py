@@ -72,7 +72,7 @@ def extend_context(
     base: str = typer.Option(..., "--base", help=_BASE_HELP),
     method: str = typer.Option("tape", "--method", help="What is trained: tape | lora | longlora | full."),
     scaling: str = typer.Option("pi", "--scaling", help="How positions reach the longer context: pi | yarn | "
-                                "dynamic | theta | none."),
+                                "dynamic | theta | none (not with longlora, which is defined with interpolation)."),
     compat: str = typer.Option("paper", "--compat", help="paper, or official: the official scripts' protocol (PI "
                                "under every method, theta included; TAPE's post-attention map frozen)."),
     recipe: str = typer.Option("context-extension", "--recipe", help="A shipped recipe name or a YAML file."),

@@ -127,8 +127,11 @@ class SentencePieceTokenizer(Tokenizer):
     def __init__(self, path: Path, specials: dict[str, int | str] | None = None) -> None:
         import sentencepiece as spm
 
+        from tapecli.faults import reading
+
         self.path = path
-        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        with reading(path):  # a corrupt or truncated model: one line naming it
+            self.sp = spm.SentencePieceProcessor(model_file=str(path))
         self.vocab_size = self.sp.get_piece_size()
         self.bos_id, self.eos_id, self.pad_id = self.sp.bos_id(), self.sp.eos_id(), self.sp.pad_id()
         self._set_specials(specials, self._piece_id)

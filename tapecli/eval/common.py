@@ -20,6 +20,7 @@ Output directory layout shared by all evaluations:
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -215,17 +216,24 @@ class SamplesLog(JsonlLog):
     first unit) gets `settings` written. The rows an interrupted run finished are read back (a last line
     cut off mid-write is skipped; a broken line elsewhere is an error), filtered by `keep` (e.g. "only whole cells")
     and rewritten, so `self.rows` is exactly what the evaluation need not redo; `append` logs finished rows at once.
-    Use as a context manager, or call `close()`.
+    Use as a context manager, or call `close()`. Leaving the context with an error before any row was logged (a
+    model that cannot be opened) removes the directory again if this log created it: a failed start leaves no --out.
     """
 
     def __init__(self, out_dir: str | Path, settings: dict[str, Any],
                  keep: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> None:
         self.out = Path(out_dir)
+        self._created = next((f for f in (*reversed(self.out.parents), self.out) if not f.exists()), None)
         self.out.mkdir(parents=True, exist_ok=True)
         path = self.out / SAMPLES_FILE
         started = path.is_file() and path.stat().st_size > 0
         claim_settings(self.out, settings, started=started, stale=[SAMPLES_FILE])
         super().__init__(path, keep)
+
+    def __exit__(self, kind: type | None, *exc: object) -> None:
+        self.close()
+        if kind is not None and self._created is not None and not self.rows:
+            shutil.rmtree(self._created, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -27,11 +27,13 @@ if TYPE_CHECKING:
     from tapecli.model.transformer import Transformer
 
 
-def init_new_parameters(model: Transformer, device: torch.device | str) -> set[str]:
+def init_new_parameters(model: Transformer, device: torch.device | str, base_dir: Path) -> set[str]:
     """Allocate and initialise the parameters still on the meta device, which must all belong to the positional
-    encoding; same initialisation as a fresh `Transformer` (N(0, init_std), then the PE's own `init_weights`)."""
+    encoding (any other is one line: the base `base_dir` lacks it); same initialisation as a fresh `Transformer`
+    (N(0, init_std), then the PE's own `init_weights`)."""
     from torch import nn
 
+    from tapecli.model.hf import require_weights
     from tapecli.model.pe import LayerPE
 
     pending = {name for name, p in model.named_parameters() if p.is_meta}
@@ -42,9 +44,7 @@ def init_new_parameters(model: Transformer, device: torch.device | str) -> set[s
                 if isinstance(sub, nn.Linear):
                     nn.init.normal_(sub.weight, mean=0.0, std=model.config.init_std)
             module.init_weights()
-    still = sorted(name for name, p in model.named_parameters() if p.is_meta)
-    if still:
-        raise TapeError(f"the base model lacks {still[0]} (and {len(still) - 1} more), which only a PE may add")
+    require_weights(base_dir, {name for name, p in model.named_parameters() if p.is_meta})
     return pending
 
 
@@ -56,7 +56,7 @@ def build_from_base(config: ModelConfig, base_dir: Path, *, dtype: torch.dtype, 
 
     model = build_on_meta(config)
     load_hf_weights(model, base_dir, dtype, device)
-    new = init_new_parameters(model, device)
+    new = init_new_parameters(model, device, base_dir)
     if lora is not None:
         try:
             new |= set(apply_lora(model, lora))
@@ -73,10 +73,17 @@ def base_record(source: str, directory: Path, lora: LoraSpec | None) -> dict[str
 
 
 def find_base(record: dict[str, Any]) -> Path:
-    """The base's directory: the recorded one if it still exists, else the source resolved again (hub cache)."""
-    from tapecli.model.hf import resolve_hf_source
+    """The base's directory: the recorded one if it still exists, else a hub source resolved again (hub cache);
+    a local base that is gone is one line naming where it was."""
+    from tapecli.model.hf import HF_CONFIG, is_hf_source, resolve_hf_source
 
     directory = Path(record["directory"])
-    if (directory / "config.json").is_file():
+    if (directory / HF_CONFIG).is_file():
         return directory
-    return resolve_hf_source(record["source"])
+    source = Path(record["source"]).expanduser()
+    local = directory.parts[-len(source.parts):] == source.parts  # the directory is the path given, not a hub snapshot
+    if not local and is_hf_source(record["source"]):
+        return resolve_hf_source(record["source"])
+    what = f"has no {HF_CONFIG}" if directory.is_dir() else "is gone"
+    raise TapeError(f"{directory}: the Hugging Face base this checkpoint was trained on {what}; restore it there "
+                    "(base_model.json points to it)")

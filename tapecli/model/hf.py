@@ -14,16 +14,23 @@ window, other activations or architectures) is a TapeError naming the config key
 
 Weights are read tensor by tensor from each shard (`safetensors.safe_open`) straight into the target dtype and
 assigned to a model built on the meta device, so loading never holds a second full copy of the model.
+
+Every file is read through `tapecli.model.hf_files`, and every check of what a file says names that file, so a
+damaged directory (corrupt or truncated JSON or safetensors, absent shards, unsupported architecture or tensors,
+integer or mis-shaped weights, no or a corrupt tokenizer) is one line (TapeError, exit code 2) for every command that
+opens one. A config.json without `architectures` is read as its `model_type` says, as transformers does (with a
+note on stderr), and refused when it names no model_type tape imports.
 """
 
 from __future__ import annotations
 
-import json
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tapecli.errors import TapeError
+from tapecli.model.hf_files import read_json_object, read_weights, weight_files
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +51,7 @@ SHORT_NAMES: dict[str, str] = {
     "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
 }
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}  # what transformers loads them as
 HF_CONFIG = "config.json"
 TAPE_CONFIG = "model_config.json"  # tapecli.store.checkpoint.MODEL_CONFIG (not imported: checkpoint sits above model)
 INDEX = "model.safetensors.index.json"
@@ -71,6 +79,10 @@ def resolve_hf_source(source: str) -> Path:
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / HF_CONFIG).is_file():
+            tape = _tape_kind(path)
+            if tape:
+                raise TapeError(f"{path} is {tape}, not a Hugging Face model directory (no {HF_CONFIG}); pass a "
+                                "Hugging Face directory or hub id (`tape export` turns a RoPE checkpoint into one)")
             raise TapeError(f"{path} has no {HF_CONFIG}; expected a Hugging Face model directory")
         return path
     repo = SHORT_NAMES.get(source.lower(), source)
@@ -96,12 +108,24 @@ def resolve_hf_source(source: str) -> Path:
                         "*.safetensors and the tokenizer instead") from None
 
 
+def _tape_kind(path: Path) -> str | None:
+    """What tape wrote in `path` ("a tape checkpoint", "a tape run directory"), else None (tapecli.store.checkpoint)."""
+    if (path / TAPE_CONFIG).is_file():
+        return "a tape checkpoint"
+    if (path / "checkpoints").is_dir() or (path / "run.json").is_file():
+        return "a tape run directory"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Config
 
 
-def _rope_parameters(hf: dict[str, Any]) -> dict[str, Any]:
+def _rope_parameters(hf: dict[str, Any], where: str) -> dict[str, Any]:
     """transformers 5's `rope_parameters`, or the legacy `rope_theta` + `rope_scaling` normalised the same way."""
+    for key in ("rope_parameters", "rope_scaling"):
+        if not isinstance(hf.get(key) or {}, dict):
+            raise TapeError(f"{where}: {key} must be an object ({{...}}) or null, got {hf[key]!r}")
     params = hf.get("rope_parameters")
     if params is None:
         params = dict(hf.get("rope_scaling") or {})
@@ -114,18 +138,18 @@ def _rope_parameters(hf: dict[str, Any]) -> dict[str, Any]:
     return params
 
 
-def _pe_args(hf: dict[str, Any]) -> dict[str, Any]:
+def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG) -> dict[str, Any]:
     """Our RoPE `pe_args` for a HF rope configuration (see tapecli.model.pe.rope)."""
-    params = _rope_parameters(hf)
+    params = _rope_parameters(hf, where)
     unknown = sorted(set(params) - _ROPE_KEYS)
     if unknown:
-        raise TapeError(f"config.json: rope_parameters.{unknown[0]} is not supported")
+        raise TapeError(f"{where}: rope_parameters.{unknown[0]} is not supported")
     kind = params["rope_type"]
     if kind not in _ROPE_TYPES:
-        raise TapeError(f"config.json: rope_parameters.rope_type {kind!r} is not supported; supported: "
+        raise TapeError(f"{where}: rope_parameters.rope_type {kind!r} is not supported; supported: "
                         f"{', '.join(_ROPE_TYPES)}")
     if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise TapeError("config.json: partial_rotary_factor != 1 is not supported")
+        raise TapeError(f"{where}: partial_rotary_factor != 1 is not supported")
     args: dict[str, Any] = {"theta": float(params["rope_theta"])}
     if kind == "default":
         return args
@@ -138,7 +162,7 @@ def _pe_args(hf: dict[str, Any]) -> dict[str, Any]:
     if factor is None and kind == "yarn":
         factor = max_pos / original
     if factor is None:
-        raise TapeError(f"config.json: rope_parameters.factor is required for rope_type {kind!r}")
+        raise TapeError(f"{where}: rope_parameters.factor is required for rope_type {kind!r}")
     args["factor"] = float(factor)
     if kind == "yarn":
         attention_factor = params.get("attention_factor")
@@ -162,38 +186,69 @@ def _pe_args(hf: dict[str, Any]) -> dict[str, Any]:
 
 
 def read_hf_config(directory: Path) -> dict[str, Any]:
-    try:
-        return json.loads((directory / HF_CONFIG).read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise TapeError(f"{directory / HF_CONFIG}: cannot read it ({e})") from None
+    """config.json as a dict; a corrupt, truncated or non-object file is one line naming it."""
+    return read_json_object(directory / HF_CONFIG)
 
 
-def hf_model_config(hf: dict[str, Any]) -> ModelConfig:
-    """tape's ModelConfig for a Llama-family config.json (a dict); unsupported keys raise TapeError naming them."""
+_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+          "max_position_embeddings")
+
+
+def _architecture(hf: dict[str, Any], where: str) -> str:
+    """The one supported class config.json names; without `architectures`, the class transformers loads its
+    `model_type` as (said on stderr), and a TapeError when neither names a class tape imports."""
+    arch = hf.get("architectures")
+    if not arch:
+        model_type = hf.get("model_type")
+        assumed = MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+        if assumed is None:
+            raise TapeError(f"{where} names no architecture (no architectures, model_type {model_type!r}); tape "
+                            f"imports {', '.join(ARCHITECTURES)}: add \"architectures\": [\"LlamaForCausalLM\"] if "
+                            "it is a Llama")
+        print(f"note: {where} has no architectures; read as {assumed}, as transformers does for model_type "
+              f"{model_type!r}", file=sys.stderr)
+        return assumed
+    if not isinstance(arch, list) or len(arch) != 1 or arch[0] not in ARCHITECTURES:
+        raise TapeError(f"{where}: architectures {arch} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    return arch[0]
+
+
+def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
+    """tape's ModelConfig for a Llama-family config.json (a dict; `where` names it in messages); an unsupported
+    architecture or key, a missing key or a value of the wrong type raises TapeError naming the key."""
     from tapecli.model import ModelConfig
 
-    arch = hf.get("architectures") or ["LlamaForCausalLM"]
-    if len(arch) != 1 or arch[0] not in ARCHITECTURES:
-        raise TapeError(f"config.json: architectures {arch} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    _architecture(hf, where)
     for key in ("attention_bias", "mlp_bias", "sliding_window", "use_sliding_window"):
         if hf.get(key):
-            raise TapeError(f"config.json: {key}={hf[key]!r} is not supported (Llama without it only)")
+            raise TapeError(f"{where}: {key}={hf[key]!r} is not supported (Llama without it only)")
     if hf.get("hidden_act", "silu") != "silu":
-        raise TapeError(f"config.json: hidden_act={hf['hidden_act']!r} is not supported (only silu)")
-    if hf.get("layer_types") and set(hf["layer_types"]) != {"full_attention"}:
-        raise TapeError(f"config.json: layer_types {sorted(set(hf['layer_types']))} is not supported")
+        raise TapeError(f"{where}: hidden_act={hf['hidden_act']!r} is not supported (only silu)")
+    layer_types = hf.get("layer_types") or []
+    if not isinstance(layer_types, list) or set(map(str, layer_types)) - {"full_attention"}:
+        raise TapeError(f"{where}: layer_types {layer_types!r} is not supported (full_attention only)")
+    for key in (*_SIZES, "num_key_value_heads", "head_dim"):
+        value = hf.get(key)
+        if key in _SIZES and value is None:
+            raise TapeError(f"{where}: missing key {key}")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
+            raise TapeError(f"{where}: {key} must be a positive integer, got {value!r}")
+    try:
+        pe_args = _pe_args(hf, where)
+        norm_eps, init_std = float(hf.get("rms_norm_eps", 1e-6)), float(hf.get("initializer_range", 0.02))
+    except KeyError as e:
+        raise TapeError(f"{where}: missing key {e.args[0]}") from None
+    except (TypeError, ValueError) as e:  # a number written as text, a list or null
+        raise TapeError(f"{where}: a RoPE or norm setting is not a number ({e})") from None
     try:
         return ModelConfig(
             vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
             n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads"),
             head_dim=hf.get("head_dim"), ffn_dim=hf["intermediate_size"],
-            max_seq_len=hf["max_position_embeddings"], pe="rope", pe_args=_pe_args(hf),
-            norm_eps=float(hf.get("rms_norm_eps", 1e-6)), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            init_std=float(hf.get("initializer_range", 0.02)))
-    except KeyError as e:
-        raise TapeError(f"config.json: missing key {e.args[0]}") from None
+            max_seq_len=hf["max_position_embeddings"], pe="rope", pe_args=pe_args, norm_eps=norm_eps,
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)), init_std=init_std)
     except ValueError as e:
-        raise TapeError(f"config.json: {e}") from None
+        raise TapeError(f"{where}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,46 +269,20 @@ def build_on_meta(config: ModelConfig) -> Transformer:
     return model
 
 
-def weight_files(directory: Path) -> list[Path]:
-    """The safetensors files of a HF directory: the shards its index lists, or model.safetensors."""
-    index = directory / INDEX
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [directory / s for s in shards]
-    else:
-        files = sorted(directory.glob("*.safetensors"))
-    missing = [f for f in files if not f.is_file()]
-    if not files or missing:
-        raise TapeError(f"{directory}: no safetensors weights found ({missing[0] if missing else '*.safetensors'})")
-    return files
-
-
-def read_weights(files: list[Path], dtype: torch.dtype, device: torch.device | str, skip: set[str] = frozenset()):
-    """Yield (name, tensor) one tensor at a time, cast to `dtype` on `device` (floating tensors only)."""
-    from safetensors import safe_open
-
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is no dict)
-                if name in skip or name.endswith("rotary_emb.inv_freq"):
-                    continue
-                tensor = f.get_tensor(name)
-                yield name, tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
-
-
 def assign_weights(model: Transformer, tensors, origin: str) -> set[str]:
-    """Assign (name, tensor) pairs to a meta-built model; returns the names of parameters still on meta.
+    """Assign (name, tensor, file) triples to a meta-built model; returns the names of parameters still on meta.
 
-    Unknown or mis-shaped tensors are a TapeError naming them. A tied head stays tied to the embedding."""
+    A tensor the model has no parameter for, or of another shape than `origin` (the config.json the model was built
+    from) implies, is a TapeError naming its file. A tied head stays tied to the embedding."""
     expected = dict(model.named_parameters())
     state = {}
-    for name, tensor in tensors:
+    for name, tensor, file in tensors:
         if model.config.tie_embeddings and name == "lm_head.weight":
             continue  # some tied checkpoints store the head too; it is the embedding
         if name not in expected:
-            raise TapeError(f"{origin}: unexpected tensor {name} (not a Llama weight tape supports)")
+            raise TapeError(f"{file}: unexpected tensor {name} (not a Llama weight tape supports)")
         if tensor.shape != expected[name].shape:
-            raise TapeError(f"{origin}: {name} has shape {tuple(tensor.shape)}, config.json implies "
+            raise TapeError(f"{file}: {name} has shape {tuple(tensor.shape)}, {origin} implies "
                             f"{tuple(expected[name].shape)}")
         state[name] = tensor
     model.load_state_dict(state, strict=False, assign=True)
@@ -264,7 +293,15 @@ def assign_weights(model: Transformer, tensors, origin: str) -> set[str]:
 
 def load_hf_weights(model: Transformer, directory: Path, dtype: torch.dtype, device: torch.device | str) -> set[str]:
     """Fill a meta-built model from a HF directory's safetensors; returns the parameters the files did not hold."""
-    return assign_weights(model, read_weights(weight_files(directory), dtype, device), str(directory))
+    tensors = read_weights(weight_files(directory), dtype, device)
+    return assign_weights(model, tensors, str(directory / HF_CONFIG))
+
+
+def require_weights(directory: Path, lacking: set[str]) -> None:
+    """One line naming the first parameter the weights of `directory` lack, if they lack any."""
+    if lacking:
+        first, more = sorted(lacking)[0], len(lacking) - 1
+        raise TapeError(f"{directory}: the weights lack {first}" + (f" (and {more} more)" if more else ""))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -285,7 +322,7 @@ def load_hf_tokenizer(directory: Path, hf: dict[str, Any] | None = None) -> Toke
     hf = hf if hf is not None else read_hf_config(directory)
     tok_config: dict[str, Any] = {}
     if (directory / "tokenizer_config.json").is_file():
-        tok_config = json.loads((directory / "tokenizer_config.json").read_text())
+        tok_config = read_json_object(directory / "tokenizer_config.json")
     specials: dict[str, int | str] = {}
     for kind in ("bos", "eos", "pad"):
         value = _token_string(tok_config.get(f"{kind}_token")) or hf.get(f"{kind}_token_id")
@@ -298,7 +335,8 @@ def load_hf_tokenizer(directory: Path, hf: dict[str, Any] | None = None) -> Toke
     elif (directory / "tokenizer.model").is_file():
         tok = SentencePieceTokenizer(directory / "tokenizer.model", specials)
     else:
-        raise TapeError(f"{directory} has no tokenizer.json or tokenizer.model")
+        raise TapeError(f"{directory} has no tokenizer (tokenizer.json or tokenizer.model); copy the model's "
+                        "tokenizer files into it")
     if tok.vocab_size > hf.get("vocab_size", tok.vocab_size):
         raise TapeError(f"{directory}: the tokenizer has {tok.vocab_size} tokens, more than config.json's "
                         f"vocab_size {hf['vocab_size']}")
@@ -315,8 +353,7 @@ def load_hf_model(source: str, *, dtype: torch.dtype | None = None,
     dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
     directory = resolve_hf_source(source)
     hf = read_hf_config(directory)
-    model = build_on_meta(hf_model_config(hf))
-    missing = load_hf_weights(model, directory, dtype, device)
-    if missing:
-        raise TapeError(f"{directory}: the checkpoint lacks {sorted(missing)[0]} (and {len(missing) - 1} more)")
-    return model.eval(), load_hf_tokenizer(directory, hf)
+    model = build_on_meta(hf_model_config(hf, str(directory / HF_CONFIG)))
+    tokenizer = load_hf_tokenizer(directory, hf)  # before the weights: a missing tokenizer fails in a second
+    require_weights(directory, load_hf_weights(model, directory, dtype, device))
+    return model.eval(), tokenizer

@@ -78,6 +78,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
         found = list_checkpoints(root)
         if found:
             return found[-1]
+    if (path / "config.json").is_file():
+        raise TapeError(f"{path} is a Hugging Face model directory, not a tape checkpoint; `tape eval --model` opens "
+                        "it as it is and `tape extend-context --base` trains on it")
     raise TapeError(f"{path} holds no checkpoint (expected {WEIGHTS} + {MODEL_CONFIG}, or {CHECKPOINTS}/step-*/)")
 
 
@@ -188,13 +191,20 @@ def load_merged_on_base(checkpoint: Path, config: Any, *, dtype: torch.dtype, de
     return model
 
 
+def read_base_record(checkpoint: Path) -> dict[str, Any]:
+    """base_model.json: where the Hugging Face base of a checkpoint was imported from; corrupt is one line."""
+    with reading(checkpoint / BASE_MODEL):
+        record = json.loads((checkpoint / BASE_MODEL).read_text(encoding="utf-8"))
+        return {"source": str(record["source"]), "directory": str(record["directory"]), "lora": record.get("lora")}
+
+
 def load_on_base(checkpoint: Path, config: Any, *, dtype: torch.dtype, device: Any, lora: Any = "saved") -> Transformer:
     """A checkpoint written on a frozen Hugging Face base: the base's weights (found again from base_model.json),
     then the checkpoint's own tensors over them. `lora`: a LoraSpec, None, or "saved" (the checkpoint's own)."""
     from tapecli.model.extended import build_from_base, find_base
     from tapecli.model.lora import LoraSpec
 
-    record = json.loads((checkpoint / BASE_MODEL).read_text())
+    record = read_base_record(checkpoint)
     if lora == "saved":
         lora = None if record.get("lora") is None else LoraSpec(**record["lora"])
     model = build_from_base(config, find_base(record), dtype=dtype, device=device, lora=lora)

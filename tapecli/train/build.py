@@ -16,7 +16,6 @@ base, the trainable parameters are kept in fp32 (the optimizer's master copy).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from tapecli.store.checkpoint import (
     load_checkpoint_tokenizer,
     load_merged_on_base,
     load_weights,
+    read_base_record,
     read_model_config,
     resolve_checkpoint,
 )
@@ -40,14 +40,16 @@ from tapecli.train.freeze import apply_freeze, apply_plan
 def build_model(recipe: Recipe, resume_from: Path | None, init_from: str | None,
                 device: torch.device) -> tuple[nn.Module, Any, str | None]:
     """(model on `device`, tokenizer, a line saying where the weights came from or None)."""
-    from tapecli.model.hf import is_hf_source
+    from tapecli.model.hf import is_hf_source, resolve_hf_source
 
     if resume_from is not None and (resume_from / BASE_MODEL).is_file():
-        record = json.loads((resume_from / BASE_MODEL).read_text())
+        record = read_base_record(resume_from)
         return _on_base(recipe, record["source"], record, resume_from, device)
     if resume_from is None and init_from and is_hf_source(init_from):
         return _on_base(recipe, init_from, None, None, device)
     if recipe.extend.method is not None:
+        if init_from and resume_from is None:
+            resolve_hf_source(init_from)  # says what it is instead (a tape checkpoint, a folder without config.json)
         raise TapeError("extend.method: a context extension starts from a Hugging Face base "
                         "(tape extend-context --base DIR_OR_ID)")
     init = resolve_checkpoint(init_from) if init_from and resume_from is None else None
@@ -89,13 +91,15 @@ def _tape_model(recipe: Recipe, checkpoint: Path | None) -> tuple[nn.Module, Any
 def _on_base(recipe: Recipe, source: str, record: dict | None, resume_from: Path | None,
              device: torch.device) -> tuple[nn.Module, Any, str]:
     from tapecli.model.extended import base_record, build_from_base, find_base
-    from tapecli.model.hf import hf_model_config, load_hf_tokenizer, read_hf_config, resolve_hf_source
+    from tapecli.model.hf import HF_CONFIG, hf_model_config, load_hf_tokenizer, read_hf_config, resolve_hf_source
     from tapecli.model.merge import merge_model_config
     from tapecli.train.extend import plan_extension
 
     directory = find_base(record) if record is not None else resolve_hf_source(source)
     hf = read_hf_config(directory)
-    base = hf_model_config(hf).to_dict()
+    base = hf_model_config(hf, str(directory / HF_CONFIG)).to_dict()
+    # The tokenizer before the weights: a base without one fails in a second, not after loading gigabytes.
+    tokenizer = load_checkpoint_tokenizer(resume_from) if resume_from is not None else load_hf_tokenizer(directory, hf)
     plan = plan_extension(recipe, base, source) if recipe.extend.method is not None else None
     if plan is not None:
         config, lora = plan.config, plan.lora
@@ -113,9 +117,6 @@ def _on_base(recipe: Recipe, source: str, record: dict | None, resume_from: Path
             param.data = param.data.float()
     if resume_from is not None:
         load_weights(model, resume_from, missing_ok=set(model.state_dict()))
-        tokenizer = load_checkpoint_tokenizer(resume_from)
-    else:
-        tokenizer = load_hf_tokenizer(directory, hf)
     new = sum(p.numel() for name, p in model.named_parameters() if name in model.new_parameters)
     note = f"base model {source} ({directory}); {new:,} new parameters"
     if plan is not None:

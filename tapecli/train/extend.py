@@ -9,7 +9,7 @@ Two independent choices:
     full      every weight
 - `extend.scaling`, how positions reach the target context N = model.max_seq_len from the base's L
   (`max_position_embeddings`): pi (linear interpolation by N/L), yarn, dynamic (NTK), theta (RoPE base
-  `extend.theta`, 1e6), none.
+  `extend.theta`, 1e6), none (refused for longlora, which is defined with interpolation: LongLoRA's fine-tune.py).
 `extend.compat: official` reproduces the official scripts: interpolation by N/L under every method (theta
 included) and TAPE's post-attention map left frozen at zero.
 """
@@ -74,6 +74,11 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
     if target <= base_len:
         raise TapeError(f"model.max_seq_len: the target context {target} must exceed the base's {base_len} "
                         f"({origin} max_position_embeddings)")
+    if x.method == "longlora" and x.scaling == "none" and x.compat != "official":
+        raise TapeError("extend.scaling: none with method longlora is not LongLoRA, which is defined with position "
+                        "interpolation (its fine-tune.py scales RoPE linearly by ceil(N/L) whenever N > L; S²-Attn "
+                        "only makes training at length N cheaper); pass --scaling pi (or yarn, dynamic, theta), or "
+                        "--method lora --scaling none for LoRA without interpolation")
     factor = target / base_len
     requested = recipe.set_values("model")
     requested["pe_args"] = {**requested.get("pe_args", {}),

