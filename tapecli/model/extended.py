@@ -8,14 +8,14 @@ one copy, `tapecli.model.hf`); the parameters the base lacks (the grown PE's) ar
 fresh model, so TAPE's updates start at exactly zero; LoRA adapters (B = 0) are added last. So the model starts
 computing exactly what the base computes under the same RoPE scaling.
 
-Checkpoints of such a model hold only `own_parameters` (new or trainable ones) plus `base_model` (where the base was
-imported from); `tapecli.store.checkpoint` writes and reads them.
+Checkpoints of such a model hold only its own tensors (new or trainable ones) plus `base_model` (where the base was
+imported from); `tapecli.store.checkpoint` writes them and `tapecli.store.door` opens them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tapecli.errors import TapeError
 
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from tapecli.model.transformer import Transformer
 
 
-def init_new_parameters(model: Transformer, device: torch.device | str) -> set[str]:
+def init_new_parameters(model: Transformer, device: torch.device | str, origin: str = "the base model") -> set[str]:
     """Allocate and initialise the parameters still on the meta device, which must all belong to the positional
     encoding; same initialisation as a fresh `Transformer` (N(0, init_std), then the PE's own `init_weights`)."""
     from torch import nn
@@ -44,7 +44,8 @@ def init_new_parameters(model: Transformer, device: torch.device | str) -> set[s
             module.init_weights()
     still = sorted(name for name, p in model.named_parameters() if p.is_meta)
     if still:
-        raise TapeError(f"the base model lacks {still[0]} (and {len(still) - 1} more), which only a PE may add")
+        raise TapeError(f"{origin} lacks {still[0]} (and {len(still) - 1} more); only a positional encoding may add "
+                        "parameters")
     return pending
 
 
@@ -56,7 +57,7 @@ def build_from_base(config: ModelConfig, base_dir: Path, *, dtype: torch.dtype, 
 
     model = build_on_meta(config)
     load_hf_weights(model, base_dir, dtype, device)
-    new = init_new_parameters(model, device)
+    new = init_new_parameters(model, device, str(base_dir))
     if lora is not None:
         try:
             new |= set(apply_lora(model, lora))
@@ -64,19 +65,3 @@ def build_from_base(config: ModelConfig, base_dir: Path, *, dtype: torch.dtype, 
             raise TapeError(f"extend.lora_targets: {e}") from None
     model.new_parameters = new
     return model
-
-
-def base_record(source: str, directory: Path, lora: LoraSpec | None) -> dict[str, Any]:
-    """What a checkpoint stores to find its base again: the source as given and the directory it resolved to."""
-    return {"source": source, "directory": str(Path(directory).resolve()),
-            "lora": None if lora is None else lora.to_dict()}
-
-
-def find_base(record: dict[str, Any]) -> Path:
-    """The base's directory: the recorded one if it still exists, else the source resolved again (hub cache)."""
-    from tapecli.model.hf import resolve_hf_source
-
-    directory = Path(record["directory"])
-    if (directory / "config.json").is_file():
-        return directory
-    return resolve_hf_source(record["source"])

@@ -108,7 +108,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     _check_hardware(recipe, env)
     resume_from = find_resume(out, resume)
     seed_everything(t.seed)
-    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device)
+    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device, t.precision)
     if resume_from is not None:
         check_continuation(recipe, resume_from, tokenizer, model.config)
     # The resolved recipe describes the model actually trained (vocab size, or a fine-tuned checkpoint's shape).

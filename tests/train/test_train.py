@@ -117,9 +117,10 @@ def test_finetune_learns_targets_only_and_respects_freezing(tmp_path: Path, tiny
     # The first logged loss is the mean cross-entropy over target tokens only, on the batch of step 0.
     from tapecli.data.pairs import build_pair_datasets
     from tapecli.data.text import global_indices
-    from tapecli.store.checkpoint import load_model
+    from tapecli.store.door import open_model
 
-    model, tokenizer = load_model(base)
+    opened = open_model(str(base), device="cpu")
+    model, tokenizer = opened.model, opened.tokenizer
     data, _ = build_pair_datasets(str(pairs), tokenizer, 32, 0.0, 1234, "prompt", "target")
     batch = [data[i] for i in global_indices(0, 4, len(data), 1234)]
     inputs, labels = torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])
