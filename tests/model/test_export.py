@@ -14,13 +14,11 @@ from tapecli.cli import app
 from tapecli.data.tokenizer import ByteTokenizer
 from tapecli.model import ModelConfig, Transformer
 from tapecli.model.hf_export import export_hf
-from tapecli.recipe import load_recipe
 from tapecli.store.checkpoint import save_model
 from tapecli.store.door import open_model
-from tapecli.train.build import build_model
 
 transformers = pytest.importorskip("transformers")
-from hf_helpers import make_hf_llama  # noqa: E402
+from hf_helpers import extended_checkpoint, make_hf_llama  # noqa: E402
 
 runner = CliRunner()
 
@@ -36,19 +34,6 @@ def hf_logits(directory: Path, x: torch.Tensor) -> torch.Tensor:
     model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     with torch.no_grad():
         return model(x).logits
-
-
-def extended_checkpoint(base: Path, out: Path, method: str, scaling: str) -> Path:
-    """A checkpoint of an extended model whose adapters and embeddings moved away from the base (no training)."""
-    recipe = load_recipe("context-extension-smoke", ["model.max_seq_len=64", f"extend.method={method}",
-                                                     f"extend.scaling={scaling}"])
-    model, tokenizer, _ = build_model(recipe, None, str(base), torch.device("cpu"), "fp32")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * 0.05)
-    return save_model(model, tokenizer, out)
 
 
 @pytest.mark.parametrize("scaling", ["pi", "yarn", "dynamic", "theta", "none"])

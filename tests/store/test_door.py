@@ -17,7 +17,7 @@ from tapecli.model.hf import hf_model_config, read_hf_config
 from tapecli.recipe import load_recipe
 from tapecli.store.checkpoint import save_model
 from tapecli.store.door import find_source, is_hf_source, open_model
-from tapecli.train.build import build_model
+from tapecli.train.extend import plan_extension
 
 IDS = torch.tensor([[1, 2, 3, 4, 5]])
 
@@ -119,7 +119,7 @@ def test_recipe_keys_merge_and_rope_grows_into_tape(run_dir):
 # Hugging Face models and checkpoints on them
 
 transformers = pytest.importorskip("transformers")
-from hf_helpers import make_hf_llama  # noqa: E402
+from hf_helpers import extended_checkpoint, make_hf_llama  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -158,23 +158,10 @@ def test_a_hugging_face_directory_opens_with_its_weights_config_and_tokenizer(hf
     assert all(torch.equal(p, expected[name].bfloat16()) for name, p in bf16.state_dict().items())
 
 
-def extended(hf: Path, out: Path, method: str) -> Path:
-    """An extended checkpoint (built through the door, as training builds it) whose trained tensors moved away
-    from the base."""
-    recipe = load_recipe("context-extension-smoke", ["model.max_seq_len=64", f"extend.method={method}"])
-    model, tokenizer, _ = build_model(recipe, None, str(hf), torch.device("cpu"), "fp32")
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * 0.05)
-    return save_model(model, tokenizer, out)
-
-
 @pytest.mark.parametrize("method", ["lora", "tape"])
 def test_an_extended_checkpoint_opens_as_its_base_plus_its_own_tensors(hf_dir, tmp_path, method):
     directory, reference = hf_dir
-    checkpoint = extended(directory, tmp_path / "ckpt", method)
+    checkpoint = extended_checkpoint(directory, tmp_path / "ckpt", method)
     source = find_source(str(checkpoint))
     assert source.kind == "tape" and source.base["source"] == str(directory) and source.name == "ckpt"
     own = load_file(str(checkpoint / "model.safetensors"))
@@ -197,8 +184,6 @@ def test_an_extended_checkpoint_opens_as_its_base_plus_its_own_tensors(hf_dir, t
 
     # Kept on its base (resuming training): bf16 base weights, the checkpoint's own tensors exactly, in fp32.
     recipe = load_recipe("context-extension-smoke", ["model.max_seq_len=64", f"extend.method={method}"])
-    from tapecli.train.extend import plan_extension
-
     plan = plan_extension(recipe, hf_model_config(read_hf_config(directory)).to_dict(), str(directory))
     kept = open_model(str(checkpoint), device="cpu", dtype="bf16", config=plan.config, lora=plan.lora,
                       keep_base=True).model
