@@ -20,7 +20,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +51,9 @@ from tapecli.train.loggers import check_loggers, open_loggers
 from tapecli.train.optim import build_optimizer, build_scheduler
 from tapecli.train.preemption import StopSignal, stopped
 from tapecli.train.progress import TrainProgress
+
+if TYPE_CHECKING:
+    from tapecli.model import ModelConfig
 
 
 @dataclass
@@ -159,7 +162,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     return job
 
 
-def resolve_recipe(recipe: Recipe, precision: str, config: Any) -> Recipe:
+def resolve_recipe(recipe: Recipe, precision: str, config: ModelConfig) -> Recipe:
     """A copy of `recipe` that says what the run does: the resolved train.precision, and the model actually trained
     (the vocabulary size from the tokenizer, a checkpoint's or base model's shape)."""
     resolved = copy.deepcopy(recipe)
