@@ -18,8 +18,9 @@ A spec is one of (tape sources are tried first):
 
 What comes back, in eval mode on `device` (tapecli.runtime: auto is the GPU if there is one):
 - the source's own tokenizer (a checkpoint's tokenizer/, a Hugging Face directory's tokenizer files);
-- every tensor in `dtype` (auto: bf16 on a GPU, fp32 on the CPU), except for a model kept on its base (LoRA is
-  merged in fp32 where that costs no device memory: fp32 asked for, or the CPU);
+- every tensor in `dtype` (auto: bf16 on a GPU, fp32 on the CPU), except for a model kept on its base (below); an
+  extended checkpoint opens as a self-contained model, its own configuration with its LoRA merged (in fp32 where
+  that costs no device memory: fp32 asked for, or the CPU);
 - the saved configuration, changed by at most one of `model_keys` (keys a recipe set, merged by tapecli.model.merge:
   shapes are fixed, but the PE may grow from rope to tape, its new parameters initialised as in a fresh model) or
   `config` (a whole configuration decided elsewhere: an extension plan's), then by `pe_args` (evaluation-time PE
@@ -27,8 +28,7 @@ What comes back, in eval mode on `device` (tapecli.runtime: auto is the GPU if t
 - `keep_base=True` (training on a Hugging Face base): the model records its base (`model.base_model`), so its
   checkpoints hold only its own tensors; `lora` adapters are added; its base weights are in `dtype` and its own
   tensors (new, LoRA, trained) fp32, the optimizer's master copy. An extended checkpoint is then rebuilt from the
-  base's configuration, as training first built it, and its LoRA is `lora` (the recipe's plan). Without
-  `keep_base` an extended checkpoint opens as a self-contained model: its own configuration, its LoRA merged.
+  base's configuration, as training first built it, with `lora` (the recipe's plan), and its own tensors over it.
 """
 
 from __future__ import annotations
