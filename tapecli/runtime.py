@@ -3,6 +3,7 @@
     device = resolve_device("auto")                 # the GPU when there is one, else the CPU
     name, dtype = resolve_dtype("auto", device)     # weights: bf16 on a GPU, fp32 on the CPU
     precision = resolve_precision("auto", device)   # training autocast: bf16 on a GPU that supports it, else fp32
+    training_dtype(precision, on_base=True)          # what a training run opens its weights in
     seed_everything(0); state = rng_state(); set_rng_state(state)
 
 Training picks its device per torchrun rank (tapecli.train.distributed) and then follows the same rules.
@@ -49,6 +50,14 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     if precision != "auto":
         return precision
     return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+
+
+def training_dtype(precision: str, on_base: bool) -> str:
+    """The dtype a training run opens its weights in, at a resolved `precision`: fp32 (the weights are the
+    optimizer's master copy), except a frozen Hugging Face base (`on_base`) under bf16 precision, held in bf16:
+    autocast computes in bf16 anyway, and it halves a 7B base's memory. The parameters that train over such a base
+    are cast back to fp32 once frozen (tapecli.train.build)."""
+    return "bf16" if on_base and precision == "bf16" else "fp32"
 
 
 def seed_everything(seed: int) -> None:

@@ -85,3 +85,21 @@ def make_hf_llama(directory: Path, *, n_kv_heads: int = 4, tie: bool = False, he
     if legacy is not None:  # what transformers itself makes of the legacy keys
         model = transformers.AutoModelForCausalLM.from_pretrained(directory).eval()
     return model
+
+
+def extended_checkpoint(base: Path, out: Path, method: str, scaling: str = "pi") -> Path:
+    """A checkpoint of `tape extend-context` on `base` (built as training builds it, through the door) whose
+    trained tensors (adapters, embeddings, norms, a grown PE) moved away from the base without training."""
+    from tapecli.recipe import load_recipe
+    from tapecli.store.checkpoint import save_model
+    from tapecli.train.build import build_model
+
+    recipe = load_recipe("context-extension-smoke", ["model.max_seq_len=64", f"extend.method={method}",
+                                                     f"extend.scaling={scaling}"])
+    model, tokenizer, _ = build_model(recipe, None, str(base), torch.device("cpu"), "fp32")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.05)
+    return save_model(model, tokenizer, out)

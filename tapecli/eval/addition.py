@@ -27,10 +27,11 @@ import torch
 from tapecli.data.arithmetic import eval_problems, prompt_text, reverse_digits
 from tapecli.data.tokenizer import CharTokenizer
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, open_model, progress_bar
+from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, progress_bar
 from tapecli.eval.plots import HeatmapPanel, save_heatmaps
 from tapecli.faults import check_output_dir
 from tapecli.files import write_atomic
+from tapecli.store.door import open_model
 from tapecli.store.run import run_recipe
 
 PROTOCOL = (

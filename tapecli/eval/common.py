@@ -1,9 +1,9 @@
-"""What every evaluation shares: opening a model, the resumable settings + samples log, greedy generation, progress.
+"""What every evaluation shares: the resumable settings + samples log, greedy generation, progress, --pe-arg values.
 
 An evaluation module (`tapecli.eval.addition`, `perplexity`, `passkey`, ...) holds only its protocol. It
-1. opens each model with `open_model(spec, dtype=..., device=..., pe_args=...)`, where `spec` is a tape run directory
-   (its newest checkpoint), a tape checkpoint directory, or a Hugging Face model directory / hub id (through the
-   importer, `tapecli.model.hf`); `OpenedModel.record()` is what goes into the evaluation's settings;
+1. opens each model through the one door, `tapecli.store.door.open_model(spec, dtype=..., device=...,
+   pe_args=...)`, where `spec` is a tape run directory (its newest checkpoint), a tape checkpoint directory, or a
+   Hugging Face model directory / hub id; `OpenedModel.record()` is what goes into the evaluation's settings;
 2. opens its output directory with `SamplesLog(out, settings, keep=...)`, which refuses a directory holding another
    evaluation's settings, skips a half-written last line, and hands back the rows an interrupted run finished;
 3. appends result rows with `log.append(rows)` (flushed at once, so a finished unit survives an interruption), and
@@ -23,7 +23,6 @@ import json
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,42 +35,18 @@ from tapecli.files import JsonlLog, write_atomic
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from tapecli.data.tokenizer import Tokenizer
-    from tapecli.model import Transformer
-
 SETTINGS_FILE = "settings.json"
 SAMPLES_FILE = "samples.jsonl"
 RESULTS_FILE = "results.json"
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Opening a model
-
-
-@dataclass
-class OpenedModel:
-    """A model ready for evaluation (eval mode, on its device, in its dtype) and where it came from."""
-
-    model: Transformer
-    tokenizer: Tokenizer
-    spec: str  # what the user passed to --model
-    source: str  # the resolved checkpoint directory, Hugging Face directory or hub id
-    kind: str  # "tape" or "hf"
-    dtype: str  # fp32 | bf16 | fp16
-    device: str
-    pe_args: dict[str, Any] = field(default_factory=dict)  # the --pe-arg overrides applied (empty: none)
-    name: str = ""  # a short label for tables and plots
-
-    def record(self) -> dict[str, Any]:
-        """What determines this model's results, for an evaluation's settings.json (the device is not in it:
-        a run may resume on another device)."""
-        return {"name": self.name, "source": self.source, "kind": self.kind, "dtype": self.dtype,
-                "pe": self.model.config.pe, "pe_args": self.model.config.pe_args, "pe_overrides": self.pe_args}
+# --pe-arg values
 
 
 def parse_pe_args(pairs: list[str] | None) -> dict[str, Any]:
     """`["scaling=linear", "factor=2"]` -> `{"scaling": "linear", "factor": 2}`; values read as YAML, like recipe
-    overrides. Names and types are checked later, by the PE itself, when the model is rebuilt with them."""
+    overrides. Names and types are checked later, by the PE itself, when the model is opened with them."""
     parsed: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
@@ -88,100 +63,6 @@ def parse_pe_args(pairs: list[str] | None) -> dict[str, Any]:
                 pass
         parsed[key.strip()] = value
     return parsed
-
-
-def open_model(spec: str, *, dtype: str = "auto", device: str = "auto",
-               pe_args: dict[str, Any] | None = None) -> OpenedModel:
-    """Open a tape run / checkpoint or a Hugging Face model (directory or hub id) for evaluation.
-
-    The model comes back in eval mode, on `device` (auto: the GPU if there is one), with its weights in `dtype`
-    (auto: bf16 on a GPU, fp32 on the CPU). `pe_args` override the model's positional-encoding arguments (e.g.
-    `{"scaling": "linear", "factor": 2}` to evaluate a RoPE model with position interpolation); they are validated
-    by the PE exactly as a recipe's `model.pe_args` are, and may not change the shapes of the weights.
-    """
-    from tapecli.runtime import resolve_device, resolve_dtype
-    from tapecli.store.checkpoint import load_model
-
-    torch_device = resolve_device(device)
-    dtype_name, torch_dtype = resolve_dtype(dtype, torch_device)
-    kind, source = model_source(spec)
-    path = Path(spec).expanduser()
-    if kind == "tape":
-        checkpoint = Path(source)
-        model, tokenizer = load_model(checkpoint, device=str(torch_device))
-        # A run is named after its directory; a checkpoint inside a run after both.
-        in_run = checkpoint.parent.name == "checkpoints"
-        name = (path.resolve().name if checkpoint != path.resolve() else
-                f"{checkpoint.parent.parent.name}/{checkpoint.name}" if in_run else checkpoint.name)
-    else:
-        model, tokenizer = _hf_importer(spec).load_hf_model(spec, dtype=torch_dtype, device=torch_device)
-        name = path.resolve().name if path.exists() else spec
-    model = model.to(device=torch_device, dtype=torch_dtype)
-    if pe_args:
-        model = with_pe_args(model, pe_args)
-    return OpenedModel(model=model.eval(), tokenizer=tokenizer, spec=spec, source=source, kind=kind,
-                       dtype=dtype_name, device=str(torch_device), pe_args=dict(pe_args or {}), name=name)
-
-
-def model_source(spec: str) -> tuple[str, str]:
-    """("tape", the checkpoint directory a run or checkpoint resolves to) or ("hf", the directory or hub id), without
-    loading anything; what an evaluation's settings name a model by."""
-    from tapecli.store.checkpoint import resolve_checkpoint
-
-    path = Path(spec).expanduser()
-    if _is_tape(path):
-        return "tape", str(resolve_checkpoint(path).resolve())
-    _hf_importer(spec)
-    return "hf", str(path.resolve()) if path.exists() else spec
-
-
-def _is_tape(path: Path) -> bool:
-    """A tape checkpoint, or a run directory (one with checkpoints/ or step-* directories)."""
-    from tapecli.store.checkpoint import is_checkpoint, list_checkpoints
-
-    return path.is_dir() and (is_checkpoint(path) or (path / "checkpoints").is_dir() or bool(list_checkpoints(path)))
-
-
-def _hf_importer(spec: str):
-    """The Hugging Face importer, or one line saying why `spec` cannot be opened."""
-    try:
-        from tapecli.model import hf
-    except ImportError:
-        hf = None
-    if hf is None or not hf.is_hf_source(spec):
-        path = Path(spec).expanduser()
-        what = "does not exist" if not path.exists() else "holds no tape checkpoint"
-        hint = "" if hf is not None else " (this version of tape cannot import Hugging Face models)"
-        raise TapeError(f"--model {spec}: {what}; pass a tape run directory, a checkpoint directory or a "
-                        f"Hugging Face model directory or hub id{hint}")
-    return hf
-
-
-def with_pe_args(model: Transformer, overrides: dict[str, Any]) -> Transformer:
-    """The same weights in a model whose PE arguments are updated by `overrides` (validated by the PE).
-
-    The model is rebuilt on its device and loaded with the old weights, so a moment it exists twice; an override
-    that changes the shape of any weight (e.g. TAPE's `hidden`) is refused with one line.
-    """
-    import torch
-
-    from tapecli.model import ModelConfig, Transformer
-
-    config = model.config
-    try:
-        new_config = ModelConfig.from_dict({**config.to_dict(), "pe_args": {**config.pe_args, **overrides}})
-    except ValueError as e:
-        raise TapeError(f"--pe-arg: {str(e).replace('model.pe_args.', '')}") from None
-    param = next(model.parameters())
-    with torch.device(param.device):
-        rebuilt = Transformer(new_config).to(param.dtype)
-    try:
-        rebuilt.load_state_dict(model.state_dict())
-    except RuntimeError as e:
-        raise TapeError(f"--pe-arg {', '.join(overrides)}: changes the shape of the model's weights "
-                        f"({str(e).splitlines()[-1].strip()}); only PE arguments without weights can change at "
-                        "evaluation time") from None
-    return rebuilt.eval()
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -130,8 +130,8 @@ def run_harness(model: str, tasks: list[str], *, include_path: list[str] | None 
     """Open `model`, evaluate it on `tasks` with lm-eval's `simple_evaluate`, write the files; (results, out dir).
 
     `lm_options` go to `TapeLM` (batch_size, max_length, max_gen_toks, add_bos_token)."""
-    from tapecli.eval.common import open_model
     from tapecli.eval.lm_adapter import TapeLM, check_lm_eval_version
+    from tapecli.store.door import open_model
 
     check_lm_eval_version()
     if not tasks:

@@ -3,7 +3,7 @@
 Contract (lm-eval's `TemplateLM`, see docs/contracts.md):
     TapeLM(pretrained="runs/x" | checkpoint dir | HF dir or id, dtype="auto", device="auto", batch_size=1,
            max_length=None, max_gen_toks=256, add_bos_token=True, seed=1234, pe_args=None)
-    TapeLM.from_opened(opened, **same options)               # a model opened by tapecli.eval.common.open_model
+    TapeLM.from_opened(opened, **same options)               # a model opened by tapecli.store.door.open_model
     lm.loglikelihood(requests) -> [(logprob, is_greedy)]     # via TemplateLM's pair encoding + _loglikelihood_tokens
     lm.loglikelihood_rolling(requests) -> [logprob]          # disjoint max_length windows, as lm-eval's HF model
     lm.generate_until(requests) -> [str]                     # stop strings, max_gen_toks, greedy or seeded sampling
@@ -47,7 +47,7 @@ from tapecli.eval.common import generate_batch
 if TYPE_CHECKING:
     from lm_eval.api.instance import Instance
 
-    from tapecli.eval.common import OpenedModel
+    from tapecli.store.door import OpenedModel
 
 # The lm-eval versions this adapter is written and tested against; pyproject.toml states the same range (a test checks).
 LM_EVAL_RANGE = ">=0.4.10,<0.5"
@@ -114,7 +114,8 @@ class TapeLM(TemplateLM):
             if not pretrained:
                 raise TapeError("the tape model needs pretrained=RUN (a tape run, checkpoint, or Hugging Face "
                                 "directory or id)")
-            from tapecli.eval.common import open_model, parse_pe_args
+            from tapecli.eval.common import parse_pe_args
+            from tapecli.store.door import open_model
 
             if isinstance(pe_args, str):  # from lm-eval's CLI: pe_args=scaling=linear;factor=2
                 pe_args = parse_pe_args([pair for pair in pe_args.split(";") if pair])
@@ -130,7 +131,7 @@ class TapeLM(TemplateLM):
 
     @classmethod
     def from_opened(cls, opened: OpenedModel, **options: Any) -> TapeLM:
-        """Wrap a model already opened with `tapecli.eval.common.open_model`."""
+        """Wrap a model already opened with `tapecli.store.door.open_model`."""
         return cls(opened=opened, **options)
 
     # --- what lm-eval asks of every model -----------------------------------------------------------------------

@@ -29,8 +29,9 @@ from typing import Any
 import numpy as np
 
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, open_model, progress_bar
+from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, progress_bar
 from tapecli.files import write_json
+from tapecli.store.door import open_model
 
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                "I will quiz you about the important information there.")

@@ -34,14 +34,9 @@ from typing import Any
 import numpy as np
 
 from tapecli.errors import TapeError
-from tapecli.eval.common import (
-    RESULTS_FILE,
-    SamplesLog,
-    model_source,
-    open_model,
-    progress_bar,
-)
+from tapecli.eval.common import RESULTS_FILE, SamplesLog, progress_bar
 from tapecli.files import write_json
+from tapecli.store.door import find_source, open_model
 
 PROTOCOLS = {
     "longlora": "windows of seq_len tokens starting every `stride` tokens while start < len - seq_len (LongLoRA "
@@ -173,7 +168,7 @@ def evaluate_perplexity(
     _check_source(data)  # before anything is written, so a mistyped --data leaves no output directory behind
     data_path = Path(data).expanduser()
     settings = {
-        "task": "perplexity", "models": [model_source(m)[1] for m in models],
+        "task": "perplexity", "models": [find_source(m).location for m in models],
         "data": str(data_path.resolve()) if data_path.exists() else data, "seq_lens": sorted(set(seq_lens)),
         "protocol": protocol, "stride": stride, "max_windows": max_windows, "seed": seed, "max_tokens": max_tokens,
         "text_field": text_field, "dtype": resolve_dtype(dtype, resolve_device(device))[0], "pe_args": pe_args or {},

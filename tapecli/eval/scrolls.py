@@ -27,15 +27,9 @@ from typing import Any
 from tapecli.data import scrolls as data
 from tapecli.errors import TapeError
 from tapecli.eval import scrolls_metric as metric
-from tapecli.eval.common import (
-    RESULTS_FILE,
-    OpenedModel,
-    SamplesLog,
-    generate_batch,
-    open_model,
-    progress_bar,
-)
+from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, progress_bar
 from tapecli.files import write_json
+from tapecli.store.door import OpenedModel, open_model
 
 PROTOCOL = (
     "SCROLLS (method.md 4.3): one example per id (all of its rows' outputs are references); prompt = the "

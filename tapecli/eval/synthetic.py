@@ -47,8 +47,8 @@ CHART_FILE = "accuracy.png"
 def open_synthetic(spec: str, dtype: str = "auto", device: str = "auto",
                    pe_args: dict[str, Any] | None = None) -> tuple[Any, Path, Any]:
     """(opened model, checkpoint dir, run recipe) of a run or checkpoint directory trained on a synthetic task,
-    opened through the shared `tapecli.eval.common.open_model`."""
-    from tapecli.eval.common import open_model
+    opened through the one door, `tapecli.store.door.open_model`."""
+    from tapecli.store.door import open_model
 
     opened = open_model(spec, dtype=dtype, device=device, pe_args=pe_args)
     ckpt = Path(opened.source)

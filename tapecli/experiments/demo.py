@@ -86,7 +86,7 @@ def run_demo(pes: list[str], budget: DemoBudget, out: str | Path, seed: int = 0,
     from tapecli.eval.plots import HeatmapPanel, save_heatmaps
     from tapecli.model import PE_NAMES, count_parameters
     from tapecli.recipe import load_recipe
-    from tapecli.store.checkpoint import load_model, resolve_checkpoint
+    from tapecli.store.door import open_model
     from tapecli.train.engine import pretrain
 
     unknown = [pe for pe in pes if pe not in PE_NAMES]
@@ -101,8 +101,8 @@ def run_demo(pes: list[str], budget: DemoBudget, out: str | Path, seed: int = 0,
         command = ["tape", "demo", *["--quick"] * (budget == QUICK), *["--abacus"] * abacus, "--pe", ",".join(pes),
                    "--seed", str(seed), "--out", str(out)]  # what resumes this demo (and is recorded in run.json)
         pretrain(load_recipe("arithmetic", budget.overrides(pe, seed, abacus)), run_dir, command=command)
-        checkpoint = resolve_checkpoint(run_dir)
-        model, tokenizer = load_model(checkpoint)
+        opened = open_model(str(run_dir), device="cpu")
+        checkpoint, model, tokenizer = Path(opened.source), opened.model, opened.tokenizer
         console.rule(f"[bold]{pe}[/]: evaluate every length pair up to {budget.eval_len} digits")
         settings = AdditionEvalSettings(max_len=budget.eval_len, samples=budget.samples,
                                         train_digits=budget.max_digits, checkpoint=str(checkpoint.resolve()), pe=pe)

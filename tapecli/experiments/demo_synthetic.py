@@ -57,7 +57,7 @@ def run_synthetic_demo(pes: list[str], budget: SyntheticBudget, out: str | Path,
     from tapecli.experiments.demo import training_record
     from tapecli.model import PE_NAMES, count_parameters
     from tapecli.recipe import load_recipe
-    from tapecli.store.checkpoint import load_model, resolve_checkpoint
+    from tapecli.store.door import open_model
     from tapecli.train.engine import pretrain
 
     unknown = [pe for pe in pes if pe not in PE_NAMES]
@@ -71,8 +71,8 @@ def run_synthetic_demo(pes: list[str], budget: SyntheticBudget, out: str | Path,
         console.rule(f"[bold]{pe}[/] ({n}/{len(pes)}): train {budget.task}, {recipe.train.max_steps} steps")
         pretrain(recipe, run_dir, command=["tape", "demo", "--task", budget.task, "--pe", ",".join(pes),
                                           "--seed", str(seed), "--out", str(out)])
-        checkpoint = resolve_checkpoint(run_dir)
-        model, _ = load_model(checkpoint)
+        opened = open_model(str(run_dir), device="cpu")
+        checkpoint, model = Path(opened.source), opened.model
         console.rule(f"[bold]{pe}[/]: evaluate {budget.samples} sequences per split")
         results = evaluate_synthetic(model, load_recipe(str(run_dir / "recipe.yaml")),
                                      run_dir / "eval-synthetic" / checkpoint.name, samples=budget.samples,

@@ -8,14 +8,14 @@ one copy, `tapecli.model.hf`); the parameters the base lacks (the grown PE's) ar
 fresh model, so TAPE's updates start at exactly zero; LoRA adapters (B = 0) are added last. So the model starts
 computing exactly what the base computes under the same RoPE scaling.
 
-Checkpoints of such a model hold only `own_parameters` (new or trainable ones) plus `base_model` (where the base was
-imported from); `tapecli.store.checkpoint` writes and reads them.
+Checkpoints of such a model hold only its own tensors (new or trainable ones) plus `base_model` (where the base was
+imported from); `tapecli.store.checkpoint` writes them and `tapecli.store.door` opens them.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tapecli.errors import TapeError
 
@@ -64,26 +64,3 @@ def build_from_base(config: ModelConfig, base_dir: Path, *, dtype: torch.dtype, 
             raise TapeError(f"extend.lora_targets: {e}") from None
     model.new_parameters = new
     return model
-
-
-def base_record(source: str, directory: Path, lora: LoraSpec | None) -> dict[str, Any]:
-    """What a checkpoint stores to find its base again: the source as given and the directory it resolved to."""
-    return {"source": source, "directory": str(Path(directory).resolve()),
-            "lora": None if lora is None else lora.to_dict()}
-
-
-def find_base(record: dict[str, Any]) -> Path:
-    """The base's directory: the recorded one if it still exists, else a hub source resolved again (hub cache);
-    a local base that is gone is one line naming where it was."""
-    from tapecli.model.hf import HF_CONFIG, is_hf_source, resolve_hf_source
-
-    directory = Path(record["directory"])
-    if (directory / HF_CONFIG).is_file():
-        return directory
-    source = Path(record["source"]).expanduser()
-    local = directory.parts[-len(source.parts):] == source.parts  # the directory is the path given, not a hub snapshot
-    if not local and is_hf_source(record["source"]):
-        return resolve_hf_source(record["source"])
-    what = f"has no {HF_CONFIG}" if directory.is_dir() else "is gone"
-    raise TapeError(f"{directory}: the Hugging Face base this checkpoint was trained on {what}; restore it there "
-                    "(base_model.json points to it)")

@@ -1,12 +1,13 @@
-"""Import Hugging Face Llama-family checkpoints into tape's `Transformer` (the Llama layout, so no renaming).
+"""Hugging Face Llama-family checkpoints as tape `Transformer`s (the Llama layout, so no renaming): the pieces.
 
-    model, tokenizer = load_hf_model("meta-llama/Llama-2-7b-hf" | "llama2-7b" | "path/to/hf_dir",
-                                     dtype=torch.bfloat16, device="cuda")
-    is_hf_source(source) -> bool
+    config = hf_model_config(read_hf_config(directory))      # config.json -> ModelConfig (TapeError naming a key)
+    model = build_on_meta(config)                            # parameters on the meta device
+    missing = load_hf_weights(model, directory, dtype, device)   # assigned tensor by tensor from the safetensors
+    tokenizer = load_hf_tokenizer(directory)
 
-A source is a local directory (`config.json`, `model.safetensors` or shards listed in
-`model.safetensors.index.json`, `tokenizer.json` and/or `tokenizer.model`), a hub id (downloaded with
-`huggingface_hub` when online, read from the local Hugging Face cache otherwise), or a short name from `SHORT_NAMES`.
+Which directory, hub id or short name to open, and in which dtype, is decided by `tapecli.store.door`, the one door
+every command opens models through. A directory holds `config.json`, `model.safetensors` or shards listed in
+`model.safetensors.index.json`, `tokenizer.json` and/or `tokenizer.model`.
 Supported: `LlamaForCausalLM` and `MistralForCausalLM` without sliding window; grouped-query attention; an explicit
 `head_dim`; tied or untied embeddings; RoPE given as `rope_parameters` (transformers 5) or as the older
 `rope_theta` / `rope_scaling` keys, of type default, linear, dynamic, yarn or llama3. Anything else (biases, sliding
@@ -24,7 +25,6 @@ note on stderr), and refused when it names no model_type tape imports.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,83 +38,15 @@ if TYPE_CHECKING:
     from tapecli.data.tokenizer import Tokenizer
     from tapecli.model import ModelConfig, Transformer
 
-# `--base` short names for common Llama-family bases (hub ids; the meta-llama ones are gated: `hf auth login`).
-SHORT_NAMES: dict[str, str] = {
-    "llama2-7b": "meta-llama/Llama-2-7b-hf",
-    "llama2-13b": "meta-llama/Llama-2-13b-hf",
-    "llama3-8b": "meta-llama/Meta-Llama-3-8B",
-    "llama3.2-1b": "meta-llama/Llama-3.2-1B",
-    "mistral-7b": "mistralai/Mistral-7B-v0.3",
-    "tinyllama": "TinyLlama/TinyLlama_v1.1",
-    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",
-    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",
-    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
-}
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}  # what transformers loads them as
 HF_CONFIG = "config.json"
-TAPE_CONFIG = "model_config.json"  # tapecli.store.checkpoint.MODEL_CONFIG (not imported: checkpoint sits above model)
 INDEX = "model.safetensors.index.json"
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # RoPE types transformers writes -> our `scaling` names; the HF defaults our RoPE also uses are not repeated.
 _ROPE_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
 _ROPE_KEYS = {"rope_theta", "rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
               "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate", "low_freq_factor",
               "high_freq_factor", "partial_rotary_factor"}
-
-
-def is_hf_source(source: str) -> bool:
-    """True for a Hugging Face directory (config.json, no tape model_config.json), a known short name, or a string
-    that is no local path and looks like a hub id (`owner/name`)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return (path / HF_CONFIG).is_file() and not (path / TAPE_CONFIG).is_file()
-    if path.exists():
-        return False
-    return source.lower() in SHORT_NAMES or bool(_HUB_ID.match(source))
-
-
-def resolve_hf_source(source: str) -> Path:
-    """The local directory of `source`: as given, or the hub snapshot (downloaded, or found in the cache offline)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        if not (path / HF_CONFIG).is_file():
-            tape = _tape_kind(path)
-            if tape:
-                raise TapeError(f"{path} is {tape}, not a Hugging Face model directory (no {HF_CONFIG}); pass a "
-                                "Hugging Face directory or hub id (`tape export` turns a RoPE checkpoint into one)")
-            raise TapeError(f"{path} has no {HF_CONFIG}; expected a Hugging Face model directory")
-        return path
-    repo = SHORT_NAMES.get(source.lower(), source)
-    if not _HUB_ID.match(repo):
-        names = ", ".join(SHORT_NAMES)
-        raise TapeError(f"base {source!r} is neither a directory nor a hub id (owner/name) nor a short name ({names})")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    try:
-        return Path(snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "tokenizer.model"]))
-    except GatedRepoError:
-        raise TapeError(f"{repo} is gated: accept its licence on huggingface.co and log in (`hf auth login`), "
-                        "or pass a local directory") from None
-    except RepositoryNotFoundError:
-        raise TapeError(f"{repo} does not exist on the Hugging Face hub (or needs a login)") from None
-    except LocalEntryNotFoundError:
-        raise TapeError(f"{repo} is not in the local Hugging Face cache and the hub cannot be reached; pass a local "
-                        "directory with config.json, *.safetensors and the tokenizer instead") from None
-    except Exception as e:  # network failures surface as several library-specific types
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TapeError(f"{repo} could not be downloaded ({reason}); pass a local directory with config.json, "
-                        "*.safetensors and the tokenizer instead") from None
-
-
-def _tape_kind(path: Path) -> str | None:
-    """What tape wrote in `path` ("a tape checkpoint", "a tape run directory"), else None (tapecli.store.checkpoint)."""
-    if (path / TAPE_CONFIG).is_file():
-        return "a tape checkpoint"
-    if (path / "checkpoints").is_dir() or (path / "run.json").is_file():
-        return "a tape run directory"
-    return None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -341,19 +273,3 @@ def load_hf_tokenizer(directory: Path, hf: dict[str, Any] | None = None) -> Toke
         raise TapeError(f"{directory}: the tokenizer has {tok.vocab_size} tokens, more than config.json's "
                         f"vocab_size {hf['vocab_size']}")
     return tok
-
-
-def load_hf_model(source: str, *, dtype: torch.dtype | None = None,
-                  device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer]:
-    """(model in eval mode, its own tokenizer) from a HF directory, hub id or short name.
-
-    `dtype` None means float32 on CPU and bfloat16 on CUDA. The model's parameter names equal the checkpoint's."""
-    import torch
-
-    dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
-    directory = resolve_hf_source(source)
-    hf = read_hf_config(directory)
-    model = build_on_meta(hf_model_config(hf, str(directory / HF_CONFIG)))
-    tokenizer = load_hf_tokenizer(directory, hf)  # before the weights: a missing tokenizer fails in a second
-    require_weights(directory, load_hf_weights(model, directory, dtype, device))
-    return model.eval(), tokenizer

@@ -6,7 +6,7 @@ Writes config.json (LlamaForCausalLM, with `rope_parameters` for RoPE's scaling)
 with model.safetensors.index.json), generation_config.json and the tokenizer (tokenizer.json or tokenizer.model,
 with tokenizer_config.json naming its special tokens), so `AutoModelForCausalLM.from_pretrained(out)` computes the
 same logits as tape. Only PEs transformers' Llama can run are exported: RoPE with any of its scalings. LoRA must be
-merged first (`tapecli.store.checkpoint.load_model` does). Everything is written to a temporary directory renamed into
+merged first (`tapecli.store.door.open_model` does). Everything is written to a temporary directory renamed into
 place at the end.
 """
 
@@ -56,7 +56,7 @@ def check_exportable(model: Transformer) -> None:
     c = model.config
     if c.pe != "rope":
         raise TapeError(f"pe {c.pe!r} has no Hugging Face Llama equivalent (only rope exports); keep the native "
-                        "checkpoint, which `tapecli.store.checkpoint.load_model` and every `tape eval` open")
+                        "checkpoint, which every `tape eval` opens")
     if c.abacus or not c.causal:
         raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
                         "native checkpoint")

@@ -1,4 +1,4 @@
-"""Checkpoints: save, find and load them (shared by training and evaluation).
+"""Checkpoints: save, find and read them (shared by training and evaluation; tapecli.store.door opens them).
 
 A checkpoint is a directory `RUN/checkpoints/step-XXXXXXXX/` holding
     model.safetensors   the weights (a tied `lm_head.weight` is stored once, as the embedding)
@@ -7,7 +7,7 @@ A checkpoint is a directory `RUN/checkpoints/step-XXXXXXXX/` holding
     train_state.pt      optimizer, scheduler, step, RNG states, data position, recipe hash (training only)
     base_model.json     only for models trained on a frozen Hugging Face base (`tape extend-context`): where the
                         base was imported from and the LoRA settings; model.safetensors then holds only the new and
-                        trained tensors, and loading assigns the rest from the base (tapecli.model.extended)
+                        trained tensors, and opening assigns the rest from the base (tapecli.store.door)
 It is written into a `.tmp-*` directory next to it and renamed into place, so a directory named `step-*` is
 always complete; a save killed half-way leaves only a `.tmp-*` directory, which is ignored and later removed, and
 a save that fails (a full disk) removes its `.tmp-*` directory itself. Pruning renames a checkpoint out of the
@@ -132,9 +132,11 @@ def read_model_config(checkpoint: Path) -> dict[str, Any]:
     return config
 
 
-def load_weights(model: Transformer, checkpoint: Path, missing_ok: set[str] | frozenset[str] = frozenset()) -> None:
+def load_weights(model: Transformer, checkpoint: Path, missing_ok: set[str] | frozenset[str] = frozenset(),
+                 keep_saved_dtype: bool = False) -> None:
     """Copy a checkpoint's weights into `model`; any missing (except `missing_ok`: parameters new to the model,
-    which keep their initial values), unexpected or mis-shaped tensor is a TapeError."""
+    which keep their initial values), unexpected or mis-shaped tensor is a TapeError. With `keep_saved_dtype`, a
+    parameter takes the dtype its saved tensor has (a model on a bf16 base keeps its own fp32 tensors fp32)."""
     from safetensors.torch import load_file
 
     with reading(checkpoint / WEIGHTS):
@@ -150,26 +152,11 @@ def load_weights(model: Transformer, checkpoint: Path, missing_ok: set[str] | fr
         if tensor.shape != expected[name].shape:
             raise TapeError(f"{checkpoint / WEIGHTS}: {name} has shape {tuple(tensor.shape)}, the model expects "
                             f"{tuple(expected[name].shape)}")
+    if keep_saved_dtype:
+        for name, param in model.named_parameters():
+            if name in state and param.dtype != state[name].dtype:
+                param.data = param.data.to(state[name].dtype)
     model.load_state_dict(state, strict=False)
-
-
-def load_model(path: str | Path, device: str = "cpu") -> tuple[Transformer, Tokenizer]:
-    """(model in eval mode, tokenizer) from a run directory (its newest checkpoint) or a checkpoint directory."""
-    from tapecli.model import ModelConfig, Transformer
-
-    checkpoint = resolve_checkpoint(path)
-    try:
-        config = ModelConfig.from_dict(read_model_config(checkpoint))
-    except ValueError as e:
-        raise TapeError(f"{checkpoint / MODEL_CONFIG}: {e}") from None
-    if (checkpoint / BASE_MODEL).is_file():
-        from tapecli.runtime import resolve_dtype
-
-        model = load_merged_on_base(checkpoint, config, dtype=resolve_dtype("auto", device)[1], device=device)
-    else:
-        model = Transformer(config)
-        load_weights(model, checkpoint)
-    return model.to(device).eval(), load_checkpoint_tokenizer(checkpoint)
 
 
 def load_checkpoint_tokenizer(checkpoint: Path) -> Tokenizer:
@@ -180,37 +167,11 @@ def load_checkpoint_tokenizer(checkpoint: Path) -> Tokenizer:
         return load_tokenizer_dir(checkpoint / TOKENIZER)
 
 
-def load_merged_on_base(checkpoint: Path, config: Any, *, dtype: torch.dtype, device: Any) -> Transformer:
-    """`load_on_base` with LoRA merged into plain layers: a self-contained model (saving it writes every tensor,
-    since the merged weights differ from the base)."""
-    from tapecli.model.lora import merge_lora
-
-    model = load_on_base(checkpoint, config, dtype=dtype, device=device)
-    merge_lora(model)
-    model.base_model = None
-    return model
-
-
 def read_base_record(checkpoint: Path) -> dict[str, Any]:
     """base_model.json: where the Hugging Face base of a checkpoint was imported from; corrupt is one line."""
     with reading(checkpoint / BASE_MODEL):
         record = json.loads((checkpoint / BASE_MODEL).read_text(encoding="utf-8"))
         return {"source": str(record["source"]), "directory": str(record["directory"]), "lora": record.get("lora")}
-
-
-def load_on_base(checkpoint: Path, config: Any, *, dtype: torch.dtype, device: Any, lora: Any = "saved") -> Transformer:
-    """A checkpoint written on a frozen Hugging Face base: the base's weights (found again from base_model.json),
-    then the checkpoint's own tensors over them. `lora`: a LoraSpec, None, or "saved" (the checkpoint's own)."""
-    from tapecli.model.extended import build_from_base, find_base
-    from tapecli.model.lora import LoraSpec
-
-    record = read_base_record(checkpoint)
-    if lora == "saved":
-        lora = None if record.get("lora") is None else LoraSpec(**record["lora"])
-    model = build_from_base(config, find_base(record), dtype=dtype, device=device, lora=lora)
-    load_weights(model, checkpoint, missing_ok=set(model.state_dict()))  # whatever it lacks comes from the base
-    model.base_model = record
-    return model
 
 
 # ---------------------------------------------------------------------------------------------------------------

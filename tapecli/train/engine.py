@@ -1,4 +1,7 @@
-"""The training loop behind `tape pretrain` and `tape finetune`: setup -> fit -> validate -> save.
+"""The training loop behind `tape pretrain`, `tape finetune` and `tape extend-context`.
+
+    job = setup(recipe, out, resume, init_from, command, env)   # checks, the model (train.build), data, optimizer
+    fit(job)   # per step: optimizer_step (micro-batches, one update), then log, validate, save, stop if asked
 
 Exactness is the design goal. The examples of optimizer step s are a pure function of s
 (`tapecli.data.text.global_indices`), every checkpoint stores the optimizer, scheduler and RNG states, and the loss
@@ -10,13 +13,14 @@ the same update as one big batch (up to float summation order).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +51,9 @@ from tapecli.train.loggers import check_loggers, open_loggers
 from tapecli.train.optim import build_optimizer, build_scheduler
 from tapecli.train.preemption import StopSignal, stopped
 from tapecli.train.progress import TrainProgress
+
+if TYPE_CHECKING:
+    from tapecli.model import ModelConfig
 
 
 @dataclass
@@ -101,19 +108,20 @@ def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command:
 
 
 def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str], env: DistEnv) -> Job:
-    """Check everything that can be wrong before writing anything, then create the run directory."""
-    t = recipe.train
+    """Check everything that can be wrong before writing anything, then create the run directory.
+
+    The caller's recipe is left as it is: the job holds a resolved copy (`resolve_recipe`), which RUN/recipe.yaml
+    records."""
     faults.check_output_dir(out)
-    check_loggers(t.loggers)
-    _check_hardware(recipe, env)
+    check_loggers(recipe.train.loggers)
+    precision = _check_hardware(recipe, env)
     resume_from = find_resume(out, resume)
-    seed_everything(t.seed)
-    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device)
+    seed_everything(recipe.train.seed)
+    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device, precision)
     if resume_from is not None:
         check_continuation(recipe, resume_from, tokenizer, model.config)
-    # The resolved recipe describes the model actually trained (vocab size, or a fine-tuned checkpoint's shape).
-    for f in dataclasses.fields(recipe.model):
-        setattr(recipe.model, f.name, model.config.to_dict()[f.name])
+    recipe = resolve_recipe(recipe, precision, model.config)
+    t = recipe.train
     recipe_hash = hashlib.sha256(recipe.to_yaml().encode()).hexdigest()[:16]
 
     from tapecli.model import count_parameters
@@ -154,17 +162,30 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     return job
 
 
-def _check_hardware(recipe: Recipe, env: DistEnv) -> None:
+def resolve_recipe(recipe: Recipe, precision: str, config: ModelConfig) -> Recipe:
+    """A copy of `recipe` that says what the run does: the resolved train.precision, and the model actually trained
+    (the vocabulary size from the tokenizer, a checkpoint's or base model's shape)."""
+    resolved = copy.deepcopy(recipe)
+    resolved.train.precision = precision
+    trained = config.to_dict()
+    for f in dataclasses.fields(resolved.model):
+        setattr(resolved.model, f.name, trained[f.name])
+    return resolved
+
+
+def _check_hardware(recipe: Recipe, env: DistEnv) -> str:
+    """The resolved train.precision (tapecli.runtime), once this hardware can run it and the batch splits evenly."""
     t = recipe.train
-    t.precision = resolve_precision(t.precision, env.device)
-    if t.precision == "fp16" and env.device.type != "cuda":
+    precision = resolve_precision(t.precision, env.device)
+    if precision == "fp16" and env.device.type != "cuda":
         raise TapeError("train.precision: fp16 needs a CUDA GPU (loss scaling); use bf16 or fp32 on CPU")
-    if t.precision == "bf16" and env.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if precision == "bf16" and env.device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise TapeError("train.precision: this GPU does not support bf16; use fp16 or fp32")
     per_step = t.micro_batch_size * env.world_size
     if t.batch_size % per_step:
         raise TapeError(f"train.batch_size: {t.batch_size} is not divisible by train.micro_batch_size x processes "
                         f"= {t.micro_batch_size} x {env.world_size}")
+    return precision
 
 
 def find_resume(out: Path, resume: str) -> Path | None:
@@ -238,20 +259,55 @@ def _loss_sum(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> t
                            reduction="sum")
 
 
-def fit(job: Job) -> None:
-    """Run optimizer steps start_step..max_steps, logging, validating and saving along the way."""
-    from tapecli.data.text import global_indices
+@dataclass
+class _Loop:
+    """What `fit` keeps between optimizer steps."""
 
-    recipe, env, model = job.recipe, job.env, job.model
-    t = recipe.train
+    train_model: nn.Module  # the model as trained: wrapped in DDP and/or torch.compile where asked
+    ddp: nn.Module  # the model or its DDP wrapper (whose no_sync skips the all-reduce of early micro-batches)
+    sharded: bool  # FSDP2: it reduce-scatters (and averages) gradients itself
+    n_train: int | None  # examples for the epoch permutation (None: a stream read in order)
+    metrics: Any  # the loggers (rank 0 only, else None)
+    t0: float  # when this process started training
+    last_time: float  # when the last metrics row was logged (tokens/s is measured between rows)
+    last_tokens: int
+
+    def elapsed(self, job: Job) -> float:
+        """Training seconds, this run's earlier processes included."""
+        return job.elapsed + time.perf_counter() - self.t0
+
+
+def fit(job: Job) -> None:
+    """Run optimizer steps start_step..max_steps; after each: log, validate, save, and stop if asked to."""
+    t, env = job.recipe.train, job.env
     if job.start_step >= t.max_steps:
         if env.is_main:
             print(f"nothing to do: {job.last_checkpoint} is already at train.max_steps={t.max_steps}; "
                   f"run directory {job.out}")
         return
+    loop = _start(job)
+    with TrainProgress(job.start_step, t.max_steps, t.log_every, enabled=env.is_main) as progress:
+        for step in range(job.start_step, t.max_steps):
+            done = step + 1
+            loss, lr, grad_norm = optimizer_step(job, loop, step)
+            _log(job, loop, progress, done, loss, lr, grad_norm)
+            if job.val_data is not None and ((t.eval_every and done % t.eval_every == 0) or done == t.max_steps):
+                _validate(job, loop, progress, done)
+            if done % t.save_every == 0 or done == t.max_steps:
+                job.last_checkpoint = save(job, done, loop.elapsed(job))
+            if done < t.max_steps and job.stop.requested(env):
+                _stop(job, loop, done)
+    if loop.metrics is not None:
+        loop.metrics.close()
+        print(f"done: {t.max_steps} steps; run directory {job.out}, newest checkpoint {job.last_checkpoint}")
 
+
+def _start(job: Job) -> _Loop:
+    """Wrap the model for training (DDP when data parallel and not sharded, torch.compile when asked), open the
+    loggers, switch to training mode and start the clock."""
+    env, t, model = job.env, job.recipe.train, job.model
     train_model: nn.Module = model
-    sharded = fsdp.is_sharded(model)  # FSDP2 reduce-scatters (and averages) gradients itself
+    sharded = fsdp.is_sharded(model)
     if env.world_size > 1 and not sharded:
         train_model = nn.parallel.DistributedDataParallel(model, device_ids=[env.device] if env.device.type == "cuda"
                                                           else None)
@@ -259,76 +315,98 @@ def fit(job: Job) -> None:
     if t.compile:
         train_model = torch.compile(train_model)
     n_train = _num_examples(job.train_data)
-    metrics = open_loggers(t.loggers, job.out, job.start_step, recipe.to_dict()) if env.is_main else None
+    metrics = open_loggers(t.loggers, job.out, job.start_step, job.recipe.to_dict()) if env.is_main else None
     model.train()
+    t0 = time.perf_counter()
+    return _Loop(train_model=train_model, ddp=ddp, sharded=sharded, n_train=n_train, metrics=metrics, t0=t0,
+                 last_time=t0, last_tokens=job.tokens)
 
-    t0 = last_time = time.perf_counter()
-    last_tokens = job.tokens
-    with TrainProgress(job.start_step, t.max_steps, t.log_every, enabled=env.is_main) as progress:
-        for step in range(job.start_step, t.max_steps):
-            done = step + 1
-            indices = distributed.rank_share(global_indices(step, t.batch_size, n_train, t.seed), env)
-            batches = [_batch(job.train_data, indices[i : i + t.micro_batch_size], env.device)
-                       for i in range(0, len(indices), t.micro_batch_size)]
-            # The loss is a mean over the target tokens of the whole global batch, whatever the split.
-            local_targets = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)
-            targets = distributed.all_sum(torch.tensor(float(local_targets), device=env.device), env).clamp(min=1)
-            loss_sum = torch.zeros((), device=env.device)
-            for i, (inputs, labels) in enumerate(batches):
-                # DDP all-reduces gradients on the last micro-batch only; it averages over ranks, hence * world_size.
-                last = i == len(batches) - 1
-                sync = contextlib.nullcontext() if last or env.world_size == 1 or sharded else ddp.no_sync()
-                with sync:
-                    with _autocast(recipe, env.device):
-                        micro_loss = _loss_sum(train_model, inputs, labels)
-                    scaled = micro_loss * (env.world_size / targets)
-                    (job.scaler.scale(scaled) if job.scaler is not None else scaled).backward()
-                loss_sum += micro_loss.detach()
-            loss = (distributed.all_sum(loss_sum, env) / targets).item()
-            if not math.isfinite(loss):
-                where = job.last_checkpoint if job.last_checkpoint is not None else "none (no checkpoint saved yet)"
-                raise LossNotFinite(f"loss is {loss} at step {done}; the last good checkpoint is {where}")
 
-            if job.scaler is not None:
-                job.scaler.unscale_(job.optimizer)
-            grad_norm = (nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else
-                         nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
-            lr = job.optimizer.param_groups[0]["lr"]
-            if job.scaler is not None:
-                job.scaler.step(job.optimizer)
-                job.scaler.update()
-            else:
-                job.optimizer.step()
-            job.optimizer.zero_grad(set_to_none=True)
-            job.scheduler.step()
-            job.tokens += t.batch_size * recipe.data.seq_len
+def optimizer_step(job: Job, loop: _Loop, step: int) -> tuple[float, float, torch.Tensor]:
+    """Optimizer step `step` (0-based): gradients of the global batch, accumulated over micro-batches, then the
+    update. Returns (the batch's mean loss, the learning rate used, the gradient norm before clipping)."""
+    from tapecli.data.text import global_indices
 
-            now = time.perf_counter()
-            tokens_per_s = (job.tokens - last_tokens) / max(now - last_time, 1e-9)
-            progress.step(done, loss, lr, tokens_per_s)
-            if metrics is not None and (done % t.log_every == 0 or done == t.max_steps):
-                metrics.log({"step": done, "loss": loss, "lr": lr, "tokens": job.tokens,
-                             "tokens_per_s": round(tokens_per_s, 1), "elapsed": round(job.elapsed + now - t0, 3),
-                             "grad_norm": float(grad_norm)})
-                last_time, last_tokens = now, job.tokens
+    t, env = job.recipe.train, job.env
+    indices = distributed.rank_share(global_indices(step, t.batch_size, loop.n_train, t.seed), env)
+    batches = [_batch(job.train_data, indices[i : i + t.micro_batch_size], env.device)
+               for i in range(0, len(indices), t.micro_batch_size)]
+    loss = _accumulate_gradients(job, loop, batches)
+    if not math.isfinite(loss):
+        where = job.last_checkpoint if job.last_checkpoint is not None else "none (no checkpoint saved yet)"
+        raise LossNotFinite(f"loss is {loss} at step {step + 1}; the last good checkpoint is {where}")
+    lr, grad_norm = _apply_gradients(job)
+    job.tokens += t.batch_size * job.recipe.data.seq_len
+    return loss, lr, grad_norm
 
-            if job.val_data is not None and ((t.eval_every and done % t.eval_every == 0) or done == t.max_steps):
-                val_loss = validate(model, job.val_data, recipe, env)
-                progress.print(f"step {done}: val_loss {val_loss:.4f}")
-                if metrics is not None:
-                    metrics.log({"step": done, "val_loss": val_loss})
-            if done % t.save_every == 0 or done == t.max_steps:
-                job.last_checkpoint = save(job, done, job.elapsed + time.perf_counter() - t0)
-            if done < t.max_steps and job.stop.requested(env):
-                if job.last_checkpoint is None or checkpoint_step(job.last_checkpoint) != done:
-                    job.last_checkpoint = save(job, done, job.elapsed + time.perf_counter() - t0)
-                if metrics is not None:
-                    metrics.close()
-                raise stopped(job.stop.signal_number, done, job.last_checkpoint, job.command)
 
-    if metrics is not None:
-        metrics.close()
-        print(f"done: {t.max_steps} steps; run directory {job.out}, newest checkpoint {job.last_checkpoint}")
+def _accumulate_gradients(job: Job, loop: _Loop, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Backward every micro-batch; the loss is a mean over the target tokens of the whole global batch, whatever the
+    split into micro-batches and processes. Returns that mean."""
+    env = job.env
+    local_targets = sum(int((labels != IGNORE_INDEX).sum()) for _, labels in batches)
+    targets = distributed.all_sum(torch.tensor(float(local_targets), device=env.device), env).clamp(min=1)
+    loss_sum = torch.zeros((), device=env.device)
+    for i, (inputs, labels) in enumerate(batches):
+        # DDP all-reduces gradients on the last micro-batch only; it averages over ranks, hence * world_size.
+        last = i == len(batches) - 1
+        sync = contextlib.nullcontext() if last or env.world_size == 1 or loop.sharded else loop.ddp.no_sync()
+        with sync:
+            with _autocast(job.recipe, env.device):
+                micro_loss = _loss_sum(loop.train_model, inputs, labels)
+            scaled = micro_loss * (env.world_size / targets)
+            (job.scaler.scale(scaled) if job.scaler is not None else scaled).backward()
+        loss_sum += micro_loss.detach()
+    return (distributed.all_sum(loss_sum, env) / targets).item()
+
+
+def _apply_gradients(job: Job) -> tuple[float, torch.Tensor]:
+    """Clip (or just measure) the gradient norm, step the optimizer (through the fp16 loss scaler if any) and the
+    scheduler. Returns (the learning rate used, the gradient norm)."""
+    t, model = job.recipe.train, job.model
+    if job.scaler is not None:
+        job.scaler.unscale_(job.optimizer)
+    grad_norm = (nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) if t.grad_clip > 0 else
+                 nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None]))
+    lr = job.optimizer.param_groups[0]["lr"]
+    if job.scaler is not None:
+        job.scaler.step(job.optimizer)
+        job.scaler.update()
+    else:
+        job.optimizer.step()
+    job.optimizer.zero_grad(set_to_none=True)
+    job.scheduler.step()
+    return lr, grad_norm
+
+
+def _log(job: Job, loop: _Loop, progress: TrainProgress, done: int, loss: float, lr: float,
+         grad_norm: torch.Tensor) -> None:
+    """Show the step; every train.log_every steps (and at the last) log a metrics row."""
+    t = job.recipe.train
+    now = time.perf_counter()
+    tokens_per_s = (job.tokens - loop.last_tokens) / max(now - loop.last_time, 1e-9)
+    progress.step(done, loss, lr, tokens_per_s)
+    if loop.metrics is not None and (done % t.log_every == 0 or done == t.max_steps):
+        loop.metrics.log({"step": done, "loss": loss, "lr": lr, "tokens": job.tokens,
+                          "tokens_per_s": round(tokens_per_s, 1), "elapsed": round(job.elapsed + now - loop.t0, 3),
+                          "grad_norm": float(grad_norm)})
+        loop.last_time, loop.last_tokens = now, job.tokens
+
+
+def _validate(job: Job, loop: _Loop, progress: TrainProgress, done: int) -> None:
+    val_loss = validate(job.model, job.val_data, job.recipe, job.env)
+    progress.print(f"step {done}: val_loss {val_loss:.4f}")
+    if loop.metrics is not None:
+        loop.metrics.log({"step": done, "val_loss": val_loss})
+
+
+def _stop(job: Job, loop: _Loop, done: int) -> None:
+    """SIGTERM / Ctrl-C arrived: save step `done` unless just saved, close the loggers, raise `Stopped`."""
+    if job.last_checkpoint is None or checkpoint_step(job.last_checkpoint) != done:
+        job.last_checkpoint = save(job, done, loop.elapsed(job))
+    if loop.metrics is not None:
+        loop.metrics.close()
+    raise stopped(job.stop.signal_number, done, job.last_checkpoint, job.command)
 
 
 @torch.no_grad()

@@ -303,7 +303,7 @@ def test_eval_of_a_hugging_face_llama_equals_transformers_greedy_generate(tmp_pa
     pytest.importorskip("transformers")
     from hf_helpers import make_hf_llama
 
-    from tapecli.eval.common import open_model
+    from tapecli.store.door import open_model
 
     hf = make_hf_llama(tmp_path / "hf", tokenizer="sp", max_position_embeddings=256, vocab=60)  # = the SP vocab
     summaries = {"validation": [{**row, "output": f"summary {i}"} for i, row in enumerate(qa_rows("validation"))]}

@@ -105,7 +105,7 @@ def test_scoring_is_exact_match_on_the_answer_tokens(tmp_path, monkeypatch, off_
 
 
 def _opened(model):
-    from tapecli.eval.common import OpenedModel
+    from tapecli.store.door import OpenedModel
 
     model.config = ModelConfig(vocab_size=259, dim=8, n_layers=1, n_heads=2)
     return OpenedModel(model=model, tokenizer=ByteTokenizer(), spec="oracle", source="oracle", kind="tape",

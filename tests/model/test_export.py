@@ -13,14 +13,12 @@ from typer.testing import CliRunner
 from tapecli.cli import app
 from tapecli.data.tokenizer import ByteTokenizer
 from tapecli.model import ModelConfig, Transformer
-from tapecli.model.hf import load_hf_model
 from tapecli.model.hf_export import export_hf
-from tapecli.recipe import load_recipe
-from tapecli.store.checkpoint import load_model, save_model
-from tapecli.train.build import build_model
+from tapecli.store.checkpoint import save_model
+from tapecli.store.door import open_model
 
 transformers = pytest.importorskip("transformers")
-from hf_helpers import make_hf_llama  # noqa: E402
+from hf_helpers import extended_checkpoint, make_hf_llama  # noqa: E402
 
 runner = CliRunner()
 
@@ -38,25 +36,13 @@ def hf_logits(directory: Path, x: torch.Tensor) -> torch.Tensor:
         return model(x).logits
 
 
-def extended_checkpoint(base: Path, out: Path, method: str, scaling: str) -> Path:
-    """A checkpoint of an extended model whose adapters and embeddings moved away from the base (no training)."""
-    recipe = load_recipe("context-extension-smoke", ["model.max_seq_len=64", f"extend.method={method}",
-                                                     f"extend.scaling={scaling}"])
-    model, tokenizer, _ = build_model(recipe, None, str(base), torch.device("cpu"))
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(torch.randn_like(p) * 0.05)
-    return save_model(model, tokenizer, out)
-
-
 @pytest.mark.parametrize("scaling", ["pi", "yarn", "dynamic", "theta", "none"])
 def test_lora_extension_exports_merged_with_equal_logits(base, tmp_path, scaling):
     checkpoint = extended_checkpoint(base, tmp_path / "ckpt", "lora", scaling)
     result = runner.invoke(app, ["export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")])
     assert result.exit_code == 0, result.output
-    ours, tokenizer = load_model(checkpoint)
+    opened = open_model(str(checkpoint), device="cpu")
+    ours, tokenizer = opened.model, opened.tokenizer
     x = torch.randint(0, tokenizer.vocab_size, (2, 64), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = ours(x)
@@ -65,7 +51,7 @@ def test_lora_extension_exports_merged_with_equal_logits(base, tmp_path, scaling
     assert fast.encode("the model reads", add_special_tokens=False) == tokenizer.encode("the model reads")
     assert (fast.bos_token_id, fast.eos_token_id, fast.pad_token_id) == (tokenizer.bos_id, tokenizer.eos_id,
                                                                          tokenizer.pad_id)
-    again, _ = load_hf_model(str(tmp_path / "hf"))  # and tape imports its own export
+    again = open_model(str(tmp_path / "hf"), device="cpu").model  # and tape imports its own export
     with torch.no_grad():
         assert torch.equal(again(x), expected)
 
@@ -76,13 +62,14 @@ def test_lora_extension_exports_merged_with_equal_logits(base, tmp_path, scaling
                                    "original_max_position_embeddings": 8}])
 def test_import_export_round_trip_keeps_the_scaling(tmp_path, rope):
     original = make_hf_llama(tmp_path / "a", rope=rope, tie=True, tokenizer="sp")
-    model, tokenizer = load_hf_model(str(tmp_path / "a"))
+    opened = open_model(str(tmp_path / "a"), device="cpu")
+    model, tokenizer = opened.model, opened.tokenizer
     export_hf(model, tokenizer, tmp_path / "b")
     x = torch.randint(0, 60, (1, 40), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert torch.equal(hf_logits(tmp_path / "b", x), original(x).logits)
     assert json.loads((tmp_path / "b" / "config.json").read_text())["rope_parameters"]["rope_type"] == rope["rope_type"]
-    again, tok = load_hf_model(str(tmp_path / "b"))
+    tok = open_model(str(tmp_path / "b"), device="cpu").tokenizer
     assert (tok.bos_id, tok.eos_id, tok.pad_id) == (tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
 
 

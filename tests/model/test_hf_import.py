@@ -12,7 +12,7 @@ import torch
 
 from tapecli.data.tokenizer import load_tokenizer_dir
 from tapecli.errors import TapeError
-from tapecli.model.hf import is_hf_source, load_hf_model
+from tapecli.store.door import is_hf_source, open_model
 
 transformers = pytest.importorskip("transformers")
 from hf_helpers import make_hf_llama, sample_text  # noqa: E402
@@ -38,7 +38,7 @@ def test_logits_equal_transformers(tmp_path, name):
     hf = make_hf_llama(tmp_path / "hf", **CASES[name])
     shards = list((tmp_path / "hf").glob("*.safetensors"))
     assert len(shards) > 1 and (tmp_path / "hf" / "model.safetensors.index.json").is_file()
-    model, _ = load_hf_model(str(tmp_path / "hf"))
+    model = open_model(str(tmp_path / "hf"), device="cpu").model
     x = torch.randint(0, 320, (2, 48), generator=torch.Generator().manual_seed(1))  # past max_pos=32: dynamic NTK
     with torch.no_grad():
         assert torch.equal(model(x), hf(x).logits)
@@ -47,7 +47,7 @@ def test_logits_equal_transformers(tmp_path, name):
 
 def test_bf16_load_and_gqa_shapes(tmp_path):
     make_hf_llama(tmp_path / "hf", n_kv_heads=2, tie=True)
-    model, _ = load_hf_model(str(tmp_path / "hf"), dtype=torch.bfloat16)
+    model = open_model(str(tmp_path / "hf"), device="cpu", dtype="bf16").model
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     assert model.model.layers[0].self_attn.k_proj.weight.shape == (32, 64)
     assert not any(p.is_meta for p in model.parameters())
@@ -56,7 +56,7 @@ def test_bf16_load_and_gqa_shapes(tmp_path):
 
 def test_tokenizer_json_is_the_models_own(tmp_path):
     make_hf_llama(tmp_path / "hf")
-    _, tok = load_hf_model(str(tmp_path / "hf"))
+    tok = open_model(str(tmp_path / "hf"), device="cpu").tokenizer
     fast = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
     text = sample_text(3, seed=5)
     assert tok.encode(text) == fast.encode(text, add_special_tokens=False)
@@ -71,7 +71,7 @@ def test_sentencepiece_tokenizer_and_config_ids(tmp_path):
     import sentencepiece as spm
 
     make_hf_llama(tmp_path / "hf", tokenizer="sp", extra={"bos_token_id": 1, "eos_token_id": [2, 3]})
-    _, tok = load_hf_model(str(tmp_path / "hf"))
+    tok = open_model(str(tmp_path / "hf"), device="cpu").tokenizer
     sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "hf" / "tokenizer.model"))
     text = sample_text(2, seed=3)
     assert tok.encode(text) == sp.encode(text)
@@ -89,14 +89,14 @@ def test_sentencepiece_tokenizer_and_config_ids(tmp_path):
 def test_unsupported_config_is_one_line_naming_the_key(tmp_path, extra, key):
     make_hf_llama(tmp_path / "hf", tokenizer="none", extra=extra)
     with pytest.raises(TapeError, match=key) as info:
-        load_hf_model(str(tmp_path / "hf"))
+        open_model(str(tmp_path / "hf"), device="cpu")
     assert "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("source", ["meta-llama/Llama-2-7b-hf", "llama2-7b"])
 def test_hub_id_offline_says_to_pass_a_directory(source):
     with pytest.raises(TapeError, match="pass a local directory"):
-        load_hf_model(source)
+        open_model(source, device="cpu")
 
 
 def test_is_hf_source(tmp_path):
@@ -112,7 +112,7 @@ def test_is_hf_source(tmp_path):
 
 _PEAK_SCRIPT = """
 import sys, torch
-from tapecli.model.hf import load_hf_model
+from tapecli.store.door import open_model
 import tapecli.model.transformer, safetensors.torch, tokenizers
 
 def status(key):  # kB values of /proc/self/status
@@ -123,7 +123,7 @@ from pathlib import Path
 build_on_meta(hf_model_config(read_hf_config(Path(sys.argv[1]))))  # warm up: code pages, not weights
 open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current resident size
 before = status("VmRSS")
-model, _ = load_hf_model(sys.argv[1], dtype=getattr(torch, sys.argv[2]))
+model = open_model(sys.argv[1], device="cpu", dtype={"float32": "fp32", "bfloat16": "bf16"}[sys.argv[2]]).model
 size = sum(p.numel() * p.element_size() for p in model.parameters())
 print(status("VmHWM") - before, size)
 """
@@ -147,4 +147,4 @@ def test_weights_must_fit_config(tmp_path):
     config["intermediate_size"] = 128
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(TapeError, match="mlp.*shape"):
-        load_hf_model(str(tmp_path / "hf"))
+        open_model(str(tmp_path / "hf"), device="cpu")

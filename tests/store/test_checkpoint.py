@@ -15,7 +15,8 @@ from train_helpers import REPO, assert_same_weights, cli, subprocess_env, weight
 
 from tapecli.errors import TapeError
 from tapecli.recipe import load_recipe
-from tapecli.store.checkpoint import load_model, resolve_checkpoint, save_model
+from tapecli.store.checkpoint import resolve_checkpoint, save_model
+from tapecli.store.door import open_model
 from tapecli.store.run import read_metrics
 from tapecli.train import engine
 
@@ -117,18 +118,19 @@ def test_tied_embeddings_are_saved_once_and_reloaded_tied(tmp_path: Path, tiny_c
     run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
     saved = load_file(str(resolve_checkpoint(run) / "model.safetensors"))
     assert "lm_head.weight" not in saved and "model.embed_tokens.weight" in saved
-    model, _ = load_model(run)
+    model = open_model(str(run), device="cpu").model
     assert model.lm_head.weight is model.model.embed_tokens.weight
     assert torch.equal(model.lm_head.weight, saved["model.embed_tokens.weight"])
 
 
-def test_save_model_load_model_round_trip(tmp_path: Path, tiny_corpus: Path) -> None:
+def test_save_model_open_model_round_trip(tmp_path: Path, tiny_corpus: Path) -> None:
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 1, "save_every": 1, "warmup": 0})
     run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
-    model, tokenizer = load_model(run)
+    opened = open_model(str(run), device="cpu")
+    model, tokenizer = opened.model, opened.tokenizer
     export = save_model(model, tokenizer, tmp_path / "export")
     assert resolve_checkpoint(export) == export
-    again, _ = load_model(export)
+    again = open_model(str(export), device="cpu").model
     ids = torch.tensor([tokenizer.encode("round trip")])
     with torch.no_grad():
         assert torch.equal(model(ids), again(ids))

@@ -18,10 +18,12 @@ from typer.testing import CliRunner
 
 from tapecli.cli import app
 from tapecli.model import ModelConfig, count_parameters
+from tapecli.model.extended import build_from_base
 from tapecli.model.hf import build_on_meta, hf_model_config
-from tapecli.model.lora import apply_lora
+from tapecli.model.lora import LoraSpec, apply_lora
 from tapecli.recipe import load_recipe
-from tapecli.store.checkpoint import load_model, load_on_base, read_model_config, resolve_checkpoint
+from tapecli.store.checkpoint import load_weights, read_model_config, resolve_checkpoint
+from tapecli.store.door import open_model
 from tapecli.train.build import build_model
 from tapecli.train.extend import plan_extension
 from tapecli.train.freeze import apply_plan
@@ -123,7 +125,7 @@ def reference_logits(base: Path, scaling: str, x: torch.Tensor) -> torch.Tensor:
 def test_methods_start_at_the_base_logits_under_the_same_scaling(base, method, scaling):
     recipe = load_recipe("context-extension-smoke", [f"model.max_seq_len={TARGET}", f"extend.method={method}",
                                                      f"extend.scaling={scaling}"])
-    model, tokenizer, _ = build_model(recipe, None, str(base), torch.device("cpu"))
+    model, tokenizer, _ = build_model(recipe, None, str(base), torch.device("cpu"), "fp32")
     x = torch.randint(0, tokenizer.vocab_size, (2, TARGET), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ours = model.eval()(x)
@@ -174,9 +176,13 @@ def test_checkpoints_hold_only_trained_tensors_and_open_like_any_other(base, tmp
     assert own <= saved and not any(k.endswith(("q_proj.weight", "mlp.up_proj.weight")) for k in saved)
     assert all(".pe." in k or "lora_" in k or "norm" in k or "embed_tokens" in k for k in saved)
 
-    model, tokenizer = load_model(out)  # LoRA merged into the weights for evaluation
+    opened = open_model(str(out), device="cpu")  # LoRA merged into the weights for evaluation
+    model, tokenizer = opened.model, opened.tokenizer
     config = ModelConfig.from_dict(read_model_config(checkpoint))
-    unmerged = load_on_base(checkpoint, config, dtype=torch.float32, device="cpu").eval()
+    lora = None if record["lora"] is None else LoraSpec(**record["lora"])
+    unmerged = build_from_base(config, base, dtype=torch.float32, device="cpu", lora=lora)
+    load_weights(unmerged, checkpoint, missing_ok=set(unmerged.state_dict()))
+    unmerged.eval()
     x = torch.randint(0, tokenizer.vocab_size, (1, TARGET), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(model(x), unmerged(x), rtol=0, atol=1e-5)

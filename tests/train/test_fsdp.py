@@ -69,7 +69,7 @@ def test_sharded_context_extension_over_a_bf16_base(tmp_path: Path, tiny_corpus:
     pytest.importorskip("transformers")
     from hf_helpers import make_hf_llama
 
-    from tapecli.store.checkpoint import load_model
+    from tapecli.store.door import open_model
 
     make_hf_llama(tmp_path / "hf", n_kv_heads=2, max_position_embeddings=32)
     run = tmp_path / "run"
@@ -81,5 +81,5 @@ def test_sharded_context_extension_over_a_bf16_base(tmp_path: Path, tiny_corpus:
     saved = weights(run)
     assert any("lora_B" in k for k in saved) and not any(k.endswith("q_proj.weight") for k in saved)
     assert all(t.dtype == torch.float32 for t in saved.values())
-    model, _ = load_model(run)
+    model = open_model(str(run), device="cpu").model
     assert model.config.max_seq_len == 64

@@ -29,6 +29,18 @@ def train(tmp_path: Path, corpus: Path, out: str, *overrides: str, **sections: d
     return pretrain(load_recipe(str(recipe), list(overrides)), tmp_path / out)
 
 
+def test_setup_leaves_the_callers_recipe_alone(tmp_path: Path, tiny_corpus: Path) -> None:
+    """The run directory records the resolved recipe (precision, vocabulary size); the caller's copy is untouched."""
+    recipe = load_recipe(str(write_recipe(tmp_path / "r.yaml", tiny_corpus)), ["train.precision=auto",
+                                                                              "train.max_steps=1", "train.warmup=0"])
+    before = recipe.to_yaml()
+    run = pretrain(recipe, tmp_path / "run")
+    assert recipe.to_yaml() == before and recipe.model.vocab_size is None and recipe.train.precision == "auto"
+    resolved = load_recipe(str(run / "recipe.yaml"))
+    assert resolved.model.vocab_size == 259 and resolved.train.precision == ("bf16" if torch.cuda.is_available()
+                                                                              else "fp32")
+
+
 @pytest.mark.parametrize("pe", PE_NAMES)
 def test_every_pe_trains_and_checkpoints(tmp_path: Path, tiny_corpus: Path, pe: str) -> None:
     run = train(tmp_path, tiny_corpus, "run", f"model.pe={pe}", "train.max_steps=2")
@@ -117,9 +129,10 @@ def test_finetune_learns_targets_only_and_respects_freezing(tmp_path: Path, tiny
     # The first logged loss is the mean cross-entropy over target tokens only, on the batch of step 0.
     from tapecli.data.pairs import build_pair_datasets
     from tapecli.data.text import global_indices
-    from tapecli.store.checkpoint import load_model
+    from tapecli.store.door import open_model
 
-    model, tokenizer = load_model(base)
+    opened = open_model(str(base), device="cpu")
+    model, tokenizer = opened.model, opened.tokenizer
     data, _ = build_pair_datasets(str(pairs), tokenizer, 32, 0.0, 1234, "prompt", "target")
     batch = [data[i] for i in global_indices(0, 4, len(data), 1234)]
     inputs, labels = torch.stack([x for x, _ in batch]), torch.stack([y for _, y in batch])

@@ -1,0 +1,382 @@
+"""The one door every command opens a model through: training (train.init_from, finetune, resume, extend-context's
+base, resuming on a base), evaluation (every `tape eval`) and export.
+
+    source = find_source(spec)                         # what `spec` names, found without loading any weights
+    opened = open_model(spec_or_source, device="auto", dtype="auto")     # evaluation, export
+    opened = open_model(spec, pe_args={"scaling": "linear", "factor": 2})   # evaluation with --pe-arg
+    opened = open_model(spec, dtype="fp32", model_keys=recipe.set_values("model"))          # fine-tune, resume
+    opened = open_model(spec, config=plan.config, lora=plan.lora, keep_base=True)           # extend-context
+    opened.model, opened.tokenizer, opened.record()
+
+A spec is one of (tape sources are tried first):
+    a tape run directory    its newest complete checkpoint (RUN/checkpoints/step-XXXXXXXX/)
+    a tape checkpoint       a step-XXXXXXXX/ directory, or a `save_model` export (model.safetensors + model_config.json)
+    an extended checkpoint  one written by `tape extend-context` (it holds base_model.json): the frozen Hugging Face
+                            base, found again from that record, with the checkpoint's own tensors over it
+    a Hugging Face model    a directory (config.json, *.safetensors, tokenizer), a hub id (downloaded when online,
+                            read from the Hugging Face cache offline) or a short name (SHORT_NAMES)
+
+What comes back, in eval mode on `device` (tapecli.runtime: auto is the GPU if there is one):
+- the source's own tokenizer (a checkpoint's tokenizer/, a Hugging Face directory's tokenizer files);
+- every tensor in `dtype` (auto: bf16 on a GPU, fp32 on the CPU), except for a model kept on its base (below); an
+  extended checkpoint opens as a self-contained model, its own configuration with its LoRA merged (in fp32 where
+  that costs no device memory: fp32 asked for, or the CPU);
+- the saved configuration, changed by at most one of `model_keys` (keys a recipe set, merged by tapecli.model.merge:
+  shapes are fixed, but the PE may grow from rope to tape, its new parameters initialised as in a fresh model) or
+  `config` (a whole configuration decided elsewhere: an extension plan's), then by `pe_args` (evaluation-time PE
+  arguments, which may change no weight's shape);
+- `keep_base=True` (training on a Hugging Face base): the model records its base (`model.base_model`), so its
+  checkpoints hold only its own tensors; `lora` adapters are added; its base weights are in `dtype` and its own
+  tensors (new, LoRA, trained) fp32, the optimizer's master copy. An extended checkpoint is then rebuilt from the
+  base's configuration, as training first built it, with `lora` (the recipe's plan), and its own tensors over it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tapecli.errors import TapeError
+from tapecli.model.hf import HF_CONFIG
+from tapecli.store.checkpoint import (
+    BASE_MODEL,
+    MODEL_CONFIG,
+    is_checkpoint,
+    list_checkpoints,
+    load_checkpoint_tokenizer,
+    load_weights,
+    read_base_record,
+    read_model_config,
+    resolve_checkpoint,
+)
+from tapecli.store.run import CHECKPOINTS
+
+if TYPE_CHECKING:
+    import torch
+
+    from tapecli.data.tokenizer import Tokenizer
+    from tapecli.model import ModelConfig, Transformer
+    from tapecli.model.lora import LoraSpec
+
+# Short names for common Llama-family bases (hub ids; the meta-llama ones are gated: `hf auth login`).
+SHORT_NAMES: dict[str, str] = {
+    "llama2-7b": "meta-llama/Llama-2-7b-hf",
+    "llama2-13b": "meta-llama/Llama-2-13b-hf",
+    "llama3-8b": "meta-llama/Meta-Llama-3-8B",
+    "llama3.2-1b": "meta-llama/Llama-3.2-1B",
+    "mistral-7b": "mistralai/Mistral-7B-v0.3",
+    "tinyllama": "TinyLlama/TinyLlama_v1.1",
+    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",
+    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",
+    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
+}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_KINDS = "a tape run directory, a checkpoint directory or a Hugging Face model directory or hub id"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sources: what a spec names, without loading anything
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a model's weights come from."""
+
+    spec: str  # as the user gave it (--model, --checkpoint, train.init_from, --base)
+    kind: str  # "tape" (a tape checkpoint, extended ones included) or "hf"
+    location: str  # tape: the checkpoint directory (absolute); hf: the directory (absolute) or the hub id as given
+    name: str  # a short label for tables, plots and default output folders
+    checkpoint: Path | None = None  # tape: the checkpoint directory, as resolved from the spec
+    base: dict[str, Any] | None = None  # an extended checkpoint's base_model.json: {"source", "directory", "lora"}
+
+
+def find_source(spec: str, what: str = "--model") -> Source:
+    """The source `spec` names; `what` names the option or key in the one-line error when it names none."""
+    path = Path(spec).expanduser()
+    if _is_tape(path):
+        checkpoint = resolve_checkpoint(path)
+        absolute = checkpoint.resolve()
+        # A run is named after its directory; a checkpoint inside a run after both.
+        in_run = absolute.parent.name == CHECKPOINTS
+        name = (path.resolve().name if absolute != path.resolve() else
+                f"{absolute.parent.parent.name}/{absolute.name}" if in_run else absolute.name)
+        base = read_base_record(checkpoint) if (checkpoint / BASE_MODEL).is_file() else None
+        return Source(spec=spec, kind="tape", location=str(absolute), name=name, checkpoint=checkpoint, base=base)
+    if not is_hf_source(spec):
+        problem = "does not exist" if not path.exists() else "holds no tape checkpoint"
+        raise TapeError(f"{what} {spec}: {problem}; pass {_KINDS}")
+    if path.exists():
+        return Source(spec=spec, kind="hf", location=str(path.resolve()), name=path.resolve().name)
+    return Source(spec=spec, kind="hf", location=spec, name=spec)
+
+
+def _is_tape(path: Path) -> bool:
+    """A tape checkpoint, or a run directory (one with checkpoints/ or step-* directories)."""
+    return path.is_dir() and (is_checkpoint(path) or (path / CHECKPOINTS).is_dir() or bool(list_checkpoints(path)))
+
+
+def is_hf_source(source: str) -> bool:
+    """True for a Hugging Face directory (config.json, no tape model_config.json), a known short name, or a string
+    that is no local path and looks like a hub id (`owner/name`)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return (path / HF_CONFIG).is_file() and not (path / MODEL_CONFIG).is_file()
+    if path.exists():
+        return False
+    return source.lower() in SHORT_NAMES or bool(_HUB_ID.match(source))
+
+
+def resolve_hf_source(source: str) -> Path:
+    """The local directory of `source`: as given, or the hub snapshot (downloaded, or found in the cache offline)."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        if not (path / HF_CONFIG).is_file():
+            tape = _tape_kind(path)
+            if tape:
+                raise TapeError(f"{path} is {tape}, not a Hugging Face model directory (no {HF_CONFIG}); pass a "
+                                "Hugging Face directory or hub id (`tape export` turns a RoPE checkpoint into one)")
+            raise TapeError(f"{path} has no {HF_CONFIG}; expected a Hugging Face model directory")
+        return path
+    repo = SHORT_NAMES.get(source.lower(), source)
+    if not _HUB_ID.match(repo):
+        names = ", ".join(SHORT_NAMES)
+        raise TapeError(f"base {source!r} is neither a directory nor a hub id (owner/name) nor a short name ({names})")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "tokenizer.model"]))
+    except GatedRepoError:
+        raise TapeError(f"{repo} is gated: accept its licence on huggingface.co and log in (`hf auth login`), "
+                        "or pass a local directory") from None
+    except RepositoryNotFoundError:
+        raise TapeError(f"{repo} does not exist on the Hugging Face hub (or needs a login)") from None
+    except LocalEntryNotFoundError:
+        raise TapeError(f"{repo} is not in the local Hugging Face cache and the hub cannot be reached; pass a local "
+                        "directory with config.json, *.safetensors and the tokenizer instead") from None
+    except Exception as e:  # network failures surface as several library-specific types
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise TapeError(f"{repo} could not be downloaded ({reason}); pass a local directory with config.json, "
+                        "*.safetensors and the tokenizer instead") from None
+
+
+def _tape_kind(path: Path) -> str | None:
+    """What tape wrote in `path` ("a tape checkpoint", "a tape run directory"), else None."""
+    if (path / MODEL_CONFIG).is_file():
+        return "a tape checkpoint"
+    if (path / CHECKPOINTS).is_dir() or (path / "run.json").is_file():
+        return "a tape run directory"
+    return None
+
+
+def base_record(source: str, directory: Path, lora: LoraSpec | None) -> dict[str, Any]:
+    """What a checkpoint on a base stores to find it again: the source as given and the directory it resolved to."""
+    return {"source": source, "directory": str(Path(directory).resolve()),
+            "lora": None if lora is None else lora.to_dict()}
+
+
+def find_base(record: dict[str, Any]) -> Path:
+    """The base's directory: the recorded one if it still exists, else a hub source resolved again (hub cache);
+    a local base that is gone is one line naming where it was."""
+    directory = Path(record["directory"])
+    if (directory / HF_CONFIG).is_file():
+        return directory
+    source = Path(record["source"]).expanduser()
+    local = directory.parts[-len(source.parts):] == source.parts  # the directory is the path given, not a hub snapshot
+    if not local and is_hf_source(record["source"]):
+        return resolve_hf_source(record["source"])
+    what = f"has no {HF_CONFIG}" if directory.is_dir() else "is gone"
+    raise TapeError(f"{directory}: the Hugging Face base this checkpoint was trained on {what}; restore it there "
+                    "(base_model.json points to it)")
+
+
+def base_config(source: Source) -> tuple[dict[str, Any], str]:
+    """(the `ModelConfig.to_dict()` of the Hugging Face model a source is or sits on, how messages name it); what an
+    extension plan starts from. Resolves (downloads) a hub id; loads no weights."""
+    from tapecli.model.hf import hf_model_config, read_hf_config
+
+    if source.kind == "hf":
+        directory, origin = resolve_hf_source(source.spec), source.spec
+    elif source.base is not None:
+        directory, origin = find_base(source.base), source.base["source"]
+    else:
+        raise TapeError(f"{source.spec} is a tape checkpoint, not a Hugging Face model or a checkpoint on one")
+    return hf_model_config(read_hf_config(directory), str(directory / HF_CONFIG)).to_dict(), origin
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Opening
+
+
+@dataclass
+class OpenedModel:
+    """A model ready for use (eval mode, on its device, in its dtype) and where it came from."""
+
+    model: Transformer
+    tokenizer: Tokenizer
+    spec: str  # what the user passed
+    source: str  # the resolved checkpoint directory, Hugging Face directory or hub id (Source.location)
+    kind: str  # "tape" or "hf"
+    dtype: str  # fp32 | bf16 | fp16
+    device: str
+    pe_args: dict[str, Any] = field(default_factory=dict)  # the --pe-arg overrides applied (empty: none)
+    name: str = ""  # a short label for tables and plots
+
+    def record(self) -> dict[str, Any]:
+        """What determines this model's results, for an evaluation's settings.json (the device is not in it:
+        a run may resume on another device)."""
+        return {"name": self.name, "source": self.source, "kind": self.kind, "dtype": self.dtype,
+                "pe": self.model.config.pe, "pe_args": self.model.config.pe_args, "pe_overrides": self.pe_args}
+
+
+def open_model(spec: str | Source, *, device: str | torch.device = "auto", dtype: str = "auto",
+               model_keys: dict[str, Any] | None = None, config: ModelConfig | None = None,
+               pe_args: dict[str, Any] | None = None, lora: LoraSpec | None = None, keep_base: bool = False,
+               what: str = "--model") -> OpenedModel:
+    """Open `spec` (see the module docstring for every argument); `what` names the option in error messages."""
+    from tapecli.runtime import resolve_device, resolve_dtype
+
+    source = spec if isinstance(spec, Source) else find_source(spec, what)
+    torch_device = resolve_device(str(device))
+    dtype_name, torch_dtype = resolve_dtype(dtype, torch_device)
+    change = _Change(model_keys or {}, config, pe_args or {})
+    if source.kind == "hf":
+        model, tokenizer = _open_hf(source, change, torch_dtype, torch_device, lora, keep_base)
+    elif source.base is not None:
+        model, tokenizer = _open_extended(source, change, torch_dtype, torch_device, lora, keep_base)
+    else:
+        model, tokenizer = _open_checkpoint(source, change)
+    if getattr(model, "base_model", None) is None:
+        model.to(device=torch_device, dtype=torch_dtype)  # one dtype throughout
+    return OpenedModel(model=model.eval(), tokenizer=tokenizer, spec=source.spec, source=source.location,
+                       kind=source.kind, dtype=dtype_name, device=str(torch_device), pe_args=dict(pe_args or {}),
+                       name=source.name)
+
+
+@dataclass
+class _Change:
+    """How the opened model's configuration differs from the saved one."""
+
+    model_keys: dict[str, Any]
+    config: ModelConfig | None
+    pe_args: dict[str, Any]
+
+    def apply(self, saved: dict[str, Any], origin: str) -> tuple[ModelConfig, bool]:
+        """(the configuration to build, whether the PE grew from rope to tape)."""
+        from tapecli.model import ModelConfig
+        from tapecli.model.merge import GROWTH, merge_model_config
+
+        if self.config is not None:
+            config, grown = self.config, (saved.get("pe"), self.config.pe) in GROWTH
+        elif self.model_keys:
+            config, grown = merge_model_config(saved, self.model_keys, origin)
+        else:
+            try:
+                config, grown = ModelConfig.from_dict(saved), False
+            except ValueError as e:
+                raise TapeError(f"{origin}: {e}") from None
+        if self.pe_args:
+            config = _with_pe_args(config, self.pe_args)
+        return config, grown
+
+
+def _with_pe_args(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+    """`config` with its PE arguments updated (validated by the PE); one that changes a weight's shape (e.g. TAPE's
+    `hidden`) is refused with one line."""
+    from tapecli.model import ModelConfig
+
+    try:
+        updated = ModelConfig.from_dict({**config.to_dict(), "pe_args": {**config.pe_args, **overrides}})
+    except ValueError as e:
+        raise TapeError(f"--pe-arg: {str(e).replace('model.pe_args.', '')}") from None
+    before, after = _shapes(config), _shapes(updated)
+    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    if changed:
+        name = changed[0]
+        raise TapeError(f"--pe-arg {', '.join(overrides)}: changes the shape of the model's weights ({name}: "
+                        f"{before.get(name)} -> {after.get(name)}); only PE arguments without weights can change "
+                        "at evaluation time")
+    return updated
+
+
+def _shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of a model built with `config` (on the meta device: no memory, no time)."""
+    import torch
+
+    from tapecli.model import Transformer
+
+    with torch.device("meta"):
+        return {name: tuple(t.shape) for name, t in Transformer(config).state_dict().items()}
+
+
+def _open_checkpoint(source: Source, change: _Change) -> tuple[Transformer, Tokenizer]:
+    """A tape checkpoint: the model built as a fresh one (fp32, on the CPU; a grown PE keeps its fresh
+    initialisation), then the checkpoint's weights."""
+    from tapecli.model import Transformer
+    from tapecli.model.merge import new_parameter_names
+
+    checkpoint = source.checkpoint
+    origin = str(checkpoint) if change.model_keys else str(checkpoint / MODEL_CONFIG)
+    config, grown = change.apply(read_model_config(checkpoint), origin)
+    model = Transformer(config)
+    load_weights(model, checkpoint, missing_ok=new_parameter_names(model) if grown else set())
+    return model, load_checkpoint_tokenizer(checkpoint)
+
+
+def _open_hf(source: Source, change: _Change, dtype: torch.dtype, device: torch.device, lora: LoraSpec | None,
+             keep_base: bool) -> tuple[Transformer, Tokenizer]:
+    """A Hugging Face model: its weights assigned straight from its safetensors in `dtype` (tapecli.model.hf), its
+    own tokenizer."""
+    from tapecli.model.extended import build_from_base
+    from tapecli.model.hf import hf_model_config, load_hf_tokenizer, read_hf_config
+
+    directory = resolve_hf_source(source.spec)
+    hf = read_hf_config(directory)
+    config, _ = change.apply(hf_model_config(hf, str(directory / HF_CONFIG)).to_dict(), source.spec)
+    tokenizer = load_hf_tokenizer(directory, hf)  # before the weights: a missing tokenizer fails in a second
+    model = build_from_base(config, directory, dtype=dtype, device=device, lora=lora)
+    if keep_base:
+        model.base_model = base_record(source.spec, directory, lora)
+    return model, tokenizer
+
+
+def _open_extended(source: Source, change: _Change, dtype: torch.dtype, device: torch.device,
+                   lora: LoraSpec | None, keep_base: bool) -> tuple[Transformer, Tokenizer]:
+    """A checkpoint on a frozen Hugging Face base: the base again, then the checkpoint's own tensors over it."""
+    from tapecli.model.extended import build_from_base
+    from tapecli.model.hf import hf_model_config, read_hf_config
+    from tapecli.model.lora import LoraSpec, merge_lora
+
+    checkpoint, record = source.checkpoint, source.base
+    directory = find_base(record)
+    if keep_base:  # training goes on: rebuilt from the base as training first built it
+        config, _ = change.apply(hf_model_config(read_hf_config(directory), str(directory / HF_CONFIG)).to_dict(),
+                                 record["source"])
+    else:  # a self-contained model: the checkpoint's own configuration and LoRA, merged below
+        origin = str(checkpoint) if change.model_keys else str(checkpoint / MODEL_CONFIG)
+        config, grown = change.apply(read_model_config(checkpoint), origin)
+        if grown:
+            raise TapeError(f"model.pe: {checkpoint} sits on a frozen base; grow its PE with extend-context")
+        lora = None if record.get("lora") is None else LoraSpec(**record["lora"])
+        dtype = _merge_dtype(dtype, device)
+    tokenizer = load_checkpoint_tokenizer(checkpoint)  # before the weights, as for a Hugging Face model
+    model = build_from_base(config, directory, dtype=dtype, device=device, lora=lora)
+    # Whatever the checkpoint lacks comes from the base; what it holds (new or trained tensors) stays fp32.
+    load_weights(model, checkpoint, missing_ok=set(model.state_dict()), keep_saved_dtype=True)
+    if keep_base:
+        model.base_model = base_record(record["source"], directory, lora)
+    else:
+        merge_lora(model)
+    return model, tokenizer
+
+
+def _merge_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a base is read in to merge LoRA into it: fp32 where that costs no extra device memory (fp32 asked
+    for, or the CPU, where `auto` is fp32), so the merged weights are rounded to `dtype` once; else `dtype`."""
+    import torch
+
+    from tapecli.runtime import resolve_dtype
+
+    return torch.float32 if torch.float32 in (dtype, resolve_dtype("auto", device)[1]) else dtype
