@@ -47,7 +47,7 @@ def build_model(recipe: Recipe, resume_from: Path | None, init_from: str | None,
         return _on_base(recipe, record["source"], record, resume_from, device)
     if resume_from is None and init_from and is_hf_source(init_from):
         return _on_base(recipe, init_from, None, None, device)
-    if recipe.extend.method is not None:
+    if recipe.extend is not None:
         raise TapeError("extend.method: a context extension starts from a Hugging Face base "
                         "(tape extend-context --base DIR_OR_ID)")
     init = resolve_checkpoint(init_from) if init_from and resume_from is None else None
@@ -96,7 +96,7 @@ def _on_base(recipe: Recipe, source: str, record: dict | None, resume_from: Path
     directory = find_base(record) if record is not None else resolve_hf_source(source)
     hf = read_hf_config(directory)
     base = hf_model_config(hf).to_dict()
-    plan = plan_extension(recipe, base, source) if recipe.extend.method is not None else None
+    plan = plan_extension(recipe, base, source) if recipe.extend is not None else None
     if plan is not None:
         config, lora = plan.config, plan.lora
     else:
