@@ -42,18 +42,13 @@ def positive(key: str, value: int | None) -> None:
         raise TapeError(f"{key}: must be a positive integer, got {value}")
 
 
-def check_val_fraction(value: float) -> None:
-    if not 0 <= value < 1:
-        raise TapeError(f"data.val_fraction: must be in [0, 1), got {value}")
-
-
-def check_source(kind: str, source: str | None) -> None:
-    if not source:
-        raise TapeError(f"data.source: data.kind '{kind}' needs a source (hub id, file, directory or glob)")
-
-
-def check_tokenizer(kind: str, tokenizer: str) -> None:
-    """A text kind's tokenizer may not be one of the generated tasks' own character tokenizers."""
-    if tokenizer in CHAR_TOKENIZERS:
-        raise TapeError(f"data.tokenizer: '{tokenizer}' is the tokenizer of generated data and does not fit "
-                        f"data.kind '{kind}'; use byte, a SentencePiece .model or a tokenizer.json")
+def check_tokenized(data: Any, needs_source: bool = True) -> None:
+    """The shared checks of a kind that tokenizes text it reads (text, pairs, scrolls): its `source` (when the kind
+    has no default one), its `tokenizer` (not a generated task's own) and its `val_fraction`."""
+    if needs_source and not data.source:
+        raise TapeError(f"data.source: data.kind '{data.kind}' needs a source (hub id, file, directory or glob)")
+    if data.tokenizer in CHAR_TOKENIZERS:
+        raise TapeError(f"data.tokenizer: '{data.tokenizer}' is the tokenizer of generated data and does not fit "
+                        f"data.kind '{data.kind}'; use byte, a SentencePiece .model or a tokenizer.json")
+    if not 0 <= data.val_fraction < 1:
+        raise TapeError(f"data.val_fraction: must be in [0, 1), got {data.val_fraction}")

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from tapecli.data.schema import DataSchema, check_tokenizer, check_val_fraction
+from tapecli.data.schema import DataSchema, check_tokenized
 from tapecli.data.sources import _OFFLINE_MARKERS
 from tapecli.errors import TapeError
 
@@ -284,8 +284,7 @@ class ScrollsData(DataSchema):
 
     def check(self) -> None:
         super().check()
-        check_tokenizer(self.kind, self.tokenizer)
-        check_val_fraction(self.val_fraction)
+        check_tokenized(self, needs_source=False)  # no source: the hub
         check_task(self.task)
 
     def build(self, tokenizer: Any, seed: int, cache_dir: Path) -> tuple[ScrollsDataset, ScrollsDataset | None]:

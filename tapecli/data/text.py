@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from tapecli.data.schema import DataSchema, check_source, check_tokenizer, check_val_fraction
+from tapecli.data.schema import DataSchema, check_tokenized
 from tapecli.data.sources import (
     is_hub_source,
     is_pretokenized,
@@ -261,9 +261,7 @@ class TextData(DataSchema):
 
     def check(self) -> None:
         super().check()
-        check_source(self.kind, self.source)
-        check_tokenizer(self.kind, self.tokenizer)
-        check_val_fraction(self.val_fraction)
+        check_tokenized(self)
 
     def build(self, tokenizer: Tokenizer, seed: int, cache_dir: Path) -> tuple[Dataset, Dataset | None]:
         return build_text_datasets(self.source, tokenizer, self.seq_len, self.val_fraction, seed,
