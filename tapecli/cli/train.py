@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from tapecli.errors import TapeError
+
+if TYPE_CHECKING:
+    from tapecli.recipe import Recipe
 
 _OVERRIDES_HELP = "Recipe overrides as key=value, e.g. train.max_steps=200 model.pe=rope train.lr=3e-4."
 _RESUME_HELP = ("auto: continue from the newest checkpoint in --out if there is one, else start fresh; "
@@ -27,11 +32,10 @@ def pretrain(
 
     Example: `tape pretrain --recipe c4-smoke --out runs/smoke data.source=corpus/ model.pe=rope train.max_steps=50`.
     """
-    from tapecli.recipe import load_recipe
     from tapecli.train.engine import pretrain as run_pretrain
 
     command = ["tape", "pretrain", "--recipe", recipe, "--out", str(out), "--resume", resume, *(overrides or [])]
-    run_pretrain(load_recipe(recipe, overrides or []), out, resume=resume, command=command)
+    run_pretrain(_load(recipe, overrides or []), out, resume=resume, command=command)
 
 
 def finetune(
@@ -49,16 +53,26 @@ def finetune(
 
     Example: `tape finetune --checkpoint runs/c4 --recipe scrolls --out runs/ft train.freeze=['*'] train.unfreeze=['*.pe.*']`.
     """
-    from tapecli.recipe import load_recipe
     from tapecli.train.engine import finetune as run_finetune
 
     command = ["tape", "finetune", *(["--checkpoint", checkpoint] if checkpoint else []), "--recipe", recipe,
                "--out", str(out), "--resume", resume, *(overrides or [])]
-    loaded = load_recipe(recipe, overrides or [])
+    loaded = _load(recipe, overrides or [])
     checkpoint = checkpoint or loaded.train.init_from
     if not checkpoint:
         raise TapeError("finetune needs a model: pass --checkpoint or set train.init_from")
     run_finetune(loaded, checkpoint, out, resume=resume, command=command)
+
+
+def _load(recipe: str, overrides: list[str]) -> Recipe:
+    """The recipe, its notes (an old format read, a shortened warm-up) printed once, by rank 0 under torchrun."""
+    from tapecli.recipe import load_recipe
+
+    loaded = load_recipe(recipe, overrides)
+    if os.environ.get("RANK", "0") == "0":
+        for note in loaded.notes:
+            print(f"note: {note}")
+    return loaded
 
 
 _BASE_HELP = ("A Hugging Face Llama directory (config.json, *.safetensors, tokenizer), a hub id "
@@ -91,7 +105,6 @@ def extend_context(
 
     Example (CPU-size, SmolLM2-135M from 8192 to 16384 tokens on short rows): tape extend-context --base smollm2-135m --recipe context-extension-smoke --method tape --out runs/ext model.max_seq_len=16384 data.source=corpus/
     """
-    from tapecli.recipe import load_recipe
     from tapecli.train.engine import pretrain as run_pretrain
 
     out = out or Path(f"runs/extend-{method}-{scaling}")
@@ -99,5 +112,5 @@ def extend_context(
                "--recipe", recipe, "--out", str(out), "--resume", resume, *(overrides or [])]
     settings = [f"extend.method={method}", f"extend.scaling={scaling}", f"extend.compat={compat}",
                 f"train.init_from={base}"]
-    run_pretrain(load_recipe(recipe, [*(overrides or []), *settings]), out, resume=resume, command=command)
+    run_pretrain(_load(recipe, [*(overrides or []), *settings]), out, resume=resume, command=command)
 

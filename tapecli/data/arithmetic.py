@@ -8,16 +8,22 @@ Operand lengths follow the "bucket" method: each operand's number of digits is d
 [min_digits, max_digits], independently, then the number uniformly among those with exactly that many digits
 (no leading zero, except the one-digit number 0). Every problem is a pure function of (seed, index), so the
 training stream is random-access, reproducible and effectively infinite, and nothing is written to disk.
+
+`AdditionData` and `AdditionEval` are the recipe's `data:` and `eval:` sections of kind `addition`
+(tapecli.data.schema).
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch.utils.data import Dataset
 
+from tapecli.data.schema import DataSchema, positive
 from tapecli.data.text import IGNORE_INDEX
 from tapecli.data.tokenizer import CharTokenizer
 from tapecli.errors import TapeError
@@ -118,3 +124,48 @@ def build_addition_datasets(data: Any, seed: int) -> tuple[AdditionDataset, Addi
     train = AdditionDataset(**common, length=TRAIN_STREAM_LENGTH, split="train")
     val = AdditionDataset(**common, length=VAL_SAMPLES, split="val")
     return train, val, train.tokenizer
+
+
+@dataclass
+class AdditionEval:
+    """`eval:` of kind addition: the grid of `tape eval addition`."""
+
+    max_len: int | None = None  # largest operand length evaluated; null = 2 x data.max_digits
+    samples: int = 100  # problems per (length, length) cell
+
+    def check(self) -> None:
+        positive("eval.max_len", self.max_len)
+        positive("eval.samples", self.samples)
+
+
+@dataclass
+class AdditionData(DataSchema):
+    """`data:` of kind addition: generated problems, operands and answer reversed, the loss after `=` only.
+    Validation is a fixed, separately seeded set of 2,048 problems; the tokenizer is always `addition`."""
+
+    Eval: ClassVar[type] = AdditionEval
+
+    kind: Literal["addition"] = "addition"  # generated addition problems
+    seq_len: int = 1024  # tokens per example; n-digit operands need 3n + 4
+    max_digits: int = 40  # longest operand in training
+    min_digits: int = 1  # shortest operand in training
+
+    @property
+    def tokenizer(self) -> str:
+        """Always `addition` (digits, +, =): not a recipe key."""
+        return "addition"
+
+    def check(self) -> None:
+        super().check()
+        positive("data.max_digits", self.max_digits)
+        positive("data.min_digits", self.min_digits)
+        if self.min_digits > self.max_digits:
+            raise TapeError(f"data.min_digits: {self.min_digits} exceeds data.max_digits ({self.max_digits})")
+        needed = max_example_tokens(self.max_digits)  # a + b = c <eos>
+        if self.seq_len < needed:
+            raise TapeError(f"data.seq_len: {self.seq_len} is too short for {self.max_digits}-digit addition "
+                            f"(needs {needed} tokens)")
+
+    def build(self, tokenizer: Any, seed: int, cache_dir: Path) -> tuple[AdditionDataset, AdditionDataset]:
+        train, val, _ = build_addition_datasets(self, seed)
+        return train, val

@@ -1,42 +1,42 @@
-"""One place that turns a recipe's `data` section into datasets: `build_datasets(recipe, tokenizer, cache_dir)`.
+"""The data kinds, in one static table (`KINDS`), and the one call that builds a recipe's datasets.
+
+Each kind owns, in its module, its `data:` and `eval:` schemas, their checks and how its datasets are built
+(tapecli.data.schema says what a kind provides):
+
+    text                        tapecli.data.text       TextData         packed causal-LM pre-training
+    pairs                       tapecli.data.pairs      PairsData        prompt/target fine-tuning
+    addition                    tapecli.data.arithmetic AdditionData     generated addition problems
+    scrolls                     tapecli.data.scrolls    ScrollsData      SCROLLS fine-tuning
+    selective-copy, grid-1d/2d  tapecli.data.synthetic  SelectiveCopyData, GridData   MapFormer's synthetic tasks
 
 Every dataset yields `(input_ids, labels)` LongTensors of `data.seq_len`, labels already shifted for next-token
-prediction and -100 where no loss is taken. The kinds: `text` (tapecli.data.text), `pairs` (tapecli.data.pairs),
-`addition` (tapecli.data.arithmetic), `scrolls` (tapecli.data.scrolls) and the synthetic tasks `selective-copy`,
-`grid-1d`, `grid-2d` (tapecli.data.synthetic).
+prediction and -100 where no loss is taken.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tapecli.recipe import Recipe
+from tapecli.data.arithmetic import AdditionData
+from tapecli.data.pairs import PairsData
+from tapecli.data.schema import DataSchema
+from tapecli.data.scrolls import ScrollsData
+from tapecli.data.synthetic import GridData, SelectiveCopyData
+from tapecli.data.text import TextData
+
+KINDS: dict[str, type[DataSchema]] = {
+    "text": TextData,
+    "pairs": PairsData,
+    "addition": AdditionData,
+    "scrolls": ScrollsData,
+    "selective-copy": SelectiveCopyData,
+    "grid-1d": GridData,
+    "grid-2d": GridData,
+}
 
 
-def build_datasets(recipe: Recipe, tokenizer: Any, cache_dir: Path) -> tuple[Any, Any | None]:
-    """(train, validation or None) for `data.kind`."""
-    d, seed = recipe.data, recipe.train.seed
-    if d.kind == "addition":
-        from tapecli.data.arithmetic import build_addition_datasets
-
-        train, val, _ = build_addition_datasets(d, seed)
-        return train, val
-    if d.kind in ("selective-copy", "grid-1d", "grid-2d"):
-        from tapecli.data.synthetic import build_synthetic_datasets
-
-        return build_synthetic_datasets(recipe)
-    if d.kind == "pairs":
-        from tapecli.data.pairs import build_pair_datasets
-
-        return build_pair_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed,
-                                   prompt_field=d.prompt_field, target_field=d.target_field)
-    if d.kind == "scrolls":
-        from tapecli.data.scrolls import build_scrolls_datasets
-
-        return build_scrolls_datasets(d.task, d.source, tokenizer, d.seq_len, d.val_fraction, d.compat)
-    from tapecli.data.text import build_text_datasets
-
-    return build_text_datasets(d.source, tokenizer, d.seq_len, d.val_fraction, seed, text_field=d.text_field,
-                               cache_dir=cache_dir)
+def build_datasets(recipe: Any, tokenizer: Any, cache_dir: Path) -> tuple[Any, Any | None]:
+    """(train, validation or None) for a `tapecli.recipe.Recipe`'s data kind, seeded by `train.seed` (the recipe
+    package imports this table, so the type is not imported here)."""
+    return recipe.data.build(tokenizer, recipe.train.seed, cache_dir)

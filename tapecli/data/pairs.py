@@ -6,14 +6,21 @@ Each row (`prompt_field`, `target_field`) of a jsonl/json/parquet file (or hub d
 the prompt, and on padding, so only the target tokens and the final EOS are learned. A row longer than
 seq_len + 1 tokens loses prompt tokens from the left (the target is never cut); a target longer than seq_len - 2
 tokens is an error, since then not even one prompt token would fit.
+
+`PairsData` is the recipe's `data:` section of kind `pairs` (tapecli.data.schema).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from tapecli.data.schema import DataSchema, check_tokenized
 from tapecli.data.sources import iter_rows
 from tapecli.data.text import IGNORE_INDEX, choose_validation
 from tapecli.data.tokenizer import Tokenizer
@@ -71,3 +78,24 @@ def build_pair_datasets(source: str, tokenizer: Tokenizer, seq_len: int, val_fra
     train = PairDataset(input_ids[~is_val], labels[~is_val])
     val = PairDataset(input_ids[is_val], labels[is_val]) if is_val.any() else None
     return train, val
+
+
+@dataclass
+class PairsData(DataSchema):
+    """`data:` of kind pairs: prompt/target rows, the loss on the target only (fine-tuning)."""
+
+    kind: Literal["pairs"] = "pairs"  # prompt/target rows, the loss on the target
+    source: str | None = None  # jsonl, json or parquet file, directory, glob or hub id of the rows
+    tokenizer: str = "byte"  # `byte`, a SentencePiece `.model` or a `tokenizer.json`
+    seq_len: int = 1024  # tokens per example (prompts are cut from the left to fit)
+    val_fraction: float = 0.01  # share of rows held out for validation
+    prompt_field: str = "prompt"  # field holding the prompt
+    target_field: str = "target"  # field holding the target
+
+    def check(self) -> None:
+        super().check()
+        check_tokenized(self)
+
+    def build(self, tokenizer: Tokenizer, seed: int, cache_dir: Path) -> tuple[PairDataset, PairDataset | None]:
+        return build_pair_datasets(self.source, tokenizer, self.seq_len, self.val_fraction, seed,
+                                   prompt_field=self.prompt_field, target_field=self.target_field)

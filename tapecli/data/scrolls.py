@@ -28,6 +28,8 @@ its own BOS (inside the 200/1,000-token budget) and padding uses the last vocabu
 tokenizer), a real token. Inputs are cut to their first prompt-budget words before tokenising, which cannot
 change the kept tokens (a word never yields fewer than one token); the official 20,000/15,000-word cuts are
 likewise no-ops at these budgets.
+
+`ScrollsData` is the recipe's `data:` section of kind `scrolls` (tapecli.data.schema).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from tapecli.data.schema import DataSchema, check_tokenized
 from tapecli.data.sources import _OFFLINE_MARKERS
 from tapecli.errors import TapeError
 
@@ -265,3 +268,25 @@ def build_scrolls_datasets(task: str, source: str | None, tokenizer: Any, seq_le
 
 def references_by_id(examples: Sequence[Example]) -> dict[str, list[str]]:
     return {e.id: e.references for e in examples}
+
+
+@dataclass
+class ScrollsData(DataSchema):
+    """`data:` of kind scrolls: one SCROLLS task's rows as prompt/target examples, the loss on the target only."""
+
+    kind: Literal["scrolls"] = "scrolls"  # one SCROLLS task, the loss on the target
+    source: str | None = None  # null = the `tau/scrolls` hub repo (online); offline: {task}.zip or its folder
+    tokenizer: str = "byte"  # training from scratch only: fine-tuning keeps the checkpoint's tokenizer
+    seq_len: int = 1024  # tokens per example; the prompt and target budgets scale with it (from 8192)
+    val_fraction: float = 0.01  # > 0: validation loss on the task's validation split; 0: none
+    task: str | None = None  # the SCROLLS task (one of TASKS)
+    compat: Compat = "clean"  # clean, or official: the official code's quirks (BOS-led targets, its padding id)
+
+    def check(self) -> None:
+        super().check()
+        check_tokenized(self, needs_source=False)  # no source: the hub
+        check_task(self.task)
+
+    def build(self, tokenizer: Any, seed: int, cache_dir: Path) -> tuple[ScrollsDataset, ScrollsDataset | None]:
+        return build_scrolls_datasets(self.task, self.source, tokenizer, self.seq_len, self.val_fraction,
+                                      self.compat)

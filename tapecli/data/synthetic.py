@@ -21,14 +21,20 @@ agent has seen before in the same sequence (blank or not), the only ones that ca
 
 Every sequence is a pure function of (task, split name, seed, index): random access, reproducible, nothing on disk.
 Everything here is plain Python; torch is imported only where tensors are built.
+
+`SelectiveCopyData`/`SelectiveCopyEval` and `GridData`/`GridEval` are the recipe's `data:` and `eval:` sections of
+these kinds (tapecli.data.schema). Training is the endless IID stream seeded by `train.seed`; validation is a fixed
+set of 2,048 IID sequences from a separately seeded stream (`val_fraction` does not apply).
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
+from tapecli.data.schema import DataSchema, positive
 from tapecli.data.tokenizer import CharTokenizer
 from tapecli.errors import TapeError
 
@@ -117,15 +123,21 @@ def split_specs(task: str, data: Any, evaluation: Any) -> dict[str, Spec]:
     (`eval.dense_blanks`, `eval.sparse_blanks`), grid navigation's the [length, width, p_empty] triple
     (`eval.dense_grid`, `eval.sparse_grid`); a grid's IID length is `data.seq_len`.
     """
+    iid = iid_spec(task, data)
     if task == "selective-copy":
-        return {"iid": CopySpec(data.copy_tokens, data.blanks),
-                "ood-dense": CopySpec(data.copy_tokens, evaluation.dense_blanks),
+        return {"iid": iid, "ood-dense": CopySpec(data.copy_tokens, evaluation.dense_blanks),
                 "ood-sparse": CopySpec(data.copy_tokens, evaluation.sparse_blanks)}
+    dense, sparse = evaluation.dense_grid, evaluation.sparse_grid
+    return {"iid": iid, "ood-dense": GridSpec(task, int(dense[0]), int(dense[1]), float(dense[2])),
+            "ood-sparse": GridSpec(task, int(sparse[0]), int(sparse[1]), float(sparse[2]))}
+
+
+def iid_spec(task: str, data: Any) -> Spec:
+    """The training distribution of `task` from a recipe's `data` section."""
+    if task == "selective-copy":
+        return CopySpec(data.copy_tokens, data.blanks)
     if task in MAX_RUN:
-        dense, sparse = evaluation.dense_grid, evaluation.sparse_grid
-        return {"iid": GridSpec(task, data.seq_len, data.grid_width, data.p_empty),
-                "ood-dense": GridSpec(task, int(dense[0]), int(dense[1]), float(dense[2])),
-                "ood-sparse": GridSpec(task, int(sparse[0]), int(sparse[1]), float(sparse[2]))}
+        return GridSpec(task, data.seq_len, data.grid_width, data.p_empty)
     raise TapeError(f"data.kind: '{task}' is not a synthetic task; one of {', '.join(TASKS)}")
 
 
@@ -171,35 +183,103 @@ class SyntheticDataset:
         return torch.tensor(input_ids), torch.tensor(labels + [IGNORE_INDEX] * pad)
 
 
-def build_synthetic_datasets(recipe: Any) -> tuple[SyntheticDataset, SyntheticDataset]:
-    """The endless training stream and a fixed validation set (2,048 sequences) of the IID split of
-    `data.kind`, seeded by `train.seed` (validation from a separately seeded stream)."""
-    d, seed = recipe.data, recipe.train.seed
-    iid = split_specs(d.kind, d, recipe.eval)["iid"]
-    train = SyntheticDataset(d.kind, iid, seed, "train", TRAIN_STREAM_LENGTH, d.seq_len)
-    val = SyntheticDataset(d.kind, iid, seed, "val", VAL_SAMPLES, d.seq_len)
-    return train, val
+def _datasets(data: Any, seed: int) -> tuple[SyntheticDataset, SyntheticDataset]:
+    """The endless training stream and the fixed validation set of the IID split of `data.kind`."""
+    iid = iid_spec(data.kind, data)
+    return (SyntheticDataset(data.kind, iid, seed, "train", TRAIN_STREAM_LENGTH, data.seq_len),
+            SyntheticDataset(data.kind, iid, seed, "val", VAL_SAMPLES, data.seq_len))
 
 
-def validate_synthetic(data: Any, evaluation: Any) -> None:
-    """Recipe checks of the synthetic keys (run for every recipe: the keys exist in all of them)."""
-    if (data.kind in TASKS) != (data.tokenizer == "synthetic"):
-        raise TapeError(f"data.tokenizer: '{data.tokenizer}' does not fit data.kind '{data.kind}'; the synthetic "
-                        f"tasks ({', '.join(TASKS)}) and the `synthetic` tokenizer go together")
-    for key, value, low in [("data.copy_tokens", data.copy_tokens, 1), ("data.blanks", data.blanks, 0),
-                            ("eval.dense_blanks", evaluation.dense_blanks, 0),
-                            ("eval.sparse_blanks", evaluation.sparse_blanks, 0),
-                            ("data.grid_width", data.grid_width, 2)]:
-        if value < low:
-            raise TapeError(f"{key}: must be >= {low}, got {value}")
-    if not 0 <= data.p_empty <= 1:
-        raise TapeError(f"data.p_empty: must be in [0, 1], got {data.p_empty}")
-    for key, triple in [("eval.dense_grid", evaluation.dense_grid), ("eval.sparse_grid", evaluation.sparse_grid)]:
-        if (len(triple) != 3 or any(v != int(v) or v < 2 for v in triple[:2]) or not 0 <= triple[2] <= 1):
-            raise TapeError(f"{key}: expected [length, width, p_empty] with whole length and width >= 2 and "
-                            f"p_empty in [0, 1], got {triple}")
-    if data.kind == "selective-copy" and data.seq_len < CopySpec(data.copy_tokens, data.blanks).length:
-        needed = CopySpec(data.copy_tokens, data.blanks).length
-        raise TapeError(f"data.seq_len: {data.seq_len} is too short for selective copy with {data.copy_tokens} "
-                        f"tokens and {data.blanks} blanks (needs 2 x {data.copy_tokens} + {data.blanks} + 1 = "
-                        f"{needed})")
+def _at_least(key: str, value: int, low: int) -> None:
+    if value < low:
+        raise TapeError(f"{key}: must be >= {low}, got {value}")
+
+
+def _check_grid(key: str, triple: list[float]) -> None:
+    if len(triple) != 3 or any(v != int(v) or v < 2 for v in triple[:2]) or not 0 <= triple[2] <= 1:
+        raise TapeError(f"{key}: expected [length, width, p_empty] with whole length and width >= 2 and "
+                        f"p_empty in [0, 1], got {triple}")
+
+
+class _SyntheticTokenizer:
+    """The synthetic tasks bring their own tokenizer."""
+
+    @property
+    def tokenizer(self) -> str:
+        """Always `synthetic` (the 16 symbols, blank, separator, actions): not a recipe key."""
+        return "synthetic"
+
+
+@dataclass
+class SelectiveCopyEval:
+    """`eval:` of kind selective-copy: the splits of `tape eval synthetic` (IID is the training distribution)."""
+
+    samples: int = 100  # sequences per split
+    dense_blanks: int = 64  # OOD-dense split: blanks among the copied symbols
+    sparse_blanks: int = 256  # OOD-sparse split: blanks among the copied symbols
+
+    def check(self) -> None:
+        positive("eval.samples", self.samples)
+        _at_least("eval.dense_blanks", self.dense_blanks, 0)
+        _at_least("eval.sparse_blanks", self.sparse_blanks, 0)
+
+
+@dataclass
+class SelectiveCopyData(_SyntheticTokenizer, DataSchema):
+    """`data:` of kind selective-copy: symbols among blanks, `|`, then the symbols again; the loss on the copy."""
+
+    Eval: ClassVar[type] = SelectiveCopyEval
+
+    kind: Literal["selective-copy"] = "selective-copy"  # copy the symbols found among blanks
+    seq_len: int = 1024  # tokens per sequence: at least 2 x copy_tokens + blanks + 1
+    copy_tokens: int = 128  # symbols to copy (from 16)
+    blanks: int = 128  # blanks among them in training (the IID split)
+
+    def check(self) -> None:
+        super().check()
+        _at_least("data.copy_tokens", self.copy_tokens, 1)
+        _at_least("data.blanks", self.blanks, 0)
+        needed = CopySpec(self.copy_tokens, self.blanks).length
+        if self.seq_len < needed:
+            raise TapeError(f"data.seq_len: {self.seq_len} is too short for selective copy with {self.copy_tokens} "
+                            f"tokens and {self.blanks} blanks (needs 2 x {self.copy_tokens} + {self.blanks} + 1 = "
+                            f"{needed})")
+
+    def build(self, tokenizer: Any, seed: int, cache_dir: Path) -> tuple[SyntheticDataset, SyntheticDataset]:
+        return _datasets(self, seed)
+
+
+@dataclass
+class GridEval:
+    """`eval:` of kinds grid-1d and grid-2d: the splits of `tape eval synthetic` (IID is the training distribution)."""
+
+    samples: int = 100  # sequences per split
+    dense_grid: list[float] = field(default_factory=lambda: [64, 32, 0.2])  # OOD-dense: length, width, p_empty
+    sparse_grid: list[float] = field(default_factory=lambda: [256, 128, 0.8])  # OOD-sparse: length, width, p_empty
+
+    def check(self) -> None:
+        positive("eval.samples", self.samples)
+        _check_grid("eval.dense_grid", self.dense_grid)
+        _check_grid("eval.sparse_grid", self.sparse_grid)
+
+
+@dataclass
+class GridData(_SyntheticTokenizer, DataSchema):
+    """`data:` of kinds grid-1d and grid-2d: a walk on a torus of objects, cut at seq_len tokens; the loss on every
+    token."""
+
+    Eval: ClassVar[type] = GridEval
+
+    kind: Literal["grid-1d", "grid-2d"] = "grid-1d"  # a walk on a 1D or 2D torus
+    seq_len: int = 1024  # tokens per sequence (the IID length)
+    grid_width: int = 64  # cells per side of the torus in training
+    p_empty: float = 0.5  # probability that a cell is blank in training
+
+    def check(self) -> None:
+        super().check()
+        _at_least("data.grid_width", self.grid_width, 2)
+        if not 0 <= self.p_empty <= 1:
+            raise TapeError(f"data.p_empty: must be in [0, 1], got {self.p_empty}")
+
+    def build(self, tokenizer: Any, seed: int, cache_dir: Path) -> tuple[SyntheticDataset, SyntheticDataset]:
+        return _datasets(self, seed)

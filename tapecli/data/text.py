@@ -17,6 +17,8 @@ Three kinds of source, one API (`ds[i] -> (input_ids, labels)`, both LongTensor[
 
 `global_indices(step, batch_size, n, seed)` says which examples optimizer step `step` uses, as a pure function of
 the step, so a run resumed at step s sees exactly the batches an uninterrupted run would have seen.
+
+`TextData` is the recipe's `data:` section of kind `text` (tapecli.data.schema).
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from tapecli.data.schema import DataSchema, check_tokenized
 from tapecli.data.sources import (
     is_hub_source,
     is_pretokenized,
@@ -241,3 +246,23 @@ def _cache_key(source: str, tokenizer: Tokenizer, val_fraction: float, seed: int
     h.update(json.dumps([CACHE_VERSION, files, text_field, val_fraction, seed]).encode())
     h.update(tokenizer_fingerprint(tokenizer).encode())
     return h.hexdigest()[:20]
+
+
+@dataclass
+class TextData(DataSchema):
+    """`data:` of kind text: documents packed into blocks of seq_len tokens (causal-LM pre-training)."""
+
+    kind: Literal["text"] = "text"  # documents packed into seq_len blocks
+    source: str | None = None  # hub id (`allenai/c4:en`), file, directory, glob or `.bin` token file
+    tokenizer: str = "byte"  # `byte`, a SentencePiece `.model` or a `tokenizer.json`
+    seq_len: int = 1024  # tokens per training sequence
+    val_fraction: float = 0.01  # share of documents held out for validation (of blocks, for a `.bin`)
+    text_field: str = "text"  # field holding a document's text (jsonl, json, parquet, hub)
+
+    def check(self) -> None:
+        super().check()
+        check_tokenized(self)
+
+    def build(self, tokenizer: Tokenizer, seed: int, cache_dir: Path) -> tuple[Dataset, Dataset | None]:
+        return build_text_datasets(self.source, tokenizer, self.seq_len, self.val_fraction, seed,
+                                   text_field=self.text_field, cache_dir=cache_dir)

@@ -26,8 +26,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
-
 from tapecli.errors import TapeError
 from tapecli.faults import reading
 from tapecli.files import JsonlLog, write_atomic
@@ -45,23 +43,17 @@ RESULTS_FILE = "results.json"
 
 
 def parse_pe_args(pairs: list[str] | None) -> dict[str, Any]:
-    """`["scaling=linear", "factor=2"]` -> `{"scaling": "linear", "factor": 2}`; values read as YAML, like recipe
-    overrides. Names and types are checked later, by the PE itself, when the model is opened with them."""
+    """`["scaling=linear", "factor=2"]` -> `{"scaling": "linear", "factor": 2}`; values read exactly as recipe
+    overrides read theirs (`tapecli.recipe.values.parse_value`). Names and types are checked later, by the PE itself,
+    when the model is rebuilt with them."""
+    from tapecli.recipe.values import parse_value
+
     parsed: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise TapeError(f"--pe-arg {pair!r} must look like key=value (e.g. --pe-arg scaling=linear)")
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            value = raw
-        if isinstance(value, str):  # YAML reads 1e6 as a string; a number was meant
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        parsed[key.strip()] = value
+        parsed[key.strip()] = parse_value(raw)
     return parsed
 
 

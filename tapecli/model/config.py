@@ -55,6 +55,11 @@ class ModelConfig:
             raise ValueError(f"model.n_kv_heads: {self.n_kv_heads} must divide model.n_heads={self.n_heads}")
         if self.ffn_dim is None:
             self.ffn_dim = 64 * math.ceil(8 * self.dim / 3 / 64)
+        if not isinstance(self.ffn_dim, int) or self.ffn_dim <= 0:
+            raise ValueError(f"model.ffn_dim: expected a positive integer, got {self.ffn_dim!r}")
+        for key in ("norm_eps", "init_std"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"model.{key}: must be > 0, got {getattr(self, key)!r}")
         if self.pe not in PE_NAMES:
             raise ValueError(f"model.pe: unknown positional encoding {self.pe!r}; allowed: {', '.join(PE_NAMES)}")
         build_pe(self)  # validates pe_args now (names, types, choices), not at the first forward

@@ -1,30 +1,39 @@
 """Recipes: the typed configuration of a `tape` run, loaded from YAML and `key=value` overrides.
 
-A recipe has five sections -- `model`, `data`, `train`, `eval`, `extend` -- each a dataclass below. Every field has a
-default, so a recipe file only needs the keys it changes; the shipped recipes spell out every key anyway, with
-comments, so that they double as documentation. Values are type-checked against the dataclass annotations and
-then cross-checked (`Recipe.validate`); every user mistake raises `TapeError` with a one-line message naming
-the key. `Recipe.set_keys` records which keys the file or an override wrote (defaults never count as set).
-
-This module owns the schema (the section dataclasses and their cross-checks); `recipe_values` type-checks values
-and applies `key=value` overrides, `recipe_files` finds shipped recipes.
+A recipe has up to five sections, each a dataclass:
+    model    ModelSection: the architecture; checked by `tapecli.model.ModelConfig` itself
+    data     chosen by `data.kind`: the schema that kind owns in its module under tapecli/data/ (keys, checks, how its
+             datasets are built; `tapecli.data.build.KINDS` is the table of kinds)
+    train    TrainSection: optimisation, checkpointing, logging
+    eval     the kind's evaluation keys (`DataSchema.Eval`); absent for kinds that have none (text, pairs, scrolls)
+    extend   ExtendSection: only in context-extension recipes and what `tape extend-context` sets; else None
+A recipe holds only what its kind uses: any other key is a one-line error ("data.blanks is not a key of kind text").
+Every key has a default, so a file needs only the keys it changes; the shipped recipes spell out every key their
+kind has, with comments, so that they double as documentation. Values are type-checked against the annotations
+(`tapecli.recipe.values`), each section checks itself, `Recipe.validate` adds what spans sections; every user mistake
+raises TapeError with a one-line message naming the key. `Recipe.set_keys` records which keys the file or an
+override wrote (defaults never count as set); `Recipe.notes` holds one-line notes for the command to print.
+Recipes written by tape 0.1 (every key of every kind spelled) are read through `tapecli.recipe.legacy`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import yaml
 
 from tapecli.errors import TapeError
 from tapecli.recipe.files import list_recipes, locate, recipe_text
-from tapecli.recipe.values import Tree, apply_override, check_tree, fail
+from tapecli.recipe.legacy import upgrade
+from tapecli.recipe.values import Layout, apply_override, check_tree, fail, field_types, parse_value, split_override
+
+if TYPE_CHECKING:
+    from tapecli.data.schema import DataSchema
 
 __all__ = ["Recipe", "list_recipes", "load_recipe", "recipe_text"]
 
-DataKind = Literal["text", "pairs", "addition", "scrolls", "selective-copy", "grid-1d", "grid-2d"]
 Schedule = Literal["linear", "cosine", "constant"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 LoggerName = Literal["jsonl", "tensorboard", "wandb"]
@@ -34,41 +43,34 @@ LoggerName = Literal["jsonl", "tensorboard", "wandb"]
 class ModelSection:
     """Architecture of the Llama-style transformer; mirrors `tapecli.model.ModelConfig`."""
 
-    pe: str = "tape"
-    pe_args: dict[str, Any] = field(default_factory=dict)  # free-form; the PE module validates it
-    n_layers: int = 12
-    dim: int = 768
-    n_heads: int = 12
+    pe: str = "tape"  # positional encoding: nope, rope, randpe, alibi, fire, xpos, t5, tape, cope, path
+    pe_args: dict[str, Any] = field(default_factory=dict)  # the PE's own options; {} = its defaults
+    n_layers: int = 12  # transformer blocks
+    dim: int = 768  # hidden size
+    n_heads: int = 12  # attention heads (head size dim / n_heads)
     n_kv_heads: int | None = None  # None = n_heads (multi-head attention)
     ffn_dim: int | None = None  # None = the model's default SwiGLU width
     vocab_size: int | None = None  # None = take it from the tokenizer
-    max_seq_len: int = 1024
-    tie_embeddings: bool = False
-    norm_eps: float = 1e-5
-    init_std: float = 0.02
+    max_seq_len: int = 1024  # the training context (RoPE scalings take it as the original length)
+    tie_embeddings: bool = False  # share the input embedding with the output layer
+    norm_eps: float = 1e-5  # RMSNorm epsilon
+    init_std: float = 0.02  # standard deviation of the initial weights
     abacus: bool = False  # Abacus digit-position embeddings (arithmetic only)
 
+    def check(self, pe_args: bool = True) -> None:
+        """`ModelConfig` checks the section (shapes, pe and, with `pe_args`, the PE's arguments). What comes from
+        the tokenizer stands in: a null vocab_size, Abacus's digit ids."""
+        from tapecli.model import ModelConfig
 
-@dataclass
-class DataSection:
-    """Where the training tokens come from and how they are cut into sequences."""
-
-    kind: DataKind = "text"
-    source: str | None = None  # hub id (`allenai/c4:en`), file, directory, glob or `.bin`; unused by addition
-    tokenizer: str = "byte"  # `byte`, a SentencePiece `.model`, a `tokenizer.json`, `addition` or `synthetic`
-    seq_len: int = 1024
-    val_fraction: float = 0.01
-    text_field: str = "text"
-    prompt_field: str = "prompt"
-    target_field: str = "target"
-    max_digits: int = 40
-    min_digits: int = 1
-    task: str | None = None  # kind scrolls: the SCROLLS task (tapecli.data.scrolls.TASKS)
-    compat: Literal["clean", "official"] = "clean"  # kind scrolls: example construction (official = the code's quirks)
-    copy_tokens: int = 128  # selective copy: symbols to copy (tapecli.data.synthetic)
-    blanks: int = 128  # selective copy: blanks among them in training (the IID split)
-    grid_width: int = 64  # grid navigation: cells per side of the torus in training
-    p_empty: float = 0.5  # grid navigation: probability that a cell is blank in training
+        kwargs = {**dataclasses.asdict(self), "pe_args": self.pe_args if pe_args else {}}
+        if self.vocab_size is None:
+            kwargs["vocab_size"] = 256
+        if self.abacus:
+            kwargs["abacus_digit_ids"] = list(range(10))
+        try:
+            ModelConfig(**kwargs)
+        except ValueError as err:
+            raise TapeError(str(err)) from None
 
 
 @dataclass
@@ -77,73 +79,94 @@ class TrainSection:
 
     batch_size: int = 512  # global sequences per optimizer step
     micro_batch_size: int = 8  # sequences per forward/backward; batch_size / micro = accumulation steps
-    max_steps: int = 10_000
-    lr: float = 1e-4
+    max_steps: int = 10_000  # optimizer steps
+    lr: float = 1e-4  # peak AdamW learning rate (0: the weights do not move)
     min_lr: float = 0.0  # learning rate at the end of the decay
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    warmup: int | float = 0.02  # < 1: fraction of max_steps; >= 1: number of steps
-    schedule: Schedule = "linear"
+    weight_decay: float = 0.01  # AdamW weight decay (matrices only)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas
+    warmup: int | float = 0.02  # < 1: fraction of max_steps; >= 1: number of steps (always fewer than max_steps)
+    schedule: Schedule = "linear"  # after warm-up: linear or cosine decay to min_lr, or constant
     grad_clip: float = 1.0  # max global gradient norm; 0 = off
     precision: Precision = "auto"  # auto: bf16 autocast on GPUs that support it, fp32 on CPU
-    seed: int = 0
-    save_every: int = 1000
+    seed: int = 0  # seeds torch/numpy/python and the data order
+    save_every: int = 1000  # steps between checkpoints
     keep_last: int = 2  # checkpoints kept on disk; 0 = keep all
-    eval_every: int = 500  # 0 = no periodic validation
-    eval_batches: int = 50
-    log_every: int = 10
-    activation_checkpointing: bool = False
-    compile: bool = False
+    eval_every: int = 500  # steps between validation-loss evaluations; 0 = never
+    eval_batches: int = 50  # micro-batches per validation
+    log_every: int = 10  # steps between log lines
+    activation_checkpointing: bool = False  # recompute activations in the backward pass (less memory)
+    compile: bool = False  # torch.compile the model
     freeze: list[str] = field(default_factory=list)  # glob patterns of parameter names to freeze
     unfreeze: list[str] = field(default_factory=list)  # patterns unfrozen again after `freeze`
     init_from: str | None = None  # checkpoint (run or checkpoint dir), or a Hugging Face model, to start from
     parallel: Literal["ddp", "fsdp"] = "ddp"  # under torchrun: replicate (ddp) or shard (fsdp, FSDP2) the model
-    # Where metrics go: jsonl (RUN/metrics.jsonl), tensorboard (RUN/tensorboard/), wandb (offline: WANDB_MODE=offline)
-    loggers: list[LoggerName] = field(default_factory=lambda: ["jsonl"])
+    # jsonl (RUN/metrics.jsonl), tensorboard (RUN/tensorboard/), wandb (offline: WANDB_MODE=offline)
+    loggers: list[LoggerName] = field(default_factory=lambda: ["jsonl"])  # where metrics go
 
     @property
     def warmup_steps(self) -> int:
-        """Warm-up length in optimizer steps."""
-        if self.warmup < 1:
-            return round(self.warmup * self.max_steps)
-        return int(self.warmup)
+        """Warm-up length in optimizer steps: a fraction of max_steps rounded, a count as given; at most
+        max_steps - 1, so the schedule always reaches its peak (`Recipe` refuses a count that does not fit when
+        the command line set it)."""
+        steps = round(self.warmup * self.max_steps) if self.warmup < 1 else int(self.warmup)
+        return max(0, min(steps, self.max_steps - 1))
 
     @property
     def grad_accum_steps(self) -> int:
         """Micro-batches accumulated per optimizer step."""
         return self.batch_size // self.micro_batch_size
 
-
-@dataclass
-class EvalSection:
-    """Evaluation settings of the arithmetic and synthetic evaluations."""
-
-    max_len: int | None = None  # largest operand length evaluated; None = 2 * data.max_digits
-    samples: int = 100  # problems per (length, length) cell; sequences per split for the synthetic tasks
-    dense_blanks: int = 64  # selective copy, OOD-dense split: blanks per sequence
-    sparse_blanks: int = 256  # selective copy, OOD-sparse split
-    dense_grid: list[float] = field(default_factory=lambda: [64, 32, 0.2])  # grid OOD-dense: length, width, p_empty
-    sparse_grid: list[float] = field(default_factory=lambda: [256, 128, 0.8])  # grid OOD-sparse
+    def check(self) -> None:
+        for key in ("batch_size", "micro_batch_size", "max_steps", "save_every", "eval_batches", "log_every"):
+            if getattr(self, key) <= 0:
+                fail(f"train.{key}", f"must be a positive integer, got {getattr(self, key)}")
+        # lr 0 is allowed: a run that must not move the weights (e.g. checking that an export reproduces its base)
+        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "keep_last", "eval_every", "seed"):
+            if getattr(self, key) < 0:
+                fail(f"train.{key}", f"must be >= 0, got {getattr(self, key)}")
+        if self.batch_size % self.micro_batch_size:
+            fail("train.batch_size", f"{self.batch_size} is not divisible by train.micro_batch_size "
+                 f"({self.micro_batch_size})")
+        if self.min_lr > self.lr:
+            fail("train.min_lr", f"{self.min_lr} exceeds train.lr ({self.lr})")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            fail("train.betas", f"expected a list of 2 floats in [0, 1), got {self.betas}")
+        if self.warmup < 0 or (self.warmup >= 1 and self.warmup != int(self.warmup)):
+            fail("train.warmup", f"expected a fraction in [0, 1) or a whole number of steps, got {self.warmup}")
+        if len(set(self.loggers)) != len(self.loggers):
+            fail("train.loggers", f"lists a logger twice: {self.loggers}")
 
 
 @dataclass
 class ExtendSection:
-    """`tape extend-context`: what is trained on a Hugging Face base and how positions reach the longer context."""
+    """`tape extend-context`: what is trained on a Hugging Face base and how positions reach the longer context.
+    A recipe has this section only when it extends a context (`Recipe.extend` is None otherwise)."""
 
-    method: Literal["tape", "lora", "longlora", "full"] | None = None  # None: not a context extension
-    scaling: Literal["pi", "yarn", "dynamic", "theta", "none"] = "pi"
-    compat: Literal["paper", "official"] = "paper"  # official: PI under every method, TAPE's P frozen
+    method: Literal["tape", "lora", "longlora", "full"] = "tape"  # what is trained (--method)
+    scaling: Literal["pi", "yarn", "dynamic", "theta", "none"] = "pi"  # how positions reach the target (--scaling)
+    compat: Literal["paper", "official"] = "paper"  # official: PI under every method, TAPE's P frozen (--compat)
     theta: float = 1e6  # RoPE base of `scaling: theta`
-    lora_rank: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_rank: int = 8  # lora, longlora: rank r of the adapters
+    lora_alpha: float = 16.0  # lora, longlora: scale alpha (the update is alpha / r x B A)
+    lora_dropout: float = 0.0  # lora, longlora: dropout on the adapters' input
+    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])  # adapted layers
     trainable: list[str] = field(default_factory=lambda: ["*embed_tokens*", "*norm*"])  # besides the method's own
     group_fraction: float = 0.25  # longlora: S²-Attn groups of this fraction of the training length
 
+    def check(self) -> None:
+        for key in ("lora_rank", "lora_alpha", "theta"):
+            if not getattr(self, key) > 0:
+                fail(f"extend.{key}", f"must be > 0, got {getattr(self, key)}")
+        if not 0 <= self.lora_dropout < 1:
+            fail("extend.lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+        if not 0 < self.group_fraction <= 1:
+            fail("extend.group_fraction", f"must be in (0, 1], got {self.group_fraction}")
 
-_SECTIONS: dict[str, type] = {"model": ModelSection, "data": DataSection, "train": TrainSection, "eval": EvalSection,
-                              "extend": ExtendSection}
+
+def _default_data() -> DataSchema:
+    from tapecli.data.text import TextData
+
+    return TextData()
 
 
 @dataclass
@@ -151,29 +174,39 @@ class Recipe:
     """A complete, validated run configuration."""
 
     model: ModelSection = field(default_factory=ModelSection)
-    data: DataSection = field(default_factory=DataSection)
+    data: DataSchema = field(default_factory=_default_data)  # the schema of data.kind (tapecli.data.build.KINDS)
     train: TrainSection = field(default_factory=TrainSection)
-    eval: EvalSection = field(default_factory=EvalSection)
-    extend: ExtendSection = field(default_factory=ExtendSection)
+    eval: Any | None = None  # the kind's `Eval` schema; None for kinds without evaluation keys
+    extend: ExtendSection | None = None  # only for context extensions
     # The dotted keys ("model.pe", "train.lr", ...) the recipe file or an override wrote; every other key holds its
     # default. Only set keys may override what a checkpoint or a base model already says (tapecli.model.merge).
     set_keys: ClassVar[frozenset[str]] = frozenset()
+    # One-line notes about how the recipe was read (an old format, a shortened warm-up), for the command to print.
+    notes: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_dict(cls, data: Any, origin: str = "recipe") -> Recipe:
         """Build and validate a recipe from nested dicts (e.g. a run's recipe.yaml); `origin` names the source
         in error messages."""
-        return _build(check_tree(data, origin, _SECTIONS))
+        return _build(data, origin, [])
+
+    def sections(self) -> dict[str, Any]:
+        """{name: section} of the sections this recipe has, in file order."""
+        present = {"model": self.model, "data": self.data, "train": self.train, "eval": self.eval,
+                   "extend": self.extend}
+        return {name: body for name, body in present.items() if body is not None}
 
     def set_values(self, section: str) -> dict[str, Any]:
-        """{key: value} of the keys of `section` that the user set."""
+        """{key: value} of the keys of `section` that the user set ({} for a section the recipe does not have)."""
         body = getattr(self, section)
+        if body is None:
+            return {}
         return {f.name: getattr(body, f.name) for f in dataclasses.fields(body)
                 if f"{section}.{f.name}" in self.set_keys}
 
     def to_dict(self) -> dict[str, Any]:
-        """The resolved recipe as plain nested dicts (YAML/JSON-able)."""
-        return dataclasses.asdict(self)
+        """The resolved recipe as plain nested dicts (YAML/JSON-able): the sections it has, every key of each."""
+        return {name: dataclasses.asdict(body) for name, body in self.sections().items()}
 
     def to_yaml(self) -> str:
         """The resolved recipe as YAML text that `load_recipe` reads back to an equal recipe."""
@@ -199,105 +232,96 @@ class Recipe:
         return kwargs
 
     def validate(self) -> None:
-        """Cross-field checks; raises TapeError naming the first offending key."""
-        m, d, t, e = self.model, self.data, self.train, self.eval
-        pe_names = _pe_names()
-        if m.pe not in pe_names:
-            raise TapeError(f"model.pe: unknown positional encoding '{m.pe}'; allowed: {', '.join(pe_names)}")
-        for key, value in [
-            ("model.n_layers", m.n_layers), ("model.dim", m.dim), ("model.n_heads", m.n_heads),
-            ("model.n_kv_heads", m.n_kv_heads), ("model.ffn_dim", m.ffn_dim), ("model.vocab_size", m.vocab_size),
-            ("model.max_seq_len", m.max_seq_len), ("data.seq_len", d.seq_len), ("data.min_digits", d.min_digits),
-            ("data.max_digits", d.max_digits), ("train.batch_size", t.batch_size),
-            ("train.micro_batch_size", t.micro_batch_size), ("train.max_steps", t.max_steps),
-            ("train.save_every", t.save_every), ("train.eval_batches", t.eval_batches),
-            ("train.log_every", t.log_every), ("eval.max_len", e.max_len), ("eval.samples", e.samples),
-        ]:
-            if value is not None and value <= 0:
-                fail(key, f"must be a positive integer, got {value}")
-        for key, value in [
-            ("model.norm_eps", m.norm_eps), ("model.init_std", m.init_std), ("train.lr", t.lr),
-        ]:
-            if not value > 0:
-                fail(key, f"must be > 0, got {value}")
-        for key, value in [
-            ("train.min_lr", t.min_lr), ("train.weight_decay", t.weight_decay), ("train.grad_clip", t.grad_clip),
-            ("train.keep_last", t.keep_last), ("train.eval_every", t.eval_every), ("train.seed", t.seed),
-        ]:
-            if value < 0:
-                fail(key, f"must be >= 0, got {value}")
-        if m.dim % m.n_heads:
-            fail("model.n_heads", f"{m.n_heads} does not divide model.dim ({m.dim})")
-        if m.n_kv_heads is not None and m.n_heads % m.n_kv_heads:
-            fail("model.n_kv_heads", f"{m.n_kv_heads} does not divide model.n_heads ({m.n_heads})")
-        if d.seq_len > m.max_seq_len:
-            fail("data.seq_len", f"{d.seq_len} exceeds model.max_seq_len ({m.max_seq_len})")
-        if not 0 <= d.val_fraction < 1:
-            fail("data.val_fraction", f"must be in [0, 1), got {d.val_fraction}")
-        if d.kind in ("text", "pairs") and not d.source:
-            fail("data.source", f"data.kind '{d.kind}' needs a source (hub id, file, directory or glob)")
-        if d.kind == "scrolls":
-            from tapecli.data.scrolls import check_task
-
-            check_task(d.task)
-        if (d.kind == "addition") != (d.tokenizer == "addition"):
-            fail("data.tokenizer", f"'{d.tokenizer}' does not fit data.kind '{d.kind}'; "
-                  "addition data and the `addition` tokenizer go together")
-        if d.kind == "addition":
-            if d.min_digits > d.max_digits:
-                fail("data.min_digits", f"{d.min_digits} exceeds data.max_digits ({d.max_digits})")
-            # a + b = c <eos>, with c up to one digit longer than the operands
-            needed = 3 * d.max_digits + 4
-            if d.seq_len < needed:
-                fail("data.seq_len", f"{d.seq_len} is too short for {d.max_digits}-digit addition "
-                      f"(needs {needed} tokens)")
-        from tapecli.data.synthetic import validate_synthetic
-
-        validate_synthetic(d, e)
-        if t.batch_size % t.micro_batch_size:
-            fail("train.batch_size", f"{t.batch_size} is not divisible by train.micro_batch_size "
-                  f"({t.micro_batch_size})")
-        if t.min_lr > t.lr:
-            fail("train.min_lr", f"{t.min_lr} exceeds train.lr ({t.lr})")
-        if len(t.betas) != 2 or not all(0 <= b < 1 for b in t.betas):
-            fail("train.betas", f"expected a list of 2 floats in [0, 1), got {t.betas}")
-        if t.warmup < 0 or (t.warmup >= 1 and t.warmup != int(t.warmup)):
-            fail("train.warmup", f"expected a fraction in [0, 1) or a whole number of steps, got {t.warmup}")
-        x = self.extend
-        for key, value in (("extend.lora_rank", x.lora_rank), ("extend.lora_alpha", x.lora_alpha),
-                           ("extend.theta", x.theta)):
-            if not value > 0:
-                fail(key, f"must be > 0, got {value}")
-        if not 0 <= x.lora_dropout < 1:
-            fail("extend.lora_dropout", f"must be in [0, 1), got {x.lora_dropout}")
-        if not 0 < x.group_fraction <= 1:
-            fail("extend.group_fraction", f"must be in (0, 1], got {x.group_fraction}")
-        if len(set(t.loggers)) != len(t.loggers):
-            fail("train.loggers", f"lists a logger twice: {t.loggers}")
-        if t.warmup_steps >= t.max_steps:
-            fail("train.warmup", f"{t.warmup_steps} warm-up steps must be fewer than train.max_steps "
-                  f"({t.max_steps})")
+        """Each section checks itself, then what spans sections; raises TapeError naming the first offending key.
+        PE arguments set without `model.pe` belong to the PE of the checkpoint or base the run starts from, which
+        checks them when the model is built."""
+        self.model.check(pe_args="model.pe" in self.set_keys or "model.pe_args" not in self.set_keys)
+        self.data.check()
+        if self.eval is not None:
+            self.eval.check()
+        self.train.check()
+        if self.extend is not None:
+            self.extend.check()
+        if self.data.seq_len > self.model.max_seq_len:
+            fail("data.seq_len", f"{self.data.seq_len} exceeds model.max_seq_len ({self.model.max_seq_len})")
 
 
-def _pe_names() -> tuple[str, ...]:
-    """Allowed `model.pe` values: the model's registry (imported lazily: it pulls in torch)."""
-    from tapecli.model import PE_NAMES
+def _layout(kind: str) -> Layout:
+    """The sections and keys a recipe of data kind `kind` may hold."""
+    from tapecli.data.build import KINDS
 
-    return PE_NAMES
+    schema = KINDS[kind]
+    kind_keys = {f"{section}.{key}" for other in KINDS.values()
+                 for section, cls in (("data", other), ("eval", other.Eval)) if cls is not None
+                 for key in field_types(cls)}
+    return Layout(kind, {"model": ModelSection, "data": schema, "train": TrainSection, "eval": schema.Eval,
+                         "extend": ExtendSection}, frozenset(kind_keys))
 
 
-def _build(tree: Tree) -> Recipe:
-    recipe = Recipe(**{name: cls(**tree.get(name, {})) for name, cls in _SECTIONS.items()})
-    recipe.set_keys = frozenset(f"{section}.{key}" for section, body in tree.items() for key in body)
+def _kind(data: Any, origin: str, overrides: list[str]) -> tuple[str, bool]:
+    """(the data kind, whether the file or an override wrote it): the last `data.kind=` override, else the file's
+    `data.kind`, else text."""
+    from tapecli.data.build import KINDS
+
+    kind, where, written = "text", "", False
+    body = data.get("data") if isinstance(data, dict) else None
+    if isinstance(body, dict) and "kind" in body:
+        kind, where, written = body["kind"], f"{origin}: ", True
+    for override in overrides:
+        parts, raw = split_override(override)
+        if parts == ["data", "kind"]:
+            kind, where, written = parse_value(raw), "", True
+    if not isinstance(kind, str) or kind not in KINDS:
+        raise TapeError(f"{where}data.kind: expected one of {', '.join(KINDS)}; got {kind!r}")
+    return kind, written
+
+
+def _build(data: Any, origin: str, overrides: list[str]) -> Recipe:
+    data, legacy_note = upgrade(data)
+    kind, kind_written = _kind(data, origin, overrides)
+    if isinstance(data, dict) and isinstance(data.get("data"), dict):
+        data = {**data, "data": {k: v for k, v in data["data"].items() if k != "kind"}}  # `_kind` read it
+    layout = _layout(kind)
+    tree = check_tree(data, origin, layout)
+    on_command_line = set()
+    for override in overrides:
+        parts, _ = split_override(override)
+        if parts != ["data", "kind"]:
+            apply_override(tree, override, layout)
+            on_command_line.add(".".join(parts[:2]))
+    data_schema, eval_schema = layout.sections["data"], layout.sections["eval"]
+    recipe = Recipe(model=ModelSection(**tree.get("model", {})),
+                    data=data_schema(**tree.get("data", {}), kind=kind),
+                    train=TrainSection(**tree.get("train", {})),
+                    eval=eval_schema(**tree.get("eval", {})) if eval_schema is not None else None,
+                    extend=ExtendSection(**tree["extend"]) if "extend" in tree else None)
+    recipe.set_keys = frozenset({f"{section}.{key}" for section, body in tree.items() for key in body}
+                                | ({"data.kind"} if kind_written else set()))
     recipe.validate()
+    notes = [f"{origin}: {legacy_note}"] if legacy_note else []
+    warmup = _fit_warmup(recipe.train, on_command_line)
+    recipe.notes = tuple(notes + ([warmup] if warmup else []))
     return recipe
+
+
+def _fit_warmup(t: TrainSection, on_command_line: set[str]) -> str | None:
+    """A warm-up count that does not fit max_steps: shortened, with a note, when only max_steps came from the
+    command line (e.g. a one-step smoke run of a recipe with a warm-up); an error naming the key otherwise."""
+    if t.warmup < 1 or t.warmup < t.max_steps:
+        return None
+    if "train.warmup" in on_command_line or "train.max_steps" not in on_command_line:
+        fail("train.warmup", f"{int(t.warmup)} warm-up steps must be fewer than train.max_steps ({t.max_steps}); "
+             "lower it, or give a fraction of the steps (e.g. train.warmup=0.02)")
+    return (f"train.warmup: {int(t.warmup)} warm-up steps do not fit train.max_steps={t.max_steps}; warming up for "
+            f"{t.warmup_steps}")
 
 
 def load_recipe(recipe: str, overrides: list[str] | None = None) -> Recipe:
     """Load a shipped recipe (`c4` or `c4.yaml`) or a YAML path, apply `key=value` overrides, validate.
 
-    Overrides use dotted keys (`train.max_steps=200`, `model.pe_args.theta=500000`); values are read as YAML
-    (`null`, `true`, `[0.9, 0.95]`) and type-checked against the schema. Raises TapeError on any mistake.
+    Overrides use dotted keys (`train.max_steps=200`, `model.pe_args.theta=500000`); values are read by
+    `tapecli.recipe.values.parse_value` (YAML: `null`, `true`, `[0.9, 0.95]`) and type-checked against the schema.
+    Raises TapeError on any mistake.
     """
     origin, text = locate(recipe)
     try:
@@ -305,7 +329,4 @@ def load_recipe(recipe: str, overrides: list[str] | None = None) -> Recipe:
     except yaml.YAMLError as err:
         problem = " ".join(str(err).split())
         raise TapeError(f"{origin}: not valid YAML: {problem}") from None
-    tree = check_tree(data, origin, _SECTIONS)
-    for override in overrides or []:
-        apply_override(tree, override, _SECTIONS)
-    return _build(tree)
+    return _build(data, origin, overrides or [])

@@ -1,18 +1,23 @@
-"""Recipe values: type-check parsed YAML against the section dataclasses, and apply `key=value` overrides.
+"""Recipe values: one parser for values written as text, type-checking against the section dataclasses, and
+`key=value` overrides.
 
-Both work on a *tree*, `{section: {key: value}}`, holding only the keys a recipe file or an override wrote, so the
-caller knows which keys the user set. `sections` maps each section name to its dataclass (tapecli.recipe owns them).
-Every mistake is a TapeError naming the key.
+`parse_value` reads every value written on a command line: recipe overrides (`model.pe_args.a=inf`) and
+`--pe-arg a=inf` alike. Type-checking and overrides work on a *tree*, `{section: {key: value}}`, holding only the
+keys a recipe file or an override wrote, so the caller knows which keys the user set. A `Layout` says which
+sections and keys a recipe of one data kind may hold (tapecli.recipe.schema builds it). Every mistake is a TapeError
+naming the key.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import math
 import re
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import yaml
@@ -28,12 +33,47 @@ def fail(key: str, problem: str) -> typing.NoReturn:
 
 @functools.cache
 def field_types(section_cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(section_cls)
+    """{key: annotation} of a section dataclass's fields, in their order."""
+    hints = typing.get_type_hints(section_cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(section_cls)}
 
 
-def _unknown_key(key: str, sections: dict[str, type], where: str = "") -> TapeError:
-    keys = [f"{s}.{k}" for s, cls in sections.items() for k in field_types(cls)]
-    close = difflib.get_close_matches(key, keys + list(sections), n=1)
+@dataclass(frozen=True)
+class Layout:
+    """What a recipe of data kind `kind` may hold: each section's dataclass (None for a section the kind does not
+    have), and `kind_keys`, the dotted `data`/`eval` keys of every kind (one of another kind is no typo)."""
+
+    kind: str
+    sections: dict[str, type | None]
+    kind_keys: frozenset[str]
+
+    def keys(self, section: str) -> dict[str, Any]:
+        """{key: annotation} of `section`; {} for a section the kind does not have."""
+        cls = self.sections[section]
+        return field_types(cls) if cls is not None else {}
+
+
+KIND_SECTIONS = ("data", "eval")  # the sections whose keys the data kind decides
+
+
+def _unknown_key(key: str, layout: Layout, where: str = "") -> TapeError:
+    section, _, name = key.partition(".")
+    if section in KIND_SECTIONS and name:
+        cls, kind = layout.sections[section], layout.kind
+        # A did-you-mean only for a typo of one of the kind's keys, not for another kind's key (`blanks` for text).
+        close = [] if key in layout.kind_keys else difflib.get_close_matches(name, list(layout.keys(section)), n=1,
+                                                                              cutoff=0.8)
+        if close:
+            hint = f" (did you mean '{section}.{close[0]}'?)"
+        elif cls is None:
+            hint = f" (kind {kind} has no {section} keys)"
+        elif name == "tokenizer" and isinstance(getattr(cls, "tokenizer", None), property):
+            hint = f" (kind {kind} brings its own tokenizer)"
+        else:
+            hint = ""
+        return TapeError(f"{where}{key} is not a key of kind {kind}{hint}")
+    keys = [f"{s}.{k}" for s in layout.sections for k in layout.keys(s)]
+    close = difflib.get_close_matches(key, keys + list(layout.sections), n=1)
     hint = f" (did you mean '{close[0]}'?)" if close else ""
     return TapeError(f"{where}unknown key '{key}'{hint}")
 
@@ -53,16 +93,28 @@ def _describe(tp: Any) -> str:
             type(None): "null"}[tp]
 
 
-_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+# Numbers that YAML 1.1 (PyYAML) reads as strings: `1e6`, `1.5e3`, `inf`, `-Infinity`, `nan`.
+_NUMBER_STRING = re.compile(r"[-+]?((\d+\.?\d*|\.\d+)[eE][-+]?\d+|inf|infinity|nan)", re.IGNORECASE)
 
 
-def _exponent_floats(value: Any) -> Any:
-    """Turn `1e6`-style strings inside free-form mappings into floats (PyYAML reads them as strings)."""
+def parse_value(raw: str) -> Any:
+    """A value written as text -- a recipe override's or a `--pe-arg`'s -- the one way: read as YAML (`null`,
+    `true`, `[0.9, 0.95]`, `{a: 1}`), then every string that spells a number YAML 1.1 leaves as text (`1e6`, `inf`,
+    `nan`) made a float, at any depth. Text that is not YAML (a glob such as `*.pe.*`) stays as written."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    return _numbers(value)
+
+
+def _numbers(value: Any) -> Any:
+    """`value` with number-spelling strings made floats, inside lists and mappings too."""
     if isinstance(value, dict):
-        return {k: _exponent_floats(v) for k, v in value.items()}
+        return {k: _numbers(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_exponent_floats(v) for v in value]
-    if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value):
+        return [_numbers(v) for v in value]
+    if isinstance(value, str) and _NUMBER_STRING.fullmatch(value.strip()):
         return float(value)
     return value
 
@@ -98,7 +150,7 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
             fail(key, f"expected a mapping with string keys, got {value!r}")
-        return _exponent_floats(value)
+        return _numbers(value)
     if tp is bool:
         if not isinstance(value, bool):
             fail(key, f"expected true or false, got {value!r}")
@@ -122,23 +174,23 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     fail(key, f"expected {_describe(tp)}, got {value!r}")
 
 
-def check_tree(data: Any, origin: str, sections: dict[str, type]) -> Tree:
+def check_tree(data: Any, origin: str, layout: Layout) -> Tree:
     """Type-check a parsed recipe file: known sections holding known keys with values of the right type."""
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise TapeError(f"{origin}: expected a mapping of sections ({', '.join(sections)})")
+        raise TapeError(f"{origin}: expected a mapping of sections ({', '.join(layout.sections)})")
     tree: Tree = {}
     for section, body in data.items():
-        if section not in sections:
-            raise _unknown_key(str(section), sections, f"{origin}: ")
+        if section not in layout.sections:
+            raise _unknown_key(str(section), layout, f"{origin}: ")
         if body is not None and not isinstance(body, dict):
             raise TapeError(f"{origin}: section '{section}' must be a mapping of keys")
-        hints = field_types(sections[section])
+        hints = layout.keys(section)
         tree[section] = {}
         for key, value in (body or {}).items():
             if key not in hints:
-                raise _unknown_key(f"{section}.{key}", sections, f"{origin}: ")
+                raise _unknown_key(f"{section}.{key}", layout, f"{origin}: ")
             try:
                 tree[section][key] = coerce(value, hints[key], f"{section}.{key}")
             except TapeError as err:
@@ -146,26 +198,28 @@ def check_tree(data: Any, origin: str, sections: dict[str, type]) -> Tree:
     return tree
 
 
-def apply_override(tree: Tree, override: str, sections: dict[str, type]) -> None:
-    """Apply one `section.key=value` (or `model.pe_args.a.b=value`) override to a type-checked recipe tree."""
+def split_override(override: str) -> tuple[list[str], str]:
+    """`model.pe_args.a=1` -> (["model", "pe_args", "a"], "1"); raises TapeError unless it looks like key=value."""
     key, sep, raw = override.partition("=")
     key = key.strip()
     if not sep or not key:
         raise TapeError(f"override '{override}' must look like key=value (e.g. train.max_steps=200)")
-    parts = key.split(".")
-    section = parts[0]
-    if section not in sections:
-        raise _unknown_key(key, sections)
+    return key.split("."), raw
+
+
+def apply_override(tree: Tree, override: str, layout: Layout) -> None:
+    """Apply one `section.key=value` (or `model.pe_args.a.b=value`) override to a type-checked recipe tree."""
+    parts, raw = split_override(override)
+    key, section = ".".join(parts), parts[0]
+    if section not in layout.sections:
+        raise _unknown_key(key, layout)
     if len(parts) == 1:
         raise TapeError(f"'{key}' is a section; set one of its keys, e.g. {key}.<key>=value")
-    hints = field_types(sections[section])
+    hints = layout.keys(section)
     name = parts[1]
     if name not in hints or (len(parts) > 2 and typing.get_origin(hints[name]) is not dict):
-        raise _unknown_key(key, sections)
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        value = raw  # e.g. a glob like `*.pe.*`, which YAML reads as an alias
+        raise _unknown_key(key, layout)
+    value = parse_value(raw)
     body = tree.setdefault(section, {})
     if len(parts) == 2:
         if isinstance(value, (int, float, bool)) and _accepts_str(hints[name]):
@@ -180,7 +234,7 @@ def apply_override(tree: Tree, override: str, sections: dict[str, type]) -> None
         if not isinstance(node.get(part), dict):
             node[part] = {}
         node = node[part]
-    node[parts[-1]] = _exponent_floats(value)
+    node[parts[-1]] = value
 
 
 def _accepts_str(tp: Any) -> bool:

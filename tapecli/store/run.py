@@ -93,11 +93,16 @@ class MetricsLog(JsonlLog):
         self.append([row])
 
 
+def run_recipe_path(checkpoint: Path) -> Path:
+    """Where the recipe of the run a checkpoint belongs to lives: RUN/checkpoints/step-N -> RUN/recipe.yaml."""
+    return Path(checkpoint).parent.parent / RECIPE
+
+
 def run_recipe(checkpoint: Path) -> Recipe | None:
-    """The resolved recipe of the run a checkpoint belongs to (RUN/checkpoints/step-N -> RUN/recipe.yaml), if any."""
+    """The resolved recipe of the run a checkpoint belongs to, if any (a run written by tape 0.1 included)."""
     from tapecli.recipe import load_recipe
 
-    path = Path(checkpoint).parent.parent / RECIPE
+    path = run_recipe_path(checkpoint)
     return load_recipe(str(path)) if path.is_file() else None
 
 

@@ -32,6 +32,7 @@ from tapecli.data.build import build_datasets
 from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
 from tapecli.recipe import Recipe
+from tapecli.recipe.legacy import legacy_hash
 from tapecli.runtime import resolve_precision, rng_state, seed_everything, set_rng_state
 from tapecli.store.checkpoint import (
     checkpoint_step,
@@ -41,7 +42,7 @@ from tapecli.store.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from tapecli.store.run import CHECKPOINTS, removed_on_failure, write_run_files
+from tapecli.store.run import CHECKPOINTS, removed_on_failure, run_recipe_path, write_run_files
 from tapecli.train import distributed, fsdp, memory
 from tapecli.train.build import build_model
 from tapecli.train.continuation import check_continuation
@@ -213,7 +214,8 @@ def _restore(job: Job, checkpoint: Path) -> None:
     set_rng_state(state["rng"])
     job.start_step, job.tokens, job.elapsed = state["step"], state["tokens"], state["elapsed"]
     job.last_checkpoint = checkpoint
-    if state["recipe_hash"] != job.recipe_hash and job.env.is_main:
+    unchanged = state["recipe_hash"] in (job.recipe_hash, legacy_hash(job.recipe, run_recipe_path(checkpoint)))
+    if not unchanged and job.env.is_main:
         print(f"note: the recipe differs from the one that wrote {checkpoint}; continuing with the new one")
 
 

@@ -38,8 +38,11 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, max_steps: 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, *, lr: float, min_lr: float, warmup_steps: int,
                     max_steps: int, schedule: str) -> torch.optim.lr_scheduler.LambdaLR:
-    """A LambdaLR following `lr_at`; its state (the step count) goes into every checkpoint."""
+    """A LambdaLR following `lr_at`; its state (the step count) goes into every checkpoint. With lr 0 (a run that
+    must leave the weights as they are) every step's rate is 0."""
     def factor(step: int) -> float:
+        if lr == 0:
+            return 0.0
         return lr_at(step, lr=lr, min_lr=min_lr, warmup_steps=warmup_steps, max_steps=max_steps,
                      schedule=schedule) / lr
 

@@ -304,8 +304,6 @@ def test_real_bugs_keep_their_traceback_and_debug_shows_every_one(monkeypatch: p
 
 
 @pytest.mark.parametrize(("overrides", "fragment"), [
-    (["data.kind=addition", "data.tokenizer=addition", "data.max_digits=3", "data.seq_len=32", "model.pe=rope"],
-     "data.kind: the recipe says 'addition'"),
     (["model.max_seq_len=128"], "model.max_seq_len: the recipe asks for 128"),
     (["model.pe_args.theta=500"], "model.pe_args"),
 ])
@@ -313,6 +311,15 @@ def test_continuing_with_a_recipe_that_changes_the_checkpoint_is_refused(run_cop
                                                                           fragment: str) -> None:
     before = snapshot(run_copy)
     one_line_error(resume(run_copy, *overrides), 2, fragment)
+    assert snapshot(run_copy) == before
+
+
+def test_continuing_with_another_data_kind_is_refused(run_copy: Path, tmp_path: Path) -> None:
+    addition = tmp_path / "addition.yaml"  # a recipe holds only its kind's keys: another kind is another file
+    addition.write_text("model: {pe: rope}\ndata: {kind: addition, max_digits: 3, seq_len: 32}\n")
+    before = snapshot(run_copy)
+    one_line_error(runner.invoke(app, ["pretrain", "--recipe", str(addition), "--out", str(run_copy),
+                                       "train.max_steps=4"]), 2, "data.kind: the recipe says 'addition'")
     assert snapshot(run_copy) == before
 
 

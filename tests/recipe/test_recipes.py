@@ -39,32 +39,36 @@ def test_shipped_recipe_validates_and_round_trips(name, tmp_path):
     assert Recipe.from_dict(recipe.to_dict()) == recipe
 
 
-def _commented_keys(text: str) -> dict[str, set[str]]:
-    """{section: keys written as comments (`# key: ...`)} of a recipe's YAML text."""
-    found: dict[str, set[str]] = {}
-    section = None
+def _key_lines(text: str) -> list[tuple[str, str, bool, str]]:
+    """(section, key, commented out, the line) of every key line of a recipe's YAML text."""
+    found, section = [], None
     for line in text.splitlines():
         if re.match(r"^\w+:", line):
             section = line.split(":")[0]
-        elif section and (match := re.match(r"^\s+#\s*(\w+):", line)):
-            found.setdefault(section, set()).add(match.group(1))
+        elif section and (match := re.match(r"^\s+(#\s*)?(\w+):", line)):
+            found.append((section, match.group(2), bool(match.group(1)), line))
     return found
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_shipped_recipe_sets_every_key(name):
-    """Shipped recipes double as documentation, so every section they write spells out every key, as a key or,
-    where the command or a base model decides it (context extension), as a commented key. Only context-extension
-    recipes have an `extend` section."""
+def test_shipped_recipe_documents_exactly_what_its_kind_uses(name):
+    """Shipped recipes double as documentation: each section they have spells out every key of its schema -- the
+    data kind's own keys for `data` and `eval` -- as a key or, where the command, a checkpoint or a base model decides
+    it, as a commented-out key; every key written carries a comment. A section exists only where it applies: `eval`
+    for kinds with evaluation keys, `extend` for context extensions."""
+    from dataclasses import fields
+
     text = recipe_text(name)
-    written, commented = yaml.safe_load(text), _commented_keys(text)
-    for section, values in load_recipe(name, []).to_dict().items():
-        if section == "extend" and not name.startswith("context-extension"):
-            assert section not in written
-            continue
-        assert set(written[section]) | commented.get(section, set()) == set(values), section
-
-
+    recipe = load_recipe(name, [])
+    sections = {section: {f.name for f in fields(body)} for section, body in recipe.sections().items()}
+    assert set(yaml.safe_load(text)) == set(sections)
+    assert ("extend" in sections) == name.startswith("context-extension")
+    assert ("eval" in sections) == (recipe.data.kind in {"addition", "selective-copy", "grid-1d", "grid-2d"})
+    lines = _key_lines(text)
+    for section, keys in sections.items():
+        assert {key for s, key, _, _ in lines if s == section} == keys, section
+    for section, key, commented, line in lines:
+        assert commented or "#" in line.split(":", 1)[1], f"{section}.{key} has no comment"
 def test_descriptions_are_first_comment_lines():
     descriptions = dict(list_recipes())
     assert all(descriptions.values())
@@ -91,7 +95,6 @@ def test_overrides_are_typed():
     recipe = load_recipe("c4", [
         "model.pe=alibi", "train.max_steps=200", "train.lr=1e-4", "train.min_lr=0", "train.compile=true",
         "model.n_kv_heads=null", "model.n_kv_heads=4", "model.ffn_dim=null", "train.betas=[0.9, 0.95]",
-        "model.pe_args.theta=500000", "model.pe_args.scaling.factor=4", "model.pe_args.base=1e6",
         "train.freeze=*.pe.*", "data.source=2024", "train.warmup=20",
     ])
     assert recipe.model.pe == "alibi"
@@ -100,16 +103,40 @@ def test_overrides_are_typed():
     assert recipe.train.compile is True
     assert recipe.model.n_kv_heads == 4 and recipe.model.ffn_dim is None
     assert recipe.train.betas == [0.9, 0.95]
-    assert recipe.model.pe_args == {"theta": 500000, "scaling": {"factor": 4}, "base": 1e6}
     assert recipe.train.freeze == ["*.pe.*"]
     assert recipe.data.source == "2024"
     assert recipe.train.warmup_steps == 20
     assert load_recipe("c4", ["train.max_steps=1e4"]).train.max_steps == 10_000
+    # pe_args are free-form mappings; scrolls leaves model.pe to the checkpoint, so they are the checkpoint PE's
+    scrolls = load_recipe("scrolls", ["model.pe_args.theta=500000", "model.pe_args.scaling.factor=4",
+                                      "model.pe_args.base=1e6", "model.pe_args.cap=inf"])
+    assert scrolls.model.pe_args == {"theta": 500000, "scaling": {"factor": 4}, "base": 1e6, "cap": float("inf")}
+
+
+def test_pe_args_are_checked_by_the_model_when_the_recipe_names_the_pe():
+    assert load_recipe("c4", ["model.pe=rope", "model.pe_args.theta=5e5"]).model.pe_args == {"theta": 5e5}
+    assert error_of("c4", ["model.pe=alibi", "model.pe_args.theta=1"]) == (
+        "model.pe_args.theta: not an argument of pe 'alibi'; allowed: (none)")
+    assert "model.pe_args.theta: expected a number" in error_of("c4", ["model.pe_args.theta=fast"])  # c4 names tape
+
+
+def test_one_value_parser_for_overrides_and_pe_args():
+    """`--pe-arg a=inf` and `model.pe_args.a=inf` read the same value (they once gave a float and a string)."""
+    from tapecli.eval.common import parse_pe_args
+    from tapecli.recipe.values import parse_value
+
+    for raw in ["inf", "-inf", "1e6", "1.5e-3", "2", "linear", "null", "true", "[1, 2e3]", "{a: 1e2}", "*.pe.*"]:
+        from_override = load_recipe("scrolls", [f"model.pe_args.a={raw}"]).model.pe_args["a"]
+        from_pe_arg = parse_pe_args([f"a={raw}"])["a"]
+        assert from_override == from_pe_arg == parse_value(raw), raw
+        assert type(from_override) is type(from_pe_arg)
+    assert parse_value("inf") == float("inf") and parse_value("[1, 2e3]") == [1, 2000.0]
+    assert parse_value("*.pe.*") == "*.pe.*" and parse_value("1e6") == 1e6 and parse_value("2") == 2
 
 
 def test_overrides_do_not_leak_between_loads():
-    load_recipe("c4", ["model.pe_args.factor=4", "model.pe_args.yarn.beta=1"])
-    assert load_recipe("c4", []).model.pe_args == load_recipe("c4.yaml", []).model.pe_args
+    load_recipe("scrolls", ["model.pe_args.factor=4", "model.pe_args.yarn.beta=1"])
+    assert load_recipe("scrolls", []).model.pe_args == load_recipe("scrolls.yaml", []).model.pe_args == {}
 
 
 @pytest.mark.parametrize(("override", "expected"), [
@@ -130,8 +157,12 @@ def test_overrides_do_not_leak_between_loads():
     ("train.warmup=10000", "train.warmup: 10000 warm-up steps must be fewer than train.max_steps"),
     ("data.seq_len=2048", "data.seq_len: 2048 exceeds model.max_seq_len (1024)"),
     ("data.source=null", "data.source: data.kind 'text' needs a source"),
-    ("data.kind=addition", "data.tokenizer:"),
-    ("model.n_heads=5", "model.n_heads: 5 does not divide model.dim (768)"),
+    ("data.kind=addition", "c4.yaml: data.source is not a key of kind addition"),
+    ("data.tokenizer=synthetic", "data.tokenizer: 'synthetic' is the tokenizer of generated data"),
+    ("model.n_heads=5", "model.dim: 768 is not divisible by model.n_heads=5"),
+    ("model.ffn_dim=0", "model.ffn_dim: expected a positive integer, got 0"),
+    ("model.norm_eps=0", "model.norm_eps: must be > 0, got 0.0"),
+    ("train.lr=-1e-4", "train.lr: must be >= 0, got -0.0001"),
     ("model.dim.x=1", "unknown key 'model.dim.x'"),
     ("model=1", "'model' is a section"),
     ("train.max_steps", "override 'train.max_steps' must look like key=value"),
@@ -205,3 +236,37 @@ def test_shipped_recipes_are_package_data_of_the_wheel(tmp_path):
     wheel = next(tmp_path.glob("tapecli-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"tapecli/recipe/shipped/{name}.yaml" for name, _ in list_recipes()} <= names
+
+
+def test_extend_exists_only_for_context_extensions():
+    assert load_recipe("c4-smoke").extend is None and "extend" not in load_recipe("c4-smoke").to_dict()
+    assert load_recipe("context-extension").extend.method == "tape"  # the section is there: --method's default
+    extended = load_recipe("c4-smoke", ["extend.method=lora"])  # what `tape extend-context --method lora` sets
+    assert extended.extend.method == "lora" and extended.extend.lora_rank == 8
+    assert extended.set_values("extend") == {"method": "lora"} and load_recipe("c4-smoke").set_values("extend") == {}
+
+
+def test_a_warm_up_that_does_not_fit_a_shorter_run_from_the_command_line_is_shortened_with_a_note():
+    smoke = load_recipe("c4-smoke", ["train.max_steps=1"])  # the file says warmup: 1
+    assert smoke.train.warmup == 1 and smoke.train.warmup_steps == 0
+    assert smoke.notes == ("train.warmup: 1 warm-up steps do not fit train.max_steps=1; warming up for 0",)
+    assert load_recipe("c4-smoke").notes == () and load_recipe("c4-smoke").train.warmup_steps == 1
+    fraction = load_recipe("c4", ["train.max_steps=1"])  # 0.02 of 1 step rounds to 0: nothing to say
+    assert (fraction.train.warmup_steps, fraction.notes) == (0, ())
+    assert load_recipe("c4", ["train.max_steps=1", "train.warmup=0.9"]).train.warmup_steps == 0  # rounds to fit
+    assert load_recipe("c4", ["train.max_steps=4", "train.warmup=0.9"]).train.warmup_steps == 3
+
+
+def test_a_warm_up_the_user_sets_too_long_is_an_error_naming_the_fix(tmp_path):
+    message = error_of("c4-smoke", ["train.max_steps=1", "train.warmup=1"])
+    assert message == ("train.warmup: 1 warm-up steps must be fewer than train.max_steps (1); lower it, or give a "
+                       "fraction of the steps (e.g. train.warmup=0.02)")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("data: {source: x.txt}\ntrain: {max_steps: 5, warmup: 5}\n")
+    assert error_of(str(mine), []).startswith("train.warmup: 5 warm-up steps must be fewer than train.max_steps (5)")
+
+
+def test_a_zero_learning_rate_is_allowed():
+    recipe = load_recipe("c4-smoke", ["train.lr=0"])
+    assert recipe.train.lr == 0.0 and recipe.train.min_lr == 0.0
+    assert error_of("c4-smoke", ["train.lr=0", "train.min_lr=1e-5"]) == "train.min_lr: 1e-05 exceeds train.lr (0.0)"

@@ -89,6 +89,24 @@ def test_schedule_warms_up_then_decays_to_min_lr() -> None:
     assert lr_at(5, lr=1.0, min_lr=0.1, warmup_steps=0, max_steps=6, schedule="constant") == 1.0
 
 
+def test_a_zero_learning_rate_leaves_the_weights_exactly_as_they_were(tmp_path: Path, tiny_corpus: Path) -> None:
+    """lr 0 is allowed: training from a checkpoint then reproduces it bit for bit (issue 18's sanity check)."""
+    base = train(tmp_path, tiny_corpus, "base", "train.max_steps=2")
+    still = train(tmp_path, tiny_corpus, "still", "train.lr=0", "train.min_lr=0", f"train.init_from={base}",
+                  "train.max_steps=2")
+    assert_same_weights(weights(base), weights(still))
+    assert [r["lr"] for r in read_metrics(still) if "lr" in r] == [0.0, 0.0]
+
+
+def test_a_one_step_smoke_run_of_a_recipe_with_a_warm_up(tmp_path: Path, tiny_corpus: Path) -> None:
+    """c4-smoke warms up for 1 step; `train.max_steps=1` shortens that to 0 with a note instead of failing."""
+    result = runner.invoke(app, ["pretrain", "--recipe", "c4-smoke", "--out", str(tmp_path / "one"),
+                                 f"data.source={tiny_corpus}", "train.max_steps=1"])
+    assert result.exit_code == 0, result.output
+    assert "note: train.warmup: 1 warm-up steps do not fit train.max_steps=1; warming up for 0" in result.output
+    assert [r["lr"] for r in read_metrics(tmp_path / "one") if "lr" in r] == [1e-3]
+
+
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path: Path, tiny_corpus: Path) -> None:
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus)
     out = tmp_path / "run"

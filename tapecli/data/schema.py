@@ -1,0 +1,54 @@
+"""What a data kind owns: the keys of a recipe's `data:` section, the keys of its `eval:` section, their checks, and
+how its datasets are built. `tapecli.data.build.KINDS` lists the kinds; `tapecli.recipe` reads the sections.
+
+A kind is a dataclass deriving from `DataSchema`: its fields are its `data:` keys, `kind` first, each with a default
+and a one-line comment; `Eval` is the dataclass of its `eval:` keys (None: the kind has none). The recipe
+type-checks values against the field annotations, then calls `check()`, which raises a TapeError naming the key. A
+kind that brings its own tokenizer (addition, the synthetic tasks) has no `tokenizer` field but a `tokenizer`
+property, so `recipe.data.tokenizer` reads the same for every kind.
+
+Plain Python: nothing here imports torch (the datasets do, when `build` is called).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tapecli.data.tokenizer import CHAR_TOKENIZERS
+from tapecli.errors import TapeError
+
+
+class DataSchema:
+    """Base of every kind's `data:` schema (a dataclass; see the module docstring)."""
+
+    Eval: ClassVar[type | None] = None  # the kind's `eval:` schema; None when the kind has no eval keys
+
+    kind: str
+    seq_len: int
+
+    def check(self) -> None:
+        """Raise TapeError naming the first key with a bad value (types are already checked)."""
+        positive("data.seq_len", self.seq_len)
+
+    def build(self, tokenizer: Any, seed: int, cache_dir: Path) -> tuple[Any, Any | None]:
+        """(train, validation or None) datasets: `ds[i] -> (input_ids, labels)`, LongTensors of `seq_len`."""
+        raise NotImplementedError
+
+
+def positive(key: str, value: int | None) -> None:
+    """A count that must be >= 1 when given (None passes: it means "derive it")."""
+    if value is not None and value <= 0:
+        raise TapeError(f"{key}: must be a positive integer, got {value}")
+
+
+def check_tokenized(data: Any, needs_source: bool = True) -> None:
+    """The shared checks of a kind that tokenizes text it reads (text, pairs, scrolls): its `source` (when the kind
+    has no default one), its `tokenizer` (not a generated task's own) and its `val_fraction`."""
+    if needs_source and not data.source:
+        raise TapeError(f"data.source: data.kind '{data.kind}' needs a source (hub id, file, directory or glob)")
+    if data.tokenizer in CHAR_TOKENIZERS:
+        raise TapeError(f"data.tokenizer: '{data.tokenizer}' is the tokenizer of generated data and does not fit "
+                        f"data.kind '{data.kind}'; use byte, a SentencePiece .model or a tokenizer.json")
+    if not 0 <= data.val_fraction < 1:
+        raise TapeError(f"data.val_fraction: must be in [0, 1), got {data.val_fraction}")
