@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from tapecli.cli import app
 from tapecli.data.tokenizer import ByteTokenizer, load_tokenizer, train_tokenizer
-from tapecli.eval import passkey
+from tapecli.eval import passkey, protocol
 from tapecli.eval.passkey import FILLER, budget_chars, encode_prompt, evaluate_passkey, make_prompt, plan_budgets
 from tapecli.model import ModelConfig, Transformer
 from tapecli.store.checkpoint import save_model
@@ -97,7 +97,7 @@ class Oracle(torch.nn.Module):
 
 @pytest.mark.parametrize("off_by_one", [False, True])
 def test_scoring_is_exact_match_on_the_answer_tokens(tmp_path, monkeypatch, off_by_one):
-    monkeypatch.setattr(passkey, "open_model", lambda spec, **_: _opened(Oracle(off_by_one)))
+    monkeypatch.setattr(protocol, "open_model", lambda spec, **_: _opened(Oracle(off_by_one)))
     results = evaluate_passkey("oracle", tmp_path, budgets=[64, 128], trials=5, batch_size=4, show_progress=False)
     assert results["accuracy"] == (0.0 if off_by_one else 1.0)
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
