@@ -115,7 +115,7 @@ def eval_scrolls(
     limit: int | None = typer.Option(None, "--limit", help="Only the first N examples (a quick look, not the "
                                      "official score)."),
     batch_size: int = batch_size_option(8, "Examples decoded together"),
-    out: str | None = out_option("RUN/eval-scrolls/TASK-SPLIT"),
+    out: str | None = out_option("RUN/eval-scrolls/TASK-SPLIT; with --predictions, results.json goes there"),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
@@ -142,8 +142,10 @@ def eval_scrolls(
     if predictions is not None:
         if len(tasks) != 1 or model:
             raise TapeError("--predictions scores one --task and takes no --model")
-        result = scrolls.score_predictions_file(tasks[0], predictions, split, data)
+        result = scrolls.score_predictions_file(tasks[0], predictions, split, data, out=out)
         typer.echo(json.dumps(result, indent=1))
+        if out is not None:
+            typer.echo(f"wrote results.json to {out}", err=True)  # stdout stays one JSON document
         return
     if not model:
         raise TapeError("pass --model (or --predictions to score a predictions file)")

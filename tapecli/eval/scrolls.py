@@ -15,7 +15,8 @@ models, or RUN/eval-scrolls/TASK-SPLIT):
   predictions.json               {id: prediction}, the official submission format
   results.json                   the official metric's keys (`scrolls_score`, `f1` / `exact_match` / `rouge/...`),
                                  the settings and the protocol
-`score_predictions_file` scores an existing predictions.json without a model, as the official evaluator does.
+`score_predictions_file` scores an existing predictions.json without a model, as the official evaluator does
+(with --out, into OUT/results.json).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from tapecli.data import scrolls as data
 from tapecli.errors import TapeError
 from tapecli.eval import scrolls_metric as metric
-from tapecli.eval.common import OpenedModel, generate_batch
+from tapecli.eval.common import RESULTS_FILE, OpenedModel, generate_batch
 from tapecli.eval.protocol import Evaluation, Opening, default_folder, evaluate_one, free_memory
 from tapecli.faults import check_output_dir
 from tapecli.files import write_json
@@ -235,9 +236,12 @@ def _out_dir(opened: Any, task: str, split: str, out: str | None, label: str | N
 
 
 def score_predictions_file(task: str, predictions: str, split: str = "validation", data_source: str | None = None,
-                           ) -> dict[str, Any]:
-    """Score an official-format predictions.json ({id: text}) against a split's references, without a model."""
+                           out: str | None = None) -> dict[str, Any]:
+    """Score an official-format predictions.json ({id: text}) against a split's references, without a model; with
+    `out`, the scores also go to OUT/results.json, as every evaluation writes them."""
     data.check_task(task, "--task")
+    if out is not None:
+        check_output_dir(out)
     path = Path(predictions).expanduser()
     try:
         loaded = json.loads(path.read_text(encoding="utf-8"))
@@ -252,7 +256,11 @@ def score_predictions_file(task: str, predictions: str, split: str = "validation
     if not all(e.references for e in examples):
         raise TapeError(f"the {split} split of {task} has no reference outputs to score against")
     scores = metric.score_predictions(task, loaded, data.references_by_id(examples), where=str(predictions))
-    return {"task": task, "split": split, **scores}
+    result = {"task": task, "split": split, "predictions": str(path.resolve()), **scores}
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        write_json(Path(out) / RESULTS_FILE, result)
+    return result
 
 
 def table(models: list[str], results: list[list[dict[str, Any]]], tasks: list[str],

@@ -10,7 +10,8 @@ Protocol (the paper does not define its accuracy; these are our choices):
   navigation, the paper's revisit accuracy). `accuracy` = the fraction of sequences whose scored tokens are all
   right. For selective copy that equals greedy decoding of the whole copy: if every teacher-forced argmax is
   right, greedy decoding reproduces the sequence, and if one is wrong, greedy decoding first errs there or before.
-  Sequences with nothing to score (a walk that never revisits a cell) are left out of both.
+  Sequences with nothing to score (a walk that never revisits a cell) are left out of both (their samples.jsonl
+  row says "correct": null).
 
 `Synthetic` is the protocol (`tapecli.eval.protocol`: a unit is a sequence); the runner writes, to --out or
 RUN/eval-synthetic/<checkpoint> (several models: OUT/<label>/, and the comparison -- comparison.json and
@@ -76,7 +77,7 @@ def score_batch(model: torch.nn.Module, data: SyntheticDataset, indices: list[in
         hits = sum(guess[t] == gold[t] for t in positions)
         rows.append({"split": data.split, "index": index, "scored": len(positions), "correct_tokens": hits,
                      "token_accuracy": hits / len(positions) if positions else None,
-                     "correct": hits == len(positions),
+                     "correct": hits == len(positions) if positions else None,
                      "prediction": tok.decode(guess[t] for t in positions)})
     return rows
 
