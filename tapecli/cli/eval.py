@@ -263,7 +263,7 @@ def eval_passkey(
 
     The model decodes greedily exactly as many tokens as the answer " KEY" has; correct iff all match.
 
-    results.json: accuracy and mean prompt length per budget (and per depth with --depths); samples.jsonl: every trial; passkey.png: accuracy vs length, or the depth x length heat-map.
+    results.json: accuracy and mean prompt length per budget (and per depth with --depths); samples.jsonl: every trial; passkey.png: accuracy vs length, or the depth x length heat-map. Several --model: one folder each, and their accuracy-vs-length lines in one passkey.png.
 
     Interrupted? Run the same command again: finished trials are kept.
 

@@ -270,7 +270,8 @@ def _run_together(evaluation: Evaluation, models: list[str | OpenedModel], out: 
             opened = opening.open(model)
             evaluation.prepare(opened)
             units = evaluation.units(opened)
-            rows = _work(evaluation, opened, units, log, progress, opened.name, batch_size, tag={"model": index})
+            rows = _work(evaluation, opened, units, log, progress, f"{evaluation.name} {opened.name}", batch_size,
+                         tag={"model": index})
             entries.append(evaluation.results(opened, settings, rows))
             names.append(opened.name)
             del opened
