@@ -1,9 +1,10 @@
 """`tape eval ...`: the evaluation commands. Each imports its protocol module lazily (`tape --help` stays fast) and
-opens models through `tapecli.eval.common`; errors are reported by the root group's boundary (`tapecli.cli`)."""
+hands it to the one runner, `tapecli.eval.protocol.run` (`_run` below), with the options every evaluation shares
+(defined once here); errors are reported by the root group's boundary (`tapecli.cli`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -15,6 +16,8 @@ eval_app = typer.Typer(help="Evaluate a tape run / checkpoint or a Hugging Face 
 _MODEL_HELP = ("A tape run directory (its newest checkpoint), a checkpoint directory, or a Hugging Face model "
                "directory or hub id.")
 _MODELS_HELP = _MODEL_HELP + " Repeat to compare models."
+MODEL_OPTION = typer.Option(..., "--model", "-m", help=_MODEL_HELP)
+MODELS_OPTION = typer.Option(..., "--model", "-m", help=_MODELS_HELP)
 DTYPE_OPTION = typer.Option("auto", "--dtype", help="Weights dtype: fp32, bf16, fp16, or auto (bf16 on a GPU, fp32 "
                                                     "on the CPU).")
 DEVICE_OPTION = typer.Option("auto", "--device", help="cpu, cuda[:N] or auto (the GPU if there is one).")
@@ -23,21 +26,49 @@ PE_ARG_OPTION = typer.Option(None, "--pe-arg", help="Override a positional-encod
                                                     "scaling=linear --pe-arg factor=2.", show_default=False)
 
 
+def out_option(default: str) -> Any:
+    """--out, whose help names the folder written when it is not given."""
+    return typer.Option(None, "--out", help=f"Output folder (default: {default}).", show_default=False)
+
+
+def batch_size_option(default: int, what: str) -> Any:
+    """--batch-size: how many `what` (e.g. "Windows per forward pass") go together; never changes a result."""
+    return typer.Option(default, "--batch-size", help=f"{what}; changes speed, not results.")
+
+
 def _pe_args(pairs: list[str] | None) -> dict:
     from tapecli.eval.common import parse_pe_args
 
     return parse_pe_args(pairs)
 
 
+def _run(evaluation: Any, models: list[str], out: str | None, dtype: str, device: str, pe_arg: list[str] | None,
+         batch_size: int) -> None:
+    """Run an evaluation (`tapecli.eval.protocol.run`) and print its summary and the files it wrote."""
+    from tapecli.eval.protocol import run
+
+    report = run(evaluation, models, out, dtype=dtype, device=device, pe_args=_pe_args(pe_arg), batch_size=batch_size)
+    summary = evaluation.summary(report.results)
+    if not isinstance(summary, str):
+        from rich.console import Console
+
+        Console().print(summary)
+    elif summary:
+        typer.echo(summary)
+    typer.echo(report.wrote(evaluation))
+
+
 @eval_app.command("addition")
 def eval_addition(
-    model: str = typer.Option(..., "--model", "--checkpoint", "-c", help=_MODEL_HELP + " --checkpoint is an alias."),
+    model: list[str] = typer.Option(..., "--model", "--checkpoint", "-m", "-c", help=_MODELS_HELP + " --checkpoint "
+                                    "is an alias."),
     max_len: int = typer.Option(None, help="Longest operand evaluated, in digits (default: the run's "
                                            "eval.max_len, i.e. 2 x data.max_digits)."),
     samples: int = typer.Option(None, help="Problems per (length, length) cell (default: the run's eval.samples)."),
     seed: int = typer.Option(1234, help="Seeds the problems of every cell (cell (i, j) gets its own stream)."),
-    batch_size: int = typer.Option(1024, "--batch-size", help="Problems decoded together; changes speed, not results."),
-    out: str = typer.Option(None, help="Output directory (default: RUN/eval-addition/<checkpoint name>)."),
+    batch_size: int = batch_size_option(1024, "Problems decoded together"),
+    out: str | None = out_option("RUN/eval-addition/<checkpoint name>; several models: OUT/<name>/ and the "
+                                 "comparison in OUT (./eval-addition-comparison)"),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
@@ -48,7 +79,7 @@ def eval_addition(
 
     The model answers by greedy decoding with the KV cache; a problem counts only if the whole sum, then EOS, comes out.
 
-    Output (--out): results.json, samples.jsonl (every problem and answer) and heatmap.png (training box outlined).
+    Output (--out): results.json, samples.jsonl (every problem and answer) and heatmap.png (training box outlined); several models: their heat-maps side by side.
 
     results.json holds the grid, its mean over all cells (the paper's number) and the means in/out of the training box.
 
@@ -56,15 +87,9 @@ def eval_addition(
 
     Example: tape eval addition --model runs/add-tape --max-len 80 --samples 100
     """
-    from tapecli.eval.addition import run_addition_eval
+    from tapecli.eval.addition import Addition
 
-    results, out_dir = run_addition_eval(model, max_len=max_len, samples=samples, seed=seed,
-                                         batch_size=batch_size, out=out, device=device, dtype=dtype,
-                                         pe_args=_pe_args(pe_arg))
-    parts = [f"{name} {results[key]:.1%}" for name, key in [("mean accuracy", "mean_accuracy"),
-             ("inside the training box", "in_box_accuracy"), ("outside it", "out_of_box_accuracy")]
-             if results[key] is not None]
-    typer.echo(f"{', '.join(parts)}; wrote results.json, samples.jsonl and heatmap.png to {out_dir}")
+    _run(Addition(max_len, samples, seed), model, out, dtype, device, pe_arg, batch_size)
 
 
 @eval_app.command("scrolls")
@@ -77,20 +102,20 @@ def eval_scrolls(
     all_tasks: bool = typer.Option(False, "--all-tasks", help="All seven tasks; prints the paper's table."),
     split: str = typer.Option("validation", "--split", help="train, validation or test (test has no references)."),
     data: str | None = typer.Option(None, "--data", help="A downloaded tau/scrolls {task}.zip or the folder holding "
-                                    "the zips [default: the hub, online]."),
+                                    "the zips (default: the hub, online)."),
     predictions: str | None = typer.Option(None, "--predictions", help="Score this predictions.json ({id: text}) "
                                            "instead of running a model."),
-    compat: str | None = typer.Option(None, "--compat", help="Prompt construction: clean or official [default: "
-                                      "the fine-tuning run's data.compat, else clean]."),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="Prompt + answer tokens [default: the run's "
-                                       "data.seq_len, else the model's max_seq_len]; budgets scale from 8192."),
+    compat: str | None = typer.Option(None, "--compat", help="Prompt construction: clean or official (default: "
+                                      "the fine-tuning run's data.compat, else clean)."),
+    seq_len: int | None = typer.Option(None, "--seq-len", help="Prompt + answer tokens (default: the run's "
+                                       "data.seq_len, else the model's max_seq_len); budgets scale from 8192."),
     sample: bool = typer.Option(False, "--sample", help="Summaries: sample (temperature 1, top-k 3) as the official "
                                 "run did, seeded per example, instead of greedy decoding."),
     seed: int = typer.Option(0, "--seed", help="Seeds --sample."),
     limit: int | None = typer.Option(None, "--limit", help="Only the first N examples (a quick look, not the "
                                      "official score)."),
-    batch_size: int = typer.Option(8, "--batch-size", help="Examples decoded together; changes speed, not results."),
-    out: str | None = typer.Option(None, "--out", help="Output folder [default: RUN/eval-scrolls/TASK-SPLIT]."),
+    batch_size: int = batch_size_option(8, "Examples decoded together"),
+    out: str | None = out_option("RUN/eval-scrolls/TASK-SPLIT; with --predictions, results.json goes there"),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
@@ -117,8 +142,10 @@ def eval_scrolls(
     if predictions is not None:
         if len(tasks) != 1 or model:
             raise TapeError("--predictions scores one --task and takes no --model")
-        result = scrolls.score_predictions_file(tasks[0], predictions, split, data)
+        result = scrolls.score_predictions_file(tasks[0], predictions, split, data, out=out)
         typer.echo(json.dumps(result, indent=1))
+        if out is not None:
+            typer.echo(f"wrote results.json to {out}", err=True)  # stdout stays one JSON document
         return
     if not model:
         raise TapeError("pass --model (or --predictions to score a predictions file)")
@@ -140,9 +167,9 @@ def eval_synthetic(
     splits: str = typer.Option("iid,ood-dense,ood-sparse", help="Comma-separated splits to evaluate."),
     samples: int = typer.Option(None, help="Sequences per split (default: the run's eval.samples)."),
     seed: int = typer.Option(1234, help="Seeds the evaluation sequences (each split has its own stream)."),
-    batch_size: int = typer.Option(64, help="Sequences scored together; changes speed, not results."),
-    out: str = typer.Option(None, help="Output directory (default: RUN/eval-synthetic/<checkpoint name>; with "
-                                       "several models, the comparison's folder, default eval-synthetic-comparison)."),
+    batch_size: int = batch_size_option(64, "Sequences scored together"),
+    out: str | None = out_option("RUN/eval-synthetic/<checkpoint name>; several models: OUT/<label>/ and the "
+                                 "comparison in OUT (./eval-synthetic-comparison)"),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
@@ -159,16 +186,10 @@ def eval_synthetic(
 
     Example: tape eval synthetic --model runs/copy-rope --model runs/copy-tape --out runs/copy-compare
     """
-    from rich.console import Console
+    from tapecli.eval.synthetic import Synthetic
 
-    from tapecli.eval.synthetic import comparison_table, run_synthetic_eval
-
-    results, chart = run_synthetic_eval(models, [s.strip() for s in splits.split(",") if s.strip()],
-                                        samples=samples, seed=seed, batch_size=batch_size, out=out, device=device,
-                                        dtype=dtype, pe_args=_pe_args(pe_arg))
-    Console().print(comparison_table(results))
-    comparison = f"; comparison chart {chart}" if chart else ""
-    typer.echo(f"wrote results.json, samples.jsonl and accuracy.png per model{comparison}")
+    _run(Synthetic([s.strip() for s in splits.split(",") if s.strip()], samples, seed), models, out, dtype, device,
+         pe_arg, batch_size)
 
 
 def _numbers(text: str, option: str, kind: type = int) -> list:
@@ -181,7 +202,7 @@ def _numbers(text: str, option: str, kind: type = int) -> list:
 
 @eval_app.command("perplexity")
 def eval_perplexity(
-    model: list[str] = typer.Option(..., "--model", "-m", help=_MODELS_HELP),
+    model: list[str] = MODELS_OPTION,
     data: str = typer.Option(..., "--data", help="LongLoRA .bin token file (uint16; .u32.bin for uint32) or a text "
                                                  "source (file, directory, glob, jsonl/parquet, hub id) tokenized "
                                                  "with each model's tokenizer."),
@@ -195,8 +216,9 @@ def eval_perplexity(
     seed: int = typer.Option(0, "--seed", help="Seeds the --max-windows choice."),
     max_tokens: int = typer.Option(None, "--max-tokens", help="Use only the first N tokens of the data."),
     text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
-    batch_size: int = typer.Option(1, "--batch-size", help="Windows per forward pass; changes speed, not results."),
-    out: str = typer.Option(..., "--out", help="Output directory: results.json, samples.jsonl, perplexity.png."),
+    batch_size: int = batch_size_option(1, "Windows per forward pass"),
+    out: str | None = out_option("RUN/eval-perplexity/<checkpoint name>; several models share one folder, "
+                                 "./eval-perplexity-comparison"),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
@@ -209,21 +231,16 @@ def eval_perplexity(
 
     Example (the paper's table): tape eval perplexity --model runs/ext-tape --data pg19/test.bin --seq-len 1024,2048,4096,8192 --out eval/pg19
     """
-    from tapecli.eval.perplexity import evaluate_perplexity
+    from tapecli.eval.perplexity import Perplexity
 
-    results = evaluate_perplexity(model, data, _numbers(seq_len, "--seq-len"), out, protocol=protocol,
-                                  stride=stride, max_windows=max_windows, seed=seed, max_tokens=max_tokens,
-                                  text_field=text_field, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
-                                  batch_size=batch_size)
-    for entry in results["models"]:
-        cells = ", ".join(f"{n}: {r['perplexity']:.3f}" for n, r in entry["lengths"].items())
-        typer.echo(f"{entry['name']}: perplexity {cells}")
-    typer.echo(f"wrote results.json, samples.jsonl and perplexity.png to {out}")
+    evaluation = Perplexity(data, _numbers(seq_len, "--seq-len"), protocol, stride, max_windows, seed, max_tokens,
+                            text_field)
+    _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
 
 
 @eval_app.command("passkey")
 def eval_passkey(
-    model: str = typer.Option(..., "--model", "-m", help=_MODEL_HELP),
+    model: list[str] = MODELS_OPTION,
     max_tokens: int = typer.Option(8192, "--max-tokens", help="Evaluate the protocol's budgets whose prompts fit in "
                                                               "this many tokens (8192: the paper's 8 lengths)."),
     trials: int = typer.Option(20, "--trials", help="Trials per budget (trial t is seeded with t)."),
@@ -233,8 +250,9 @@ def eval_passkey(
     budgets: str = typer.Option(None, "--budgets", help="Comma-separated filler budgets in characters instead of "
                                                         "the protocol's 3072, 7168, ... (e.g. 256,512 for a small "
                                                         "model)."),
-    batch_size: int = typer.Option(1, "--batch-size", help="Prompts decoded together; changes speed, not results."),
-    out: str = typer.Option(..., "--out", help="Output directory: results.json, samples.jsonl, passkey.png."),
+    batch_size: int = batch_size_option(1, "Prompts decoded together"),
+    out: str | None = out_option("RUN/eval-passkey/<checkpoint name>; several models: OUT/<name>/ and the "
+                                 "comparison in OUT (./eval-passkey-comparison)"),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
@@ -245,27 +263,22 @@ def eval_passkey(
 
     The model decodes greedily exactly as many tokens as the answer " KEY" has; correct iff all match.
 
-    results.json: accuracy and mean prompt length per budget (and per depth with --depths); samples.jsonl: every trial; passkey.png: accuracy vs length, or the depth x length heat-map.
+    results.json: accuracy and mean prompt length per budget (and per depth with --depths); samples.jsonl: every trial; passkey.png: accuracy vs length, or the depth x length heat-map. Several --model: one folder each, and their accuracy-vs-length lines in one passkey.png.
 
     Interrupted? Run the same command again: finished trials are kept.
 
     Example (the paper's setting): tape eval passkey --model runs/ext-tape --max-tokens 8192 --out eval/passkey
     """
-    from tapecli.eval.passkey import evaluate_passkey
+    from tapecli.eval.passkey import Passkey
 
-    results = evaluate_passkey(model, out, budgets=_numbers(budgets, "--budgets") if budgets else None,
-                               max_tokens=max_tokens, trials=trials,
-                               depths=_numbers(depths, "--depths", float) if depths else None, dtype=dtype,
-                               device=device, pe_args=_pe_args(pe_arg), batch_size=batch_size)
-    for entry in results["budgets"]:
-        typer.echo(f"{entry['budget']} filler characters (~{entry['mean_prompt_tokens']:.0f} tokens): "
-                   f"accuracy {entry['accuracy']:.0%}")
-    typer.echo(f"wrote results.json, samples.jsonl and passkey.png to {out}")
+    evaluation = Passkey(_numbers(budgets, "--budgets") if budgets else None, max_tokens, trials,
+                         _numbers(depths, "--depths", float) if depths else None)
+    _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
 
 
 @eval_app.command("harness")
 def eval_harness(
-    model: str = typer.Option(..., "--model", "-m", help=_MODEL_HELP),
+    model: str = MODEL_OPTION,
     tasks: str = typer.Option(..., "--tasks", "-t", help="Comma-separated lm-eval task names (globs allowed) or "
                               "task YAML paths."),
     include_path: list[str] | None = typer.Option(None, "--include-path", help="A folder of task YAMLs "
@@ -274,11 +287,10 @@ def eval_harness(
                                            "each task's own)."),
     limit: float | None = typer.Option(None, "--limit", help="Only the first N documents per task (N < 1: a "
                                        "fraction); for quick checks, not for reporting."),
-    out: Path | None = typer.Option(None, "--out", help="Output directory for results.json (default: "
-                                    "RUN/eval-harness/<checkpoint name>, or eval-harness/<model name>)."),
+    out: str | None = out_option("RUN/eval-harness/<checkpoint name>, or ./eval-harness/<model name>"),
     log_samples: bool = typer.Option(False, "--log-samples", help="Also write samples_<task>.jsonl: every prompt, "
                                      "response and score."),
-    batch_size: int = typer.Option(1, "--batch-size", help="Requests per forward pass (speed only)."),
+    batch_size: int = batch_size_option(1, "Requests per forward pass"),
     max_length: int | None = typer.Option(None, "--max-length", help="Context window in tokens (default: the "
                                           "model's max_seq_len); longer inputs are cut from the left, long "
                                           "documents scored in windows."),

@@ -5,7 +5,8 @@ exactly i and j digits is answered by greedy decoding with the KV cache. A probl
 model writes the whole reversed sum and then EOS: the same rule as the Abacus evaluator, which decodes as many
 tokens as the gold answer plus EOS and compares the whole sequence.
 
-Files in the output directory (the shared layout of `tapecli.eval.common`):
+`Addition` is the protocol (`tapecli.eval.protocol`: units are cells, one row per problem); the runner writes, to
+--out or RUN/eval-addition/<checkpoint>:
   settings.json   what is being evaluated (checked on resume, so cells from different settings never mix)
   samples.jsonl   one row per problem, appended a whole cell at a time -- this is the resume log
   results.json    the grid, the mean accuracies, the protocol and the settings (written at the end, atomically)
@@ -15,7 +16,6 @@ Files in the output directory (the shared layout of `tapecli.eval.common`):
 from __future__ import annotations
 
 import json
-import time
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -27,11 +27,10 @@ import torch
 from tapecli.data.arithmetic import eval_problems, prompt_text, reverse_digits
 from tapecli.data.tokenizer import CharTokenizer
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, progress_bar
+from tapecli.eval.common import generate_batch
 from tapecli.eval.plots import HeatmapPanel, save_heatmaps
-from tapecli.faults import check_output_dir
-from tapecli.files import write_atomic
-from tapecli.store.door import open_model
+from tapecli.eval.protocol import Evaluation, as_opened, evaluate_one
+from tapecli.store.door import OpenedModel
 from tapecli.store.run import run_recipe
 
 PROTOCOL = (
@@ -60,6 +59,99 @@ class AdditionEvalSettings:
     pe_overrides: dict[str, Any] = field(default_factory=dict)  # --pe-arg values applied to the model
 
 
+@dataclass
+class Addition(Evaluation):
+    """The grid evaluation of one model (or several, compared): its options as `tape eval addition` takes them.
+
+    `max_len` and `samples` default to the run's recipe: `eval.max_len` (2 x `data.max_digits` when null) and
+    `eval.samples`; the training box is the run's `data.max_digits`. `fixed` evaluates exactly those settings
+    instead (a model given in memory: the demo, tests).
+    """
+
+    name = "addition"
+    unit = "cells"
+    plot_file = HEATMAP_FILE
+    max_len: int | None = None
+    samples: int | None = None
+    seed: int = 1234
+    fixed: AdditionEvalSettings | None = None
+    current: AdditionEvalSettings | None = field(default=None, init=False, repr=False)  # this model's settings
+
+    def prepare(self, opened: OpenedModel) -> None:
+        self.current = self.fixed or self._settings(opened)
+        if self.current.max_len < 1 or self.current.samples < 1:
+            raise TapeError(f"--max-len and --samples must be positive, got {self.current.max_len} and "
+                            f"{self.current.samples}")
+
+    def _settings(self, opened: OpenedModel) -> AdditionEvalSettings:
+        if opened.tokenizer.kind != "addition":
+            raise TapeError(f"{opened.spec} was not trained on addition (its tokenizer is {opened.tokenizer.kind!r}, "
+                            "not 'addition')")
+        ckpt = Path(opened.source)
+        recipe = run_recipe(ckpt)
+        max_len, samples = self.max_len, self.samples
+        if max_len is None:
+            if recipe is None:
+                raise TapeError(f"{ckpt} has no run recipe to take eval.max_len from; pass --max-len")
+            max_len = recipe.eval.max_len or 2 * recipe.data.max_digits
+        if samples is None:
+            samples = recipe.eval.samples if recipe is not None else 100
+        return AdditionEvalSettings(
+            max_len=max_len, samples=samples, seed=self.seed, checkpoint=opened.source, pe=opened.model.config.pe,
+            train_digits=recipe.data.max_digits if recipe is not None and recipe.data.kind == "addition" else None,
+            dtype=opened.dtype, pe_overrides=opened.pe_args,
+        )
+
+    def settings(self, opened: OpenedModel) -> dict[str, Any]:
+        return asdict(self.current)
+
+    def units(self, opened: OpenedModel) -> list[tuple[int, int]]:
+        n = self.current.max_len
+        return [(i, j) for i in range(1, n + 1) for j in range(1, n + 1)]
+
+    def key(self, row: dict[str, Any]) -> tuple[int, int]:
+        return row["i"], row["j"]
+
+    def keep(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return _whole_cells(rows, self.current.samples)  # a cell cut off mid-write is redone
+
+    def batches(self, todo: list[tuple[int, int]], batch_size: int) -> Iterator[list[tuple[int, int]]]:
+        return _batches(todo, self.current.samples, batch_size)
+
+    def evaluate(self, opened: OpenedModel, units: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        return _solve(opened.model, opened.tokenizer, units, self.current)
+
+    def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+        done: dict[tuple[int, int], list[bool]] = defaultdict(list)
+        for row in rows:
+            done[(row["i"], row["j"])].append(row["correct"])
+        return _results(self.current, done)
+
+    def dumps(self, results: dict[str, Any]) -> str:
+        return _results_json(results)
+
+    def plot(self, results: dict[str, Any], path: Path, label: str) -> None:
+        save_heatmaps([_panel(results)], path)
+
+    def compare(self, results: dict[str, dict[str, Any]], folder: Path) -> None:
+        save_heatmaps([_panel(r, label) for label, r in results.items()], folder / HEATMAP_FILE)
+
+    def summary(self, results: dict[str, dict[str, Any]]) -> str:
+        lines = []
+        for label, r in results.items():
+            parts = [f"{name} {r[key]:.1%}" for name, key in [("mean accuracy", "mean_accuracy"),
+                     ("inside the training box", "in_box_accuracy"), ("outside it", "out_of_box_accuracy")]
+                     if r[key] is not None]
+            lines.append(("" if len(results) == 1 else f"{label}: ") + ", ".join(parts))
+        return "\n".join(lines)
+
+
+def _panel(results: dict[str, Any], label: str | None = None) -> HeatmapPanel:
+    settings = results["settings"]
+    title = f"{label or settings['pe'] or 'model'}: mean accuracy {results['mean_accuracy']:.1%}"
+    return HeatmapPanel(results["grid"], title, settings["train_digits"])
+
+
 def evaluate_addition(
     model: torch.nn.Module,
     tokenizer: CharTokenizer,
@@ -68,37 +160,14 @@ def evaluate_addition(
     batch_size: int = 1024,
     show_progress: bool = True,
 ) -> dict[str, Any]:
-    """Run (or resume) the grid evaluation into `out_dir` and return what `results.json` holds.
+    """Run (or resume) the grid evaluation of a model in memory into `out_dir`; returns what `results.json` holds.
 
     Cells already in `out_dir/samples.jsonl` from an interrupted run with the same settings are kept, not redone.
     `batch_size` (problems decoded together) changes speed only; cells are batched whole, grouped by prompt
     length, so no prompt needs padding.
     """
-    if settings.max_len < 1 or settings.samples < 1:
-        raise TapeError(f"--max-len and --samples must be positive, got {settings.max_len} and {settings.samples}")
-    if batch_size < 1:
-        raise TapeError(f"--batch-size must be a positive integer, got {batch_size}")
-    out = Path(out_dir)
-    cells = [(i, j) for i in range(1, settings.max_len + 1) for j in range(1, settings.max_len + 1)]
-    started = time.perf_counter()
-    model.eval()
-    # Only whole cells count as done: a cell cut off mid-write is redone.
-    with SamplesLog(out, asdict(settings), keep=lambda rows: _whole_cells(rows, settings.samples)) as log, \
-            progress_bar("cells", show_progress) as progress:
-        finished = {(row["i"], row["j"]) for row in log.rows}
-        todo = [cell for cell in cells if cell not in finished]
-        task = progress.add_task("addition grid", total=len(cells), completed=len(cells) - len(todo))
-        for chunk in _batches(todo, settings.samples, batch_size):
-            log.append(_solve(model, tokenizer, chunk, settings))
-            progress.advance(task, len(chunk))
-    done: dict[tuple[int, int], list[bool]] = defaultdict(list)
-    for row in log.rows:
-        done[(row["i"], row["j"])].append(row["correct"])
-    results = _results(settings, done, time.perf_counter() - started)
-    write_atomic(out / RESULTS_FILE, _results_json(results))
-    title = f"{settings.pe or 'model'}: mean accuracy {results['mean_accuracy']:.1%}"
-    save_heatmaps([HeatmapPanel(results["grid"], title, settings.train_digits)], out / HEATMAP_FILE)
-    return results
+    opened = as_opened(model, tokenizer, name=settings.pe or "model", source=settings.checkpoint or "")
+    return evaluate_one(Addition(fixed=settings), opened, out_dir, batch_size=batch_size, show_progress=show_progress)
 
 
 def _whole_cells(rows: list[dict[str, Any]], samples: int) -> list[dict[str, Any]]:
@@ -142,9 +211,7 @@ def _solve(
     return rows
 
 
-def _results(
-    settings: AdditionEvalSettings, done: dict[tuple[int, int], list[bool]], seconds: float
-) -> dict[str, Any]:
+def _results(settings: AdditionEvalSettings, done: dict[tuple[int, int], list[bool]]) -> dict[str, Any]:
     n, box = settings.max_len, settings.train_digits
     accuracy = {cell: sum(hits) / len(hits) for cell, hits in done.items()}
     grid = [[accuracy[(i, j)] for j in range(1, n + 1)] for i in range(1, n + 1)]
@@ -164,7 +231,6 @@ def _results(
         "out_of_box_accuracy": mean(outside),
         "grid": grid,  # grid[i - 1][j - 1]: accuracy with i digits in the first operand and j in the second
         "problems": n * n * settings.samples,
-        "seconds_this_session": round(seconds, 2),
     }
 
 
@@ -172,43 +238,3 @@ def _results_json(results: dict[str, Any]) -> str:
     """Indented JSON with one line per grid row, so the file reads as the grid it holds."""
     rows = ",\n  ".join(json.dumps(row) for row in results["grid"])
     return json.dumps({**results, "grid": "@grid"}, indent=1).replace('"@grid"', f"[\n  {rows}\n ]") + "\n"
-
-
-def run_addition_eval(
-    model: str,
-    max_len: int | None = None,
-    samples: int | None = None,
-    seed: int = 1234,
-    batch_size: int = 1024,
-    out: str | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
-    pe_args: dict[str, Any] | None = None,
-) -> tuple[dict[str, Any], Path]:
-    """`tape eval addition`: open a run or checkpoint, evaluate (or resume) its grid; returns (results, output dir).
-
-    The training box and the defaults of `max_len` / `samples` come from the run's recipe.yaml when the checkpoint
-    lives in a run directory: `eval.max_len` (2 x `data.max_digits` when null) and `eval.samples`.
-    """
-    if out:
-        check_output_dir(out)
-    opened = open_model(model, dtype=dtype, device=device, pe_args=pe_args)
-    ckpt = Path(opened.source)
-    if opened.tokenizer.kind != "addition":
-        raise TapeError(f"{opened.spec} was not trained on addition (its tokenizer is {opened.tokenizer.kind!r}, "
-                        "not 'addition')")
-    recipe = run_recipe(ckpt)
-    if max_len is None:
-        if recipe is None:
-            raise TapeError(f"{ckpt} has no run recipe to take eval.max_len from; pass --max-len")
-        max_len = recipe.eval.max_len or 2 * recipe.data.max_digits
-    if samples is None:
-        samples = recipe.eval.samples if recipe is not None else 100
-    settings = AdditionEvalSettings(
-        max_len=max_len, samples=samples, seed=seed, checkpoint=opened.source, pe=opened.model.config.pe,
-        train_digits=recipe.data.max_digits if recipe is not None and recipe.data.kind == "addition" else None,
-        dtype=opened.dtype, pe_overrides=opened.pe_args,
-    )
-    # Next to the run's checkpoints by default, one folder per checkpoint step.
-    out_dir = Path(out) if out else (ckpt.parent.parent if recipe else ckpt) / "eval-addition" / ckpt.name
-    return evaluate_addition(opened.model, opened.tokenizer, settings, out_dir, batch_size=batch_size), out_dir

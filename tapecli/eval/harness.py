@@ -8,7 +8,8 @@ Tasks are looked up in a `TaskManager` that indexes only the `--include-path` fo
 there: then lm-eval's ~16k built-in task files are indexed too (what lm-eval's own CLI always does, ~10 s).
 A task may also be named by the path of its YAML file.
 
-Files in the output directory (the JSON ones written through a temporary name and a rename):
+Files in the output directory (--out, or the one default of every evaluation, `tapecli.store.run.eval_dir`:
+RUN/eval-harness/<checkpoint>; the JSON ones written through a temporary name and a rename):
     settings.json             the model and the options that change its answers (checked when the directory is reused)
     requests_rank0.db         lm-eval's request cache: every answer, stored as soon as it is computed, so a run
                               started again after an interruption redoes only the requests it had not answered
@@ -132,6 +133,7 @@ def run_harness(model: str, tasks: list[str], *, include_path: list[str] | None 
     `lm_options` go to `TapeLM` (batch_size, max_length, max_gen_toks, add_bos_token)."""
     from tapecli.eval.lm_adapter import TapeLM, check_lm_eval_version
     from tapecli.store.door import open_model
+    from tapecli.store.run import eval_dir
 
     check_lm_eval_version()
     if not tasks:
@@ -140,7 +142,7 @@ def run_harness(model: str, tasks: list[str], *, include_path: list[str] | None 
     manager = task_manager(tasks, include_path)  # before opening the model: a typo fails in a second
     opened = open_model(model, dtype=dtype, device=device, pe_args=pe_args)
     lm = TapeLM.from_opened(opened, seed=seed, **lm_options)
-    out_dir = Path(out) if out else default_out(opened)
+    out_dir = Path(out) if out else eval_dir("harness", opened.kind, opened.source)
     # The request cache holds answers keyed by request only, so the directory is tied to one model and its options.
     claim_settings(out_dir, lm.settings(), started=_cached_answers(out_dir / CACHE_FILE) > 0, stale=[CACHE_FILE])
     results = evaluate(lm, tasks, manager, num_fewshot=num_fewshot, limit=limit, log_samples=log_samples,
@@ -178,17 +180,6 @@ def evaluate(lm: Any, tasks: list[str | dict], manager: Any, *, num_fewshot: int
         if offline is None:
             raise
         raise offline from None
-
-
-def default_out(opened: Any) -> Path:
-    """RUN/eval-harness/<checkpoint name> for a checkpoint in a run, CHECKPOINT/eval-harness for a lone one,
-    ./eval-harness/<model name> for a Hugging Face model."""
-    if opened.kind != "tape":
-        return Path("eval-harness") / re.sub(r"[^A-Za-z0-9._-]+", "_", opened.name)
-    checkpoint = Path(opened.source)
-    if checkpoint.parent.name == "checkpoints":
-        return checkpoint.parent.parent / "eval-harness" / checkpoint.name
-    return checkpoint / "eval-harness"
 
 
 def results_table(results: dict[str, Any]) -> str:

@@ -14,24 +14,24 @@ what the tokenizer makes of " " + key right after the prompt (for Llama's tokeni
 official "drop the BOS" answer). Exactly that many tokens are decoded greedily; a trial is correct iff they all
 match. Accuracy per budget = correct / trials; the reported length is the mean prompt length in tokens.
 
-Files in the output directory (the layout of `tapecli.eval.common`): settings.json, samples.jsonl (one row per
-trial: budget, trial, depth, key, prompt_tokens, prediction, correct; the resume log), results.json, and passkey.png
-(accuracy vs prompt length, or the depth x length heat-map of a sweep).
+`Passkey` is the protocol (`tapecli.eval.protocol`: a unit is a trial); the runner writes, to --out or
+RUN/eval-passkey/<checkpoint>: settings.json, samples.jsonl (one row per trial: budget, trial, depth, key,
+prompt_tokens, prediction, correct; the resume log), results.json, and passkey.png (accuracy vs prompt length, or the
+depth x length heat-map of a sweep); several models are compared in one more passkey.png.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, progress_bar
-from tapecli.files import write_json
-from tapecli.store.door import open_model
+from tapecli.eval.common import generate_batch
+from tapecli.eval.protocol import Evaluation, run
+from tapecli.store.door import OpenedModel
 
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
                "I will quiz you about the important information there.")
@@ -106,6 +106,60 @@ def plan_budgets(tokenizer: Any, budgets: list[int] | None, max_tokens: int, tri
     return chosen
 
 
+@dataclass
+class Passkey(Evaluation):
+    """Passkey retrieval of one model (or several, compared), with `tape eval passkey`'s options."""
+
+    name = "passkey"
+    unit = "trials"
+    plot_file = PLOT_FILE
+    budgets: list[int] | None = None  # filler characters; None: the protocol's budgets that fit in max_tokens
+    max_tokens: int = 8192
+    trials: int = 20
+    depths: list[float] | None = None  # a depth x length sweep
+    chosen: list[int] = field(default_factory=list, init=False, repr=False)  # this model's budgets
+
+    def check(self, models: list[str]) -> None:
+        for name, value in (("--trials", self.trials), ("--max-tokens", self.max_tokens)):
+            if value < 1:
+                raise TapeError(f"{name} must be a positive integer, got {value}")
+        if self.depths is not None and not all(0 <= d <= 1 for d in self.depths):
+            raise TapeError(f"--depths: every depth must be a fraction in [0, 1], got {self.depths}")
+
+    def prepare(self, opened: OpenedModel) -> None:
+        self.chosen = plan_budgets(opened.tokenizer, self.budgets, self.max_tokens, self.trials)
+
+    def settings(self, opened: OpenedModel) -> dict[str, Any]:
+        return {"task": "passkey", "model": opened.record(), "budgets": self.chosen, "max_tokens": self.max_tokens,
+                "trials": self.trials, "depths": self.depths}
+
+    def units(self, opened: OpenedModel) -> list[tuple[int, float | None, int]]:
+        depths = self.depths if self.depths is not None else [None]
+        return [(n, d, t) for n in self.chosen for d in depths for t in range(self.trials)]
+
+    def key(self, row: dict[str, Any]) -> tuple[int, float | None, int]:
+        return row["budget"], row["depth_fraction"], row["trial"]
+
+    def evaluate(self, opened: OpenedModel, units: list[tuple[int, float | None, int]]) -> list[dict[str, Any]]:
+        return _answer(opened.model, opened.tokenizer, [make_prompt(n, t, d) for n, d, t in units], len(units))
+
+    def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"task": "passkey", "protocol": PROTOCOL, "settings": settings,
+                **summarise(rows, settings["budgets"], self.depths)}
+
+    def plot(self, results: dict[str, Any], path: Path, label: str) -> None:
+        _plot(results, label, path)
+
+    def compare(self, results: dict[str, dict[str, Any]], folder: Path) -> None:
+        if self.depths is None:  # a sweep has one heat-map per model, in its own folder
+            _plot_lines(results, folder / PLOT_FILE)
+
+    def summary(self, results: dict[str, dict[str, Any]]) -> str:
+        return "\n".join(("" if len(results) == 1 else f"{label}: ")
+                         + f"{entry['budget']} filler characters (~{entry['mean_prompt_tokens']:.0f} tokens): "
+                         f"accuracy {entry['accuracy']:.0%}" for label, r in results.items() for entry in r["budgets"])
+
+
 def evaluate_passkey(
     model: str,
     out_dir: str | Path,
@@ -120,32 +174,9 @@ def evaluate_passkey(
     show_progress: bool = True,
 ) -> dict[str, Any]:
     """Run (or resume) passkey retrieval for one model into `out_dir`; returns what results.json holds."""
-    for name, value in (("--trials", trials), ("--max-tokens", max_tokens), ("--batch-size", batch_size)):
-        if value < 1:
-            raise TapeError(f"{name} must be a positive integer, got {value}")
-    if depths is not None and not all(0 <= d <= 1 for d in depths):
-        raise TapeError(f"--depths: every depth must be a fraction in [0, 1], got {depths}")
-    opened = open_model(model, dtype=dtype, device=device, pe_args=pe_args)
-    chosen = plan_budgets(opened.tokenizer, budgets, max_tokens, trials)
-    settings = {"task": "passkey", "model": opened.record(), "budgets": chosen, "max_tokens": max_tokens,
-                "trials": trials, "depths": depths}
-    units = [(n, d, t) for n in chosen for d in (depths if depths is not None else [None]) for t in range(trials)]
-    started = time.perf_counter()
-    with SamplesLog(out_dir, settings) as log, progress_bar("trials", show_progress) as progress:
-        done = {(r["budget"], r["depth_fraction"], r["trial"]) for r in log.rows}
-        todo = [unit for unit in units if unit not in done]
-        task = progress.add_task(f"passkey {opened.name}", total=len(units), completed=len(units) - len(todo))
-        for start in range(0, len(todo), batch_size):
-            chunk = [make_prompt(n, t, d) for n, d, t in todo[start : start + batch_size]]
-            log.append(_answer(opened.model, opened.tokenizer, chunk, batch_size))
-            progress.advance(task, len(chunk))
-        rows = list(log.rows)
-    results = {"task": "passkey", "protocol": PROTOCOL, "settings": settings, **summarise(rows, chosen, depths),
-               "seconds_this_session": round(time.perf_counter() - started, 2)}
-    out = Path(out_dir)
-    write_json(out / RESULTS_FILE, results)
-    _plot(results, opened.name, out / PLOT_FILE)
-    return results
+    report = run(Passkey(budgets, max_tokens, trials, depths), [model], out_dir, dtype=dtype, device=device,
+                 pe_args=pe_args, batch_size=batch_size, show_progress=show_progress)
+    return next(iter(report.results.values()))
 
 
 def _answer(model: Any, tokenizer: Any, prompts: list[PasskeyPrompt], batch_size: int) -> list[dict[str, Any]]:
@@ -183,17 +214,24 @@ def summarise(rows: list[dict[str, Any]], budgets: list[int], depths: list[float
 
 
 def _plot(results: dict[str, Any], name: str, path: Path) -> None:
-    from tapecli.eval.plots import save_grid_heatmap, save_line_plot
+    from tapecli.eval.plots import save_grid_heatmap
 
     budgets = results["budgets"]
     depths = results["settings"]["depths"]
     if depths is None:
-        points = [(b["mean_prompt_tokens"], b["accuracy"]) for b in budgets]
-        save_line_plot({name: points}, path, xlabel="prompt length (tokens, mean)", ylabel="passkey accuracy",
-                       title="passkey retrieval", ylim=(-0.03, 1.03))
+        _plot_lines({name: results}, path)
         return
     grid = [[c["accuracy"] for c in results["grid"] if c["depth_fraction"] == d] for d in depths]
     save_grid_heatmap(grid, path, x_labels=[f"{b['budget']}\n~{b['mean_prompt_tokens']:.0f}" for b in budgets],
                       y_labels=[f"{d:.0%}" for d in depths],
                       xlabel="filler budget (characters) / mean prompt length (tokens)",
                       ylabel="key depth (share of filler before it)", title=f"passkey retrieval: {name}")
+
+
+def _plot_lines(results: dict[str, dict[str, Any]], path: Path) -> None:
+    """Accuracy vs mean prompt length, one line per model ({label: results})."""
+    from tapecli.eval.plots import save_line_plot
+
+    series = {name: [(b["mean_prompt_tokens"], b["accuracy"]) for b in r["budgets"]] for name, r in results.items()}
+    save_line_plot(series, path, xlabel="prompt length (tokens, mean)", ylabel="passkey accuracy",
+                   title="passkey retrieval", ylim=(-0.03, 1.03))

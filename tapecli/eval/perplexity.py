@@ -18,25 +18,23 @@ windows this is LongLoRA's exp(mean of window losses)); token_accuracy = argmax 
 `max_windows` evaluates a seeded choice of that many windows per length (numpy `default_rng([seed, seq_len])`, the
 same windows for every model).
 
-Files in the output directory (the layout of `tapecli.eval.common`): settings.json, samples.jsonl (one row per
+`Perplexity` is the protocol (`tapecli.eval.protocol`: a unit is a window; all models share one folder): the runner
+writes, to --out (or RUN/eval-perplexity/<checkpoint> for one model): settings.json, samples.jsonl (one row per
 window and model: the resume log), results.json, perplexity.png (perplexity vs length, one line per model).
 """
 
 from __future__ import annotations
 
-import gc
 import math
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SamplesLog, progress_bar
-from tapecli.files import write_json
-from tapecli.store.door import find_source, open_model
+from tapecli.eval.protocol import Evaluation, Opening, run, source_of
+from tapecli.store.door import OpenedModel
 
 PROTOCOLS = {
     "longlora": "windows of seq_len tokens starting every `stride` tokens while start < len - seq_len (LongLoRA "
@@ -132,6 +130,92 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "tokens": tokens, "windows": len(rows)}
 
 
+@dataclass
+class Perplexity(Evaluation):
+    """Perplexity of several models at several lengths, with `tape eval perplexity`'s options; the models share one
+    folder, one settings.json and one results.json (`together`), each row naming its model by index."""
+
+    name = "perplexity"
+    unit = "windows"
+    plot_file = PLOT_FILE
+    together = True
+    data: str
+    seq_lens: list[int]
+    protocol: str = "longlora"
+    stride: int = 256
+    max_windows: int | None = None
+    seed: int = 0
+    max_tokens: int | None = None
+    text_field: str = "text"
+    tokens: Any = field(default=None, init=False, repr=False)  # this model's token stream
+    windows: dict[int, list[Window]] = field(default_factory=dict, init=False, repr=False)  # per length, all of them
+
+    def check(self, models: list[str]) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise TapeError(f"--protocol: unknown protocol {self.protocol!r}; allowed: {', '.join(PROTOCOLS)}")
+        for name, value in (("--seq-len", min(self.seq_lens, default=0)), ("--stride", self.stride),
+                            ("--max-windows", self.max_windows), ("--max-tokens", self.max_tokens)):
+            if value is not None and value < 1:
+                raise TapeError(f"{name} must be a positive integer, got {value}")
+        if self.protocol == "sliding" and self.stride > min(self.seq_lens):
+            raise TapeError(f"--stride {self.stride} exceeds --seq-len {min(self.seq_lens)}; the sliding protocol "
+                            "would skip tokens")
+        _check_source(self.data)  # before anything is written, so a mistyped --data leaves no output directory behind
+
+    def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
+        data_path = Path(self.data).expanduser()
+        return {
+            "task": "perplexity", "models": [source_of(m)[1] for m in models],
+            "data": str(data_path.resolve()) if data_path.exists() else self.data,
+            "seq_lens": sorted(set(self.seq_lens)), "protocol": self.protocol, "stride": self.stride,
+            "max_windows": self.max_windows, "seed": self.seed, "max_tokens": self.max_tokens,
+            "text_field": self.text_field, "dtype": opening.dtype_name(), "pe_args": opening.pe_args,
+        }
+
+    def prepare(self, opened: OpenedModel) -> None:
+        self.tokens = load_stream(self.data, opened.tokenizer, self.text_field, self.max_tokens)
+        _check_vocab(self.tokens, opened.model.config.vocab_size, self.data, opened.name)
+        self.windows = {}
+        for seq_len in sorted(set(self.seq_lens)):
+            self.windows[seq_len] = make_windows(len(self.tokens), seq_len, self.protocol, self.stride)
+            if not self.windows[seq_len]:
+                raise TapeError(f"{self.data} has {len(self.tokens)} tokens for {opened.name}: too few for one window "
+                                f"of --seq-len {seq_len}")
+
+    def units(self, opened: OpenedModel) -> list[tuple[int, int]]:
+        return [(n, i) for n, windows in self.windows.items()
+                for i in chosen_windows(len(windows), self.max_windows, self.seed, n)]
+
+    def key(self, row: dict[str, Any]) -> tuple[int, int]:
+        return row["seq_len"], row["window"]
+
+    def batches(self, todo: list[tuple[int, int]], batch_size: int) -> list[list[tuple[int, int]]]:
+        return _batches(todo, self.windows, batch_size)
+
+    def evaluate(self, opened: OpenedModel, units: list[tuple[int, int]]) -> list[dict[str, Any]]:
+        windows = [self.windows[n][i] for n, i in units]
+        scores = score_windows(opened.model, self.tokens, windows)
+        return [{"seq_len": n, "window": i, "start": w.start, **score}
+                for (n, i), w, score in zip(units, windows, scores, strict=True)]
+
+    def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+        lengths = {str(n): {**summarise([r for r in rows if r["seq_len"] == n]), "windows_total": len(windows)}
+                   for n, windows in self.windows.items()}
+        return {**opened.record(), "data_tokens": int(len(self.tokens)), "lengths": lengths}
+
+    def combine(self, settings: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"task": "perplexity", "protocol": self.protocol, "protocol_description": PROTOCOLS[self.protocol],
+                "metric": METRIC, "settings": settings, "models": entries}
+
+    def plot(self, results: dict[str, Any], path: Path, label: str) -> None:
+        _plot(results, path)
+
+    def summary(self, results: dict[str, dict[str, Any]]) -> str:
+        return "\n".join(f"{entry['name']}: perplexity " + ", ".join(f"{n}: {r['perplexity']:.3f}"
+                                                                    for n, r in entry["lengths"].items())
+                         for folder in results.values() for entry in folder["models"])
+
+
 def evaluate_perplexity(
     models: list[str],
     data: str,
@@ -153,69 +237,24 @@ def evaluate_perplexity(
 
     Models are opened one at a time. Windows already in samples.jsonl (same settings) are not recomputed.
     """
-    from tapecli.runtime import resolve_device, resolve_dtype
-
-    if protocol not in PROTOCOLS:
-        raise TapeError(f"--protocol: unknown protocol {protocol!r}; allowed: {', '.join(PROTOCOLS)}")
-    if not models:
-        raise TapeError("--model: pass at least one model")
-    for name, value in (("--seq-len", min(seq_lens, default=0)), ("--stride", stride), ("--batch-size", batch_size),
-                        ("--max-windows", max_windows), ("--max-tokens", max_tokens)):
-        if value is not None and value < 1:
-            raise TapeError(f"{name} must be a positive integer, got {value}")
-    if protocol == "sliding" and stride > min(seq_lens):
-        raise TapeError(f"--stride {stride} exceeds --seq-len {min(seq_lens)}; the sliding protocol would skip tokens")
-    _check_source(data)  # before anything is written, so a mistyped --data leaves no output directory behind
-    data_path = Path(data).expanduser()
-    settings = {
-        "task": "perplexity", "models": [find_source(m).location for m in models],
-        "data": str(data_path.resolve()) if data_path.exists() else data, "seq_lens": sorted(set(seq_lens)),
-        "protocol": protocol, "stride": stride, "max_windows": max_windows, "seed": seed, "max_tokens": max_tokens,
-        "text_field": text_field, "dtype": resolve_dtype(dtype, resolve_device(device))[0], "pe_args": pe_args or {},
-    }
-    started = time.perf_counter()
-    model_results = []
-    with SamplesLog(out_dir, settings) as log, progress_bar("windows", show_progress) as progress:
-        done = {(r["model"], r["seq_len"], r["window"]) for r in log.rows}
-        for index, spec in enumerate(models):
-            opened = open_model(spec, dtype=dtype, device=device, pe_args=pe_args)
-            tokens = load_stream(data, opened.tokenizer, text_field, max_tokens)
-            _check_vocab(tokens, opened.model.config.vocab_size, data, opened.name)
-            n_windows, todo, total = {}, [], 0
-            for seq_len in settings["seq_lens"]:
-                windows = make_windows(len(tokens), seq_len, protocol, stride)
-                if not windows:
-                    raise TapeError(f"{data} has {len(tokens)} tokens for {opened.name}: too few for one window of "
-                                    f"--seq-len {seq_len}")
-                chosen = chosen_windows(len(windows), max_windows, seed, seq_len)
-                n_windows[seq_len], total = len(windows), total + len(chosen)
-                todo += [(seq_len, i, windows[i]) for i in chosen if (index, seq_len, i) not in done]
-            task = progress.add_task(opened.name, total=total, completed=total - len(todo))
-            for batch in _batches(todo, batch_size):
-                scores = score_windows(opened.model, tokens, [w for _, _, w in batch])
-                log.append([{"model": index, "seq_len": n, "window": i, "start": w.start, **score}
-                            for (n, i, w), score in zip(batch, scores, strict=True)])
-                progress.advance(task, len(batch))
-            lengths = {str(n): {**summarise([r for r in log.rows if r["model"] == index and r["seq_len"] == n]),
-                                "windows_total": n_windows[n]} for n in settings["seq_lens"]}
-            model_results.append({**opened.record(), "data_tokens": int(len(tokens)), "lengths": lengths})
-            del opened, tokens
-            _free_memory()
-    results = {"task": "perplexity", "protocol": protocol, "protocol_description": PROTOCOLS[protocol],
-               "metric": METRIC, "settings": settings, "models": model_results,
-               "seconds_this_session": round(time.perf_counter() - started, 2)}
-    out = Path(out_dir)
-    write_json(out / RESULTS_FILE, results)
-    _plot(results, out / PLOT_FILE)
-    return results
+    evaluation = Perplexity(data, seq_lens, protocol, stride, max_windows, seed, max_tokens, text_field)
+    report = run(evaluation, models, out_dir, dtype=dtype, device=device, pe_args=pe_args, batch_size=batch_size,
+                 show_progress=show_progress)
+    return report.results[evaluation.name]
 
 
-def _batches(todo: list[tuple[int, int, Window]], batch_size: int) -> list[list[tuple[int, int, Window]]]:
+def _batches(todo: list[tuple[int, int]], windows: dict[int, list[Window]], batch_size: int
+             ) -> list[list[tuple[int, int]]]:
     """Consecutive windows of one length (the same seq_len and the same number of tokens), batch_size at a time."""
-    batches: list[list[tuple[int, int, Window]]] = []
+
+    def size(unit: tuple[int, int]) -> int:
+        window = windows[unit[0]][unit[1]]
+        return window.end - window.start
+
+    batches: list[list[tuple[int, int]]] = []
     for item in todo:
         last = batches[-1] if batches else None
-        same = last and last[0][0] == item[0] and last[0][2].end - last[0][2].start == item[2].end - item[2].start
+        same = last and last[0][0] == item[0] and size(last[0]) == size(item)
         if same and len(last) < batch_size:
             last.append(item)
         else:
@@ -237,14 +276,6 @@ def _check_vocab(tokens: np.ndarray, vocab_size: int, data: str, name: str) -> N
     if top >= vocab_size:
         raise TapeError(f"{data} holds token id {top}, but {name} has a vocabulary of {vocab_size}; the file was "
                         "tokenized for another model")
-
-
-def _free_memory() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def _plot(results: dict[str, Any], path: Path) -> None:

@@ -29,15 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from tapecli.errors import TapeError
-from tapecli.eval.common import (
-    RESULTS_FILE,
-    SamplesLog,
-    generate_batch,
-    model_source,
-    open_model,
-    progress_bar,
-)
+from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, progress_bar
 from tapecli.files import write_json
+from tapecli.store.door import find_source, open_model
 
 THRESHOLD = 85.6
 PLOT_FILE = "ruler.png"
@@ -148,7 +142,7 @@ def evaluate_ruler(
     chosen = plan(tasks, haystack, qa_data)
     for line in chosen.skipped:
         (notify or (lambda _: None))(line)
-    settings = {"task": "ruler", "models": [model_source(m)[1] for m in models], "tasks": chosen.tasks,
+    settings = {"task": "ruler", "models": [find_source(m).location for m in models], "tasks": chosen.tasks,
                 "lengths": lengths, "samples": samples, "seed": seed, **chosen.described,
                 "dtype": resolve_dtype(dtype, resolve_device(device))[0], "pe_args": pe_args or {}}
     started = time.perf_counter()

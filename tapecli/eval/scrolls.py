@@ -8,28 +8,34 @@ qmsum) with temperature 1 and top-k 3, as the official run did, from a generator
 so the draws do not depend on batching or resuming. The text is decoded without special tokens and stripped, then
 scored by `tapecli.eval.scrolls_metric` (the official `tau/scrolls` metric).
 
-Files per (model, task) directory:
-  settings.json, samples.jsonl   the shared resumable log (tapecli.eval.common): one row per finished example
+`ScrollsTask` is the protocol of one task (`tapecli.eval.protocol`: a unit is an example); `run_scrolls_eval` loops
+over models and tasks. Files per (model, task) directory (--out/TASK-SPLIT, OUT/<model>/TASK-SPLIT for several
+models, or RUN/eval-scrolls/TASK-SPLIT):
+  settings.json, samples.jsonl   the shared resumable log: one row per finished example
   predictions.json               {id: prediction}, the official submission format
   results.json                   the official metric's keys (`scrolls_score`, `f1` / `exact_match` / `rouge/...`),
                                  the settings and the protocol
-`score_predictions_file` scores an existing predictions.json without a model, as the official evaluator does.
+`score_predictions_file` scores an existing predictions.json without a model, as the official evaluator does
+(with --out, into OUT/results.json).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tapecli.data import scrolls as data
 from tapecli.errors import TapeError
 from tapecli.eval import scrolls_metric as metric
-from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, progress_bar
+from tapecli.eval.common import RESULTS_FILE, generate_batch
+from tapecli.eval.protocol import Evaluation, Opening, default_folder, evaluate_one, free_memory
+from tapecli.faults import check_output_dir
 from tapecli.files import write_json
-from tapecli.store.door import OpenedModel, open_model
+from tapecli.store.door import OpenedModel
+from tapecli.store.run import safe_name
 
 PROTOCOL = (
     "SCROLLS (method.md 4.3): one example per id (all of its rows' outputs are references); prompt = the "
@@ -72,13 +78,17 @@ def run_scrolls_eval(models: list[str], tasks: list[str], run: ScrollsRun, out: 
     """
     for task in tasks:
         data.check_task(task, "--task")
+    if out is not None:
+        check_output_dir(out)
+    opening = Opening(run.dtype, run.device, dict(run.pe_args or {}))
     results = []
     for spec, label in zip(models, model_labels(models), strict=True):
         row, opened = [], None
         for task in tasks:
             if opened is None or "{task}" in spec:  # one model for all tasks unless the spec names one per task
-                opened = open_model(spec.replace("{task}", task), dtype=run.dtype, device=run.device,
-                                    pe_args=run.pe_args)
+                opened = None
+                free_memory()
+                opened = opening.open(spec.replace("{task}", task))
             row.append(evaluate_task(opened, task, run, out, label=label if len(models) > 1 else None,
                                      show_progress=show_progress))
         results.append(row)
@@ -95,48 +105,85 @@ def evaluate_task(opened: OpenedModel, task: str, run: ScrollsRun, out: str | No
                   show_progress: bool = True) -> dict[str, Any]:
     """Evaluate (or resume) one opened model on one task; returns what results.json holds. With `label`, the
     output folder is OUT/label/TASK-SPLIT (several models), else OUT/TASK-SPLIT."""
-    recipe = _run_recipe(opened)
-    trained = recipe is not None and recipe.data.kind == "scrolls"
-    compat = run.compat or (recipe.data.compat if trained else "clean")
-    seq_len = run.seq_len or (recipe.data.seq_len if trained else opened.model.config.max_seq_len)
-    if seq_len > opened.model.config.max_seq_len:
-        raise TapeError(f"--seq-len {seq_len} exceeds the model's max_seq_len ({opened.model.config.max_seq_len})")
-    budgets = data.Budgets.for_task(task, seq_len)
-    sample = run.sample and task in data.SUMMARY_TASKS
-    rows = data.load_split(task, run.split, run.data)
-    examples = data.group_examples(rows)[: run.limit]
-    settings = {
-        "task": task, "split": run.split, "model": opened.record(),
-        "data": data.HUB_REPO if data.is_hub(run.data) else str(Path(run.data).expanduser().resolve()),
-        "compat": compat, "seq_len": seq_len, "prompt_tokens": budgets.prompt, "max_new_tokens": budgets.target,
-        "decoding": {"sample": True, "temperature": 1.0, "top_k": SAMPLE_TOP_K, "seed": run.seed} if sample
-        else {"sample": False}, "protocol": PROTOCOL,
-    }  # --limit is not a setting: a limited run's examples count towards the full one
-    out_dir = _out_dir(opened, task, run.split, out, label)
-    wanted = {e.id for e in examples}
-    tok = opened.tokenizer
-    with SamplesLog(out_dir, settings, keep=lambda logged: [r for r in logged if r["id"] in wanted]) as log:
-        done = {r["id"] for r in log.rows}
-        todo = [e for e in examples if e.id not in done]
-        with progress_bar("examples", show=show_progress) as progress:
-            bar = progress.add_task(f"{opened.name} {task}", total=len(examples), completed=len(done))
-            for start in range(0, len(todo), run.batch_size):
-                chunk = todo[start : start + run.batch_size]
-                prompts = [data.prompt_ids(tok, task, rows[e.row]["input"], budgets, compat) for e in chunk]
-                outputs = _generate(opened.model, tok, prompts, budgets.target, run, sample, [e.id for e in chunk])
-                log.append([_sample_row(task, e, p, o, tok) for e, p, o in zip(chunk, prompts, outputs, strict=True)])
-                progress.advance(bar, len(chunk))
-        by_id = {r["id"]: r for r in log.rows}
-    predictions = {e.id: by_id[e.id]["prediction"] for e in examples}
-    write_json(out_dir / PREDICTIONS_FILE, predictions)
-    results: dict[str, Any] = {"task": task, "split": run.split, "model": opened.name, "limit": run.limit}
-    if all(e.references for e in examples):
-        results.update(metric.score_predictions(task, predictions, data.references_by_id(examples)))
-    else:
-        results["note"] = f"the {run.split} split has no reference outputs; submit predictions.json to be scored"
-    results.update({"settings": settings, "out_dir": str(out_dir)})
-    write_json(out_dir / RESULTS_FILE, results)
-    return results
+    folder = _out_dir(opened, task, run.split, out, label)
+    return evaluate_one(ScrollsTask(task, run, folder), opened, folder, label=f"{opened.name} {task}",
+                        batch_size=run.batch_size, show_progress=show_progress)
+
+
+@dataclass
+class ScrollsTask(Evaluation):
+    """One task of one split on one model (`run_scrolls_eval` loops over models and tasks); its results.json names
+    its `folder` ("out_dir"), where predictions.json is written too."""
+
+    name = "scrolls"
+    unit = "examples"
+    files = (PREDICTIONS_FILE,)
+    timed = False
+    task: str
+    run: ScrollsRun
+    folder: Path
+    rows: Any = field(default=None, init=False, repr=False)  # the split's rows, its examples, this model's budgets
+    examples: list[data.Example] = field(default_factory=list, init=False, repr=False)
+    budgets: Any = field(default=None, init=False, repr=False)
+    compat: str = field(default="clean", init=False, repr=False)
+    seq_len: int = field(default=0, init=False, repr=False)
+    sample: bool = field(default=False, init=False, repr=False)
+
+    def prepare(self, opened: OpenedModel) -> None:
+        recipe = _run_recipe(opened)
+        trained = recipe is not None and recipe.data.kind == "scrolls"
+        self.compat = self.run.compat or (recipe.data.compat if trained else "clean")
+        self.seq_len = self.run.seq_len or (recipe.data.seq_len if trained else opened.model.config.max_seq_len)
+        if self.seq_len > opened.model.config.max_seq_len:
+            raise TapeError(f"--seq-len {self.seq_len} exceeds the model's max_seq_len "
+                            f"({opened.model.config.max_seq_len})")
+        self.budgets = data.Budgets.for_task(self.task, self.seq_len)
+        self.sample = self.run.sample and self.task in data.SUMMARY_TASKS
+        self.rows = data.load_split(self.task, self.run.split, self.run.data)
+        self.examples = data.group_examples(self.rows)[: self.run.limit]
+
+    def settings(self, opened: OpenedModel) -> dict[str, Any]:
+        run = self.run
+        return {
+            "task": self.task, "split": run.split, "model": opened.record(),
+            "data": data.HUB_REPO if data.is_hub(run.data) else str(Path(run.data).expanduser().resolve()),
+            "compat": self.compat, "seq_len": self.seq_len, "prompt_tokens": self.budgets.prompt,
+            "max_new_tokens": self.budgets.target,
+            "decoding": {"sample": True, "temperature": 1.0, "top_k": SAMPLE_TOP_K, "seed": run.seed} if self.sample
+            else {"sample": False}, "protocol": PROTOCOL,
+        }  # --limit is not a setting: a limited run's examples count towards the full one
+
+    def units(self, opened: OpenedModel) -> list[str]:
+        return [e.id for e in self.examples]
+
+    def key(self, row: dict[str, Any]) -> str:
+        return row["id"]
+
+    def keep(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        wanted = {e.id for e in self.examples}
+        return [r for r in rows if r["id"] in wanted]
+
+    def evaluate(self, opened: OpenedModel, units: list[str]) -> list[dict[str, Any]]:
+        by_id = {e.id: e for e in self.examples}
+        chunk, tok = [by_id[id_] for id_ in units], opened.tokenizer
+        prompts = [data.prompt_ids(tok, self.task, self.rows[e.row]["input"], self.budgets, self.compat)
+                   for e in chunk]
+        outputs = _generate(opened.model, tok, prompts, self.budgets.target, self.run, self.sample, units)
+        return [_sample_row(self.task, e, p, o, tok) for e, p, o in zip(chunk, prompts, outputs, strict=True)]
+
+    def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+        by_id = {r["id"]: r for r in rows}
+        predictions = {e.id: by_id[e.id]["prediction"] for e in self.examples}
+        write_json(self.folder / PREDICTIONS_FILE, predictions)
+        results: dict[str, Any] = {"task": self.task, "split": self.run.split, "model": opened.name,
+                                   "limit": self.run.limit}
+        if all(e.references for e in self.examples):
+            results.update(metric.score_predictions(self.task, predictions, data.references_by_id(self.examples)))
+        else:
+            results["note"] = (f"the {self.run.split} split has no reference outputs; submit predictions.json to be "
+                               "scored")
+        results.update({"settings": settings, "out_dir": str(self.folder)})
+        return results
 
 
 def _generate(model: Any, tok: Any, prompts: list[list[int]], max_new: int, run: ScrollsRun, sample: bool,
@@ -181,22 +228,21 @@ def _run_recipe(opened: Any) -> Any:
 
 
 def _out_dir(opened: Any, task: str, split: str, out: str | None, label: str | None) -> Path:
-    """OUT/[label/]task-split; without --out, next to a tape run (RUN/eval-scrolls/task-split), else
-    eval-scrolls/<model name>/task-split."""
+    """OUT/[label/]task-split; without --out, next to a tape run (RUN/eval-scrolls/task-split; one folder per run, not
+    per checkpoint), else the one default of every evaluation (`tapecli.store.run.eval_dir`) + task-split."""
     leaf = f"{task}-{split}"
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in (label or opened.name).replace("{task}", "TASK"))
-    if out is not None:
-        return Path(out) / safe / leaf if label else Path(out) / leaf
-    source = Path(opened.source)
-    if opened.kind == "tape" and source.parent.name == "checkpoints":
-        return source.parent.parent / "eval-scrolls" / leaf
-    return Path("eval-scrolls") / safe / leaf
+    if out is None:
+        return default_folder("scrolls", opened, per_checkpoint=False) / leaf
+    return Path(out) / safe_name(label.replace("{task}", "TASK")) / leaf if label else Path(out) / leaf
 
 
 def score_predictions_file(task: str, predictions: str, split: str = "validation", data_source: str | None = None,
-                           ) -> dict[str, Any]:
-    """Score an official-format predictions.json ({id: text}) against a split's references, without a model."""
+                           out: str | None = None) -> dict[str, Any]:
+    """Score an official-format predictions.json ({id: text}) against a split's references, without a model; with
+    `out`, the scores also go to OUT/results.json, as every evaluation writes them."""
     data.check_task(task, "--task")
+    if out is not None:
+        check_output_dir(out)
     path = Path(predictions).expanduser()
     try:
         loaded = json.loads(path.read_text(encoding="utf-8"))
@@ -211,7 +257,11 @@ def score_predictions_file(task: str, predictions: str, split: str = "validation
     if not all(e.references for e in examples):
         raise TapeError(f"the {split} split of {task} has no reference outputs to score against")
     scores = metric.score_predictions(task, loaded, data.references_by_id(examples), where=str(predictions))
-    return {"task": task, "split": split, **scores}
+    result = {"task": task, "split": split, "predictions": str(path.resolve()), **scores}
+    if out is not None:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        write_json(Path(out) / RESULTS_FILE, result)
+    return result
 
 
 def table(models: list[str], results: list[list[dict[str, Any]]], tasks: list[str],

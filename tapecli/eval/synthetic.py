@@ -10,9 +10,12 @@ Protocol (the paper does not define its accuracy; these are our choices):
   navigation, the paper's revisit accuracy). `accuracy` = the fraction of sequences whose scored tokens are all
   right. For selective copy that equals greedy decoding of the whole copy: if every teacher-forced argmax is
   right, greedy decoding reproduces the sequence, and if one is wrong, greedy decoding first errs there or before.
-  Sequences with nothing to score (a walk that never revisits a cell) are left out of both.
+  Sequences with nothing to score (a walk that never revisits a cell) are left out of both (their samples.jsonl
+  row says "correct": null).
 
-Files in the output directory:
+`Synthetic` is the protocol (`tapecli.eval.protocol`: a unit is a sequence); the runner writes, to --out or
+RUN/eval-synthetic/<checkpoint> (several models: OUT/<label>/, and the comparison -- comparison.json and
+accuracy.png, one bar group per split -- to --out, default ./eval-synthetic-comparison):
   settings.json   what is being evaluated (checked on resume)
   samples.jsonl   one row per sequence: split, index, scored, correct_tokens, token_accuracy, correct, prediction
   results.json    per split: accuracy, token_accuracy, sequences, scored tokens; the protocol and the settings
@@ -21,8 +24,8 @@ Files in the output directory:
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +33,8 @@ import torch
 
 from tapecli.data.synthetic import SPLITS, TASKS, SyntheticDataset, split_specs
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SamplesLog
-from tapecli.files import write_json
+from tapecli.eval.protocol import Evaluation, as_opened, evaluate_one, source_of
+from tapecli.store.door import OpenedModel
 from tapecli.store.run import run_recipe
 
 PROTOCOL = (
@@ -44,19 +47,15 @@ PROTOCOL = (
 CHART_FILE = "accuracy.png"
 
 
-def open_synthetic(spec: str, dtype: str = "auto", device: str = "auto",
-                   pe_args: dict[str, Any] | None = None) -> tuple[Any, Path, Any]:
-    """(opened model, checkpoint dir, run recipe) of a run or checkpoint directory trained on a synthetic task,
-    opened through the one door, `tapecli.store.door.open_model`."""
-    from tapecli.store.door import open_model
-
-    opened = open_model(spec, dtype=dtype, device=device, pe_args=pe_args)
-    ckpt = Path(opened.source)
-    recipe = run_recipe(ckpt) if opened.kind == "tape" else None
+def synthetic_recipe(model: str | OpenedModel) -> Any:
+    """The recipe of the run a model (spec or opened) comes from, which must be trained on a synthetic task: it
+    says which task and splits to evaluate. Read without loading the model."""
+    kind, source = source_of(model)
+    recipe = run_recipe(Path(source)) if kind == "tape" else None
     if recipe is None or recipe.data.kind not in TASKS:
-        raise TapeError(f"{opened.source} is not from a run trained on a synthetic task (data.kind one of "
+        raise TapeError(f"{source} is not from a run trained on a synthetic task (data.kind one of "
                         f"{', '.join(TASKS)}); its recipe.yaml says which task and splits to evaluate")
-    return opened, ckpt, recipe
+    return recipe
 
 
 def _latest_per_sequence(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -78,7 +77,7 @@ def score_batch(model: torch.nn.Module, data: SyntheticDataset, indices: list[in
         hits = sum(guess[t] == gold[t] for t in positions)
         rows.append({"split": data.split, "index": index, "scored": len(positions), "correct_tokens": hits,
                      "token_accuracy": hits / len(positions) if positions else None,
-                     "correct": hits == len(positions),
+                     "correct": hits == len(positions) if positions else None,
                      "prediction": tok.decode(guess[t] for t in positions)})
     return rows
 
@@ -92,37 +91,96 @@ def split_results(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "sequences": len(counted), "unscored_sequences": len(rows) - len(counted), "scored_tokens": scored}
 
 
+@dataclass
+class Synthetic(Evaluation):
+    """Accuracy on the synthetic splits of one model or several (compared), with `tape eval synthetic`'s options.
+
+    The task and each split's parameters come from the model's run recipe, or from `recipe` for a model given in
+    memory (a demo, a test; its settings then hold no record of how it was opened).
+    """
+
+    name = "synthetic"
+    unit = "sequences"
+    plot_file = CHART_FILE
+    splits: list[str] = field(default_factory=lambda: list(SPLITS))
+    samples: int | None = None  # sequences per split; None: the run's eval.samples
+    seed: int = 1234
+    recipe: Any = None
+    task: str = field(default="", init=False, repr=False)  # this model's task, split specs and sequences per split
+    specs: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    count: int = field(default=0, init=False, repr=False)
+
+    def check(self, models: list[str]) -> None:
+        unknown = [s for s in self.splits if s not in SPLITS]
+        if unknown or not self.splits:
+            raise TapeError(f"--splits: unknown split {', '.join(unknown) or '(none)'}; allowed: {', '.join(SPLITS)}")
+        if self.samples is not None and self.samples < 1:
+            raise TapeError(f"--samples must be positive, got {self.samples}")
+        tasks = sorted({synthetic_recipe(model).data.kind for model in models})
+        if len(tasks) > 1:
+            raise TapeError(f"--model: the runs were trained on different tasks ({', '.join(tasks)})")
+
+    def prepare(self, opened: OpenedModel) -> None:
+        recipe = self.recipe if self.recipe is not None else synthetic_recipe(opened)
+        self.task, self.specs = recipe.data.kind, split_specs(recipe.data.kind, recipe.data, recipe.eval)
+        self.count = self.samples if self.samples is not None else recipe.eval.samples
+
+    def settings(self, opened: OpenedModel) -> dict[str, Any]:
+        return {"task": self.task, "splits": {s: asdict(self.specs[s]) for s in self.splits}, "samples": self.count,
+                "seed": self.seed, "checkpoint": opened.source or None, "pe": opened.model.config.pe,
+                **({"model": opened.record()} if self.recipe is None else {})}
+
+    def units(self, opened: OpenedModel) -> list[tuple[str, int]]:
+        return [(split, i) for split in self.splits for i in range(self.count)]
+
+    def key(self, row: dict[str, Any]) -> tuple[str, int]:
+        return row["split"], row["index"]
+
+    def keep(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return _latest_per_sequence(rows)
+
+    def batches(self, todo: list[tuple[str, int]], batch_size: int) -> Iterator[list[tuple[str, int]]]:
+        """Sequences of one split (one length), batch_size at a time."""
+        for split in self.splits:
+            indices = [unit for unit in todo if unit[0] == split]
+            for start in range(0, len(indices), batch_size):
+                yield indices[start : start + batch_size]
+
+    def evaluate(self, opened: OpenedModel, units: list[tuple[str, int]]) -> list[dict[str, Any]]:
+        split = units[0][0]
+        spec = self.specs[split]
+        data = SyntheticDataset(self.task, spec, self.seed, split, self.count, spec.length)
+        return score_batch(opened.model, data, [index for _, index in units])
+
+    def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"task": self.task, "protocol": PROTOCOL, "settings": settings,
+                "splits": {s: split_results([r for r in rows if r["split"] == s]) for s in self.splits}}
+
+    def plot(self, results: dict[str, Any], path: Path, label: str) -> None:
+        save_chart({label: results}, path)
+
+    def compare(self, results: dict[str, dict[str, Any]], folder: Path) -> None:
+        save_chart(results, folder / CHART_FILE)
+
+    def label(self, opened: OpenedModel, taken: dict[str, Any]) -> str:
+        """The model's PE, or `pe (run name)` when that PE is already in the table."""
+        pe = opened.model.config.pe
+        return pe if pe not in taken else f"{pe} ({Path(opened.spec).name})"
+
+    def summary(self, results: dict[str, dict[str, Any]]) -> Any:
+        return comparison_table(results)
+
+
 def evaluate_synthetic(model: torch.nn.Module, recipe: Any, out_dir: str | Path,
                        splits: tuple[str, ...] | list[str] = SPLITS, samples: int = 100, seed: int = 1234,
                        batch_size: int = 64, checkpoint: str | None = None, label: str | None = None,
-                       record: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Evaluate (or resume) `model` on `splits` of its recipe's task into `out_dir`; returns results.json's content."""
-    unknown = [s for s in splits if s not in SPLITS]
-    if unknown or not splits:
-        raise TapeError(f"--splits: unknown split {', '.join(unknown) or '(none)'}; allowed: {', '.join(SPLITS)}")
-    if samples < 1:
-        raise TapeError(f"--samples must be positive, got {samples}")
-    task, specs = recipe.data.kind, split_specs(recipe.data.kind, recipe.data, recipe.eval)
-    settings = {"task": task, "splits": {s: asdict(specs[s]) for s in splits}, "samples": samples, "seed": seed,
-                "checkpoint": checkpoint, "pe": model.config.pe, **({"model": record} if record else {})}
-    out = Path(out_dir)
-    started = time.perf_counter()
-    model.eval()
-    with SamplesLog(out, settings, keep=_latest_per_sequence) as log:
-        done = {(row["split"], row["index"]): row for row in log.rows}
-        for split in splits:
-            data = SyntheticDataset(task, specs[split], seed, split, samples, specs[split].length)
-            todo = [i for i in range(samples) if (split, i) not in done]
-            for start in range(0, len(todo), batch_size):
-                rows = score_batch(model, data, todo[start : start + batch_size])
-                log.append(rows)  # a finished batch survives an interruption from here on
-                done.update({(split, row["index"]): row for row in rows})
-    results = {"task": task, "protocol": PROTOCOL, "settings": settings,
-               "splits": {s: split_results([r for (name, _), r in done.items() if name == s]) for s in splits},
-               "seconds_this_session": round(time.perf_counter() - started, 2)}
-    write_json(out / RESULTS_FILE, results)
-    save_chart({label or model.config.pe: results}, out / CHART_FILE)
-    return results
+                       show_progress: bool = True) -> dict[str, Any]:
+    """Evaluate (or resume) a model in memory on `splits` of `recipe`'s task into `out_dir`; returns results.json's
+    content. `checkpoint` is where the model came from (for the record), `label` names it in the chart (its PE)."""
+    evaluation = Synthetic(list(splits), samples, seed, recipe=recipe)
+    evaluation.check([])
+    opened = as_opened(model, None, name=label or model.config.pe, source=checkpoint or "")
+    return evaluate_one(evaluation, opened, out_dir, batch_size=batch_size, show_progress=show_progress)
 
 
 def save_chart(results: dict[str, dict[str, Any]], path: Path) -> Path:
@@ -156,47 +214,3 @@ def comparison_table(results: dict[str, dict[str, Any]]):
         table.add_row(label, *(f"{pct(r['splits'][s]['accuracy'])} / {pct(r['splits'][s]['token_accuracy'])}"
                                if s in r["splits"] else "-" for s in splits))
     return table
-
-
-def run_synthetic_eval(models: list[str], splits: list[str], samples: int | None = None, seed: int = 1234,
-                       batch_size: int = 64, out: str | None = None, device: str = "auto", dtype: str = "auto",
-                       pe_args: dict[str, Any] | None = None) -> tuple[dict, Path | None]:
-    """`tape eval synthetic`: evaluate each model (run or checkpoint dir); returns ({label: results}, chart or None).
-
-    One model: its files go to --out (default RUN/eval-synthetic/<checkpoint>). Several: each model's files go to
-    its default directory, or to OUT/<label>/ when --out is given, and the comparison (comparison.json and
-    accuracy.png, one bar group per split) to --out (default: eval-synthetic-comparison).
-    """
-    if not models:
-        raise TapeError("--model: give at least one run or checkpoint directory")
-    opened = [open_synthetic(name, dtype, device, pe_args) for name in models]
-    tasks = sorted({recipe.data.kind for _, _, recipe in opened})
-    if len(tasks) > 1:
-        raise TapeError(f"--model: the runs were trained on different tasks ({', '.join(tasks)})")
-    all_results: dict[str, dict[str, Any]] = {}
-    for name, (model_opened, ckpt, recipe) in zip(models, opened, strict=True):
-        model = model_opened.model
-        label = _unique(model.config.pe, Path(name).name, all_results)
-        if len(models) == 1 and out:
-            target = Path(out)
-        elif out:
-            target = Path(out) / label
-        else:
-            target = ckpt.parent.parent / "eval-synthetic" / ckpt.name
-        all_results[label] = evaluate_synthetic(
-            model, recipe, target, splits, samples if samples is not None else recipe.eval.samples, seed, batch_size,
-            checkpoint=str(ckpt.resolve()), label=label, record=model_opened.record())
-    if len(models) == 1:
-        return all_results, None
-    folder = Path(out or "eval-synthetic-comparison")
-    folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / "comparison.json", all_results)
-    return all_results, save_chart(all_results, folder / CHART_FILE)
-
-
-def _unique(pe: str, name: str, taken: dict[str, Any]) -> str:
-    """A model's label: its PE, or `pe (run name)` when that PE is already in the table."""
-    label = pe if pe not in taken else f"{pe} ({name})"
-    while label in taken:
-        label += "'"
-    return label

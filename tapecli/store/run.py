@@ -4,11 +4,13 @@
     RUN/run.json        seed, tapecli version, git revision, command line, start time (+ one entry per resume)
     RUN/metrics.jsonl   one JSON object per logged step and per validation
     RUN/checkpoints/    step-XXXXXXXX/ directories (see tapecli.store.checkpoint)
+    RUN/eval-<name>/    what `tape eval <name>` writes by default, one folder per checkpoint (`eval_dir`)
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -104,6 +106,34 @@ def run_recipe(checkpoint: Path) -> Recipe | None:
 
     path = run_recipe_path(checkpoint)
     return load_recipe(str(path)) if path.is_file() else None
+
+
+def run_of(checkpoint: Path) -> Path | None:
+    """The run directory a checkpoint belongs to (RUN/checkpoints/step-N -> RUN), or None for a lone checkpoint."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else None
+
+
+def eval_dir(evaluation: str, kind: str, source: str, per_checkpoint: bool = True) -> Path:
+    """Where `tape eval <evaluation>` writes for one model when no --out is given; the one rule of every evaluation.
+
+    A checkpoint of a run: RUN/eval-<evaluation>/<checkpoint name> (RUN/eval-<evaluation> when not
+    `per_checkpoint`); a checkpoint outside a run: CHECKPOINT/eval-<evaluation>; a Hugging Face model (`kind` "hf",
+    `source` its directory or hub id): ./eval-<evaluation>/<its folder name or hub id, made safe for a path>.
+    """
+    folder = f"eval-{evaluation}"
+    if kind != "tape":
+        return Path(folder) / safe_name(Path(source).name if Path(source).exists() else source)
+    checkpoint = Path(source)
+    run = run_of(checkpoint)
+    if run is None:
+        return checkpoint / folder
+    return run / folder / checkpoint.name if per_checkpoint else run / folder
+
+
+def safe_name(name: str) -> str:
+    """`name` as one folder name: every run of characters other than letters, digits, `.`, `_` and `-` becomes `_`."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -247,6 +247,26 @@ def test_train_then_eval_scrolls_from_the_cli(tmp_path):
     assert result.exit_code == 2 and "no prediction for id 'validation-1'" in result.output
 
 
+def test_scoring_a_predictions_file_writes_results_to_out(tmp_path):
+    """`--predictions P --out O` writes O/results.json (what it prints), as every evaluation writes its results."""
+    data_dir = tmp_path / "scrolls"
+    write_scrolls_zip(data_dir)
+    predictions = tmp_path / "predictions.json"
+    predictions.write_text(json.dumps({"validation-0": "1", "validation-1": "the number 2", "validation-2": "4"}))
+    args = ["eval", "scrolls", "--task", "qasper", "--predictions", str(predictions), "--data", str(data_dir)]
+    result = runner.invoke(app, [*args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)  # stdout stays one JSON document; the note on the file goes to stderr
+    written = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert written == printed and f"wrote results.json to {tmp_path / 'out'}" in result.stderr
+    assert written["predictions"] == str(predictions.resolve()) and written["num_predicted"] == 3
+    assert written["scrolls_score"] == pytest.approx(200 / 3)  # two of three answers match a reference exactly
+    assert json.loads(runner.invoke(app, args).output) == printed  # without --out: printed only
+    (tmp_path / "file.txt").write_text("keep me\n")
+    bad = runner.invoke(app, [*args, "--out", str(tmp_path / "file.txt")])
+    assert bad.exit_code == 2 and "is a file" in bad.output
+
+
 def test_eval_scrolls_usage_errors(tmp_path):
     for args, message in [([], "pass --task"), (["--task", "qasper"], "pass --model"),
                           (["--task", "qasper", "--compat", "x", "--model", "m"], "--compat"),

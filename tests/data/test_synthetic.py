@@ -198,6 +198,23 @@ def test_scoring_counts_exactly_the_scored_positions(tmp_path, recipe):
         assert got["accuracy"] == pytest.approx(sum(not x for x in last) / len(last))
 
 
+def test_a_sequence_with_nothing_to_score_is_null_in_samples_and_left_out_of_results(tmp_path):
+    """A walk that never revisits a cell has no scored token: samples.jsonl says "correct": null (not true) and the
+    results leave it out, so the two tell the same story."""
+    results = evaluate_synthetic(Peek(), load_recipe("grid-1d-smoke"), tmp_path, samples=6, batch_size=4)
+    rows = read_rows(tmp_path)
+    unscored = [row for row in rows if row["scored"] == 0]
+    assert unscored  # (ood-dense of grid-1d-smoke, seed 1234, has such walks)
+    assert all(row["correct"] is None and row["token_accuracy"] is None for row in unscored)
+    assert all(isinstance(row["correct"], bool) for row in rows if row["scored"])
+    for split, values in results["splits"].items():
+        scored = [row for row in rows if row["split"] == split and row["scored"]]
+        assert values["unscored_sequences"] == sum(row["split"] == split for row in unscored)
+        assert values["sequences"] == len(scored)
+        if scored:
+            assert values["accuracy"] == pytest.approx(sum(row["correct"] for row in scored) / len(scored))
+
+
 def test_interrupted_evaluation_resumes(tmp_path, monkeypatch):
     r = load_recipe("grid-1d-smoke")
     reference = evaluate_synthetic(Peek(), r, tmp_path / "ref", samples=5, batch_size=2)

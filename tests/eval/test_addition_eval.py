@@ -127,6 +127,16 @@ def test_train_then_evaluate_from_the_command_line(tmp_path):
     assert len(read_rows(out)) == 6 * 6 * 2 and (out / "heatmap.png").is_file()
     assert "mean accuracy" in result.output
 
+    # Several models: one folder each, their heat-maps side by side in the comparison folder.
+    result = runner.invoke(app, ["eval", "addition", "-c", str(run), "-c", str(run), "--max-len", "3", "--out",
+                                 str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    comparison = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert list(comparison) == ["run", "run'"] and comparison["run"]["grid"] == comparison["run'"]["grid"]
+    assert comparison["run"] == json.loads((tmp_path / "cmp" / "run" / "results.json").read_text())
+    assert (tmp_path / "cmp" / "heatmap.png").read_bytes()[:4] == b"\x89PNG"
+    assert "run: mean accuracy" in result.output and "run': mean accuracy" in result.output
+
 
 def test_demo_trains_evaluates_and_compares(tmp_path):
     from tapecli.experiments.demo import DemoBudget, run_demo

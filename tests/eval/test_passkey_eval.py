@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from tapecli.cli import app
 from tapecli.data.tokenizer import ByteTokenizer, load_tokenizer, train_tokenizer
-from tapecli.eval import passkey
+from tapecli.eval import passkey, protocol
 from tapecli.eval.passkey import FILLER, budget_chars, encode_prompt, evaluate_passkey, make_prompt, plan_budgets
 from tapecli.model import ModelConfig, Transformer
 from tapecli.store.checkpoint import save_model
@@ -97,7 +97,7 @@ class Oracle(torch.nn.Module):
 
 @pytest.mark.parametrize("off_by_one", [False, True])
 def test_scoring_is_exact_match_on_the_answer_tokens(tmp_path, monkeypatch, off_by_one):
-    monkeypatch.setattr(passkey, "open_model", lambda spec, **_: _opened(Oracle(off_by_one)))
+    monkeypatch.setattr(protocol, "open_model", lambda spec, **_: _opened(Oracle(off_by_one)))
     results = evaluate_passkey("oracle", tmp_path, budgets=[64, 128], trials=5, batch_size=4, show_progress=False)
     assert results["accuracy"] == (0.0 if off_by_one else 1.0)
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
@@ -151,6 +151,27 @@ def test_sweep_files_resume_and_the_command_line(tmp_path, monkeypatch):
     assert answers("out") == answers("ref")
     bad = runner.invoke(app, [*args, str(tmp_path / "bad"), "--depths", "0,2"])
     assert bad.exit_code == 2 and "--depths" in bad.output
+
+
+def test_several_models_and_the_default_folder(tmp_path):
+    """Two models: one folder each and their comparison; without --out, a checkpoint of a run writes next to it."""
+    specs = []
+    for seed, name in ((0, "a"), (1, "b")):
+        torch.manual_seed(seed)
+        model = Transformer(ModelConfig(vocab_size=259, dim=16, n_layers=1, n_heads=2, max_seq_len=128))
+        specs.append(str(save_model(model, ByteTokenizer(), tmp_path / name / "checkpoints" / "step-00000001")))
+    args = ["eval", "passkey", "--budgets", "16", "--trials", "2", "--device", "cpu"]
+    result = runner.invoke(app, [*args, "-m", specs[0], "-m", specs[1], "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    comparison = json.loads((tmp_path / "cmp" / "comparison.json").read_text())
+    assert list(comparison) == ["a/step-00000001", "b/step-00000001"]  # open_model's names; folders a_step-..
+    for label, results in comparison.items():
+        assert results == json.loads((tmp_path / "cmp" / label.replace("/", "_") / "results.json").read_text())
+        assert f"{label}: 16 filler characters" in result.output
+    assert (tmp_path / "cmp" / "passkey.png").read_bytes()[:4] == b"\x89PNG"
+    result = runner.invoke(app, [*args, "-m", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "a" / "eval-passkey" / "step-00000001" / "results.json").is_file()
 
 
 def passkey_tokenizer(tmp_path, budget: int):
