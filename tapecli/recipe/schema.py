@@ -196,6 +196,13 @@ class Recipe:
                    "extend": self.extend}
         return {name: body for name, body in present.items() if body is not None}
 
+    @property
+    def extends(self) -> bool:
+        """True when the run extends a context: the recipe has an `extend` section and `extend.method` was set (by
+        `tape extend-context --method`, an override or the file). A context-extension recipe whose method is left
+        unset (the shipped ones) used by `tape finetune` or `tape pretrain` trains the model as it is."""
+        return self.extend is not None and "extend.method" in self.set_keys
+
     def set_values(self, section: str) -> dict[str, Any]:
         """{key: value} of the keys of `section` that the user set ({} for a section the recipe does not have)."""
         body = getattr(self, section)

@@ -39,12 +39,12 @@ def build_model(recipe: Recipe, resume_from: Path | None, init_from: str | None,
         model, tokenizer = _fresh_model(recipe)
         apply_freeze(model, recipe.train.freeze, recipe.train.unfreeze)
         return model.to(device), tokenizer, None
-    if recipe.extend is not None and resume_from is None and Path(str(init_from)).expanduser().is_dir():
+    if recipe.extends and resume_from is None and Path(str(init_from)).expanduser().is_dir():
         resolve_hf_source(str(init_from))  # a tape run or checkpoint, or a folder without config.json, says so
     source = find_source(str(spec), what="checkpoint")
     if source.kind == "hf" or (resume_from is not None and source.base is not None):
         return _on_base(recipe, source, device, precision)
-    if recipe.extend is not None:
+    if recipe.extends:
         raise TapeError("extend.method: a context extension starts from a Hugging Face base "
                         "(tape extend-context --base DIR_OR_ID)")
     opened = open_model(source, device=device, dtype=training_dtype(precision, on_base=False),
@@ -76,7 +76,7 @@ def _on_base(recipe: Recipe, source: Source, device: torch.device, precision: st
     from tapecli.train.extend import plan_extension
 
     plan = None
-    if recipe.extend is not None:
+    if recipe.extends:
         base, origin = base_config(source)
         plan = plan_extension(recipe, base, origin)
     change: dict[str, Any] = ({"config": plan.config, "lora": plan.lora} if plan is not None else
