@@ -1,4 +1,4 @@
-"""`tape demo` and `tape bench`: the packaged experiments (tapecli.experiments)."""
+"""`tape sweep`, `tape demo` and `tape bench`: the packaged experiments (tapecli.experiments)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,76 @@ from pathlib import Path
 import typer
 
 from tapecli.errors import TapeError
+
+
+def sweep(
+    overrides: list[str] | None = typer.Argument(None, help="Recipe overrides for every cell, as key=value (e.g. train.max_steps=500).", show_default=False),
+    recipe: str | None = typer.Option(None, "--recipe", help="A shipped recipe name or a YAML file.", show_default=False),
+    pe: str | None = typer.Option(None, "--pe", help="PEs to compare, comma-separated (e.g. rope,tape,alibi).", show_default=False),
+    seeds: str = typer.Option("0", "--seeds", help="Seeds (train.seed), comma-separated, e.g. 0,1,2."),
+    grid: list[str] | None = typer.Option(None, "--grid", help="Also vary a recipe key: key=value1,value2 (repeatable; every combination is a cell).", show_default=False),
+    out: Path | None = typer.Option(None, "--out", help="Sweep directory: one run directory per cell, sweep.json, results.json, the chart.", show_default=False),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the cells, their state and their equivalent tape pretrain / tape eval commands; run nothing."),
+    report: Path | None = typer.Option(None, "--report", help="Aggregate the finished cells of this sweep directory again (table, results.json, chart); train nothing.", show_default=False),
+    executor: str = typer.Option("local", "--executor", help="local (this machine), slurm (one submitit job per cell) or submitit-local (the same jobs as local processes, to try a cluster sweep here)."),
+    jobs: int = typer.Option(1, "--jobs", help="local: cells run at once, each in its own process (output in DIR/logs/)."),
+    slurm_partition: str | None = typer.Option(None, "--slurm-partition", help="slurm: the partition.", show_default=False),
+    gpus_per_job: int = typer.Option(1, "--gpus-per-job", help="slurm: GPUs per cell; more than 1 trains with one process per GPU (DDP); 0 for CPU nodes."),
+    cpus_per_job: int | None = typer.Option(None, "--cpus-per-job", help="slurm: CPUs per process [default: the cluster's].", show_default=False),
+    time_limit: int = typer.Option(240, "--time-limit", help="slurm: minutes per job; a job that reaches it saves a checkpoint and is requeued."),
+    slurm_arg: list[str] | None = typer.Option(None, "--slurm-arg", help="slurm: an extra sbatch option as key=value, e.g. account=myproject, qos=high, constraint=a100 (repeatable).", show_default=False),
+) -> None:
+    """Train and evaluate a grid of PEs x seeds (x --grid values) and report mean ± std over seeds.
+
+    Each cell DIR/<pe>-seed<k>[-key=value...] is trained exactly as `tape pretrain --recipe R --out DIR/<cell> OVERRIDES model.pe=<pe> train.seed=<k> [key=value...]` would train it, then evaluated by the recipe's data kind: synthetic tasks as `tape eval synthetic` (whole-sequence / per-token accuracy per split), addition as `tape eval addition` (grid, inside / outside the training box), text and pairs by the validation perplexity exp(val_loss) the engine logged at the last step.
+
+    Then one table (mean ± std and min-max over seeds per PE and split), DIR/results.json and a bar chart with min-max whiskers; `--report DIR` redoes this from the cells' files.
+
+    Interrupted or killed? Run the same command again: finished cells are skipped, partly trained ones continue exactly where their last checkpoint left them.
+
+    Examples: tape sweep --recipe selective-copy-smoke --pe rope,tape --seeds 0,1 --out runs/sweep ; tape sweep --recipe selective-copy --pe rope,tape,cope --seeds 0,1,2 --out runs/sc --executor slurm --slurm-partition gpu --gpus-per-job 1 ; tape sweep --report runs/sc
+    """
+    from tapecli.experiments.sweep import SweepSpec, parse_grid, parse_list, report_sweep, run_sweep
+
+    if report is not None:
+        if recipe or pe or out or overrides or grid:
+            raise TapeError("--report DIR aggregates DIR/sweep.json's cells; it takes no --recipe, --pe, --grid, "
+                            "--out or overrides")
+        report_sweep(report)
+        return
+    for name, value in (("--recipe", recipe), ("--pe", pe), ("--out", out)):
+        if not value:
+            raise TapeError(f"{name} is required (or --report DIR to aggregate a finished sweep)")
+    spec = SweepSpec(recipe, tuple(overrides or ()), parse_list(pe, "--pe"), parse_list(seeds, "--seeds", int),
+                     parse_grid(grid or []), out)
+    command = ["tape", "sweep", "--recipe", recipe, "--pe", pe, "--seeds", seeds,
+               *(arg for entry in grid or [] for arg in ("--grid", entry)), "--out", str(out), *(overrides or [])]
+    run_sweep(spec, _executor(executor, jobs, slurm_partition, gpus_per_job, cpus_per_job, time_limit, slurm_arg),
+              command, dry_run=dry_run)
+
+
+def _executor(name: str, jobs: int, partition: str | None, gpus: int, cpus: int | None, time_limit: int,
+              slurm_args: list[str] | None):
+    """The --executor and its options, checked."""
+    from tapecli.experiments.sweep.executors import Processes, Sequential, Submitit
+
+    if jobs < 1 or gpus < 0 or time_limit < 1 or (cpus is not None and cpus < 1):
+        raise TapeError("--jobs, --time-limit and --cpus-per-job must be positive, --gpus-per-job >= 0")
+    if name == "local":
+        if partition or slurm_args:
+            raise TapeError("--slurm-partition and --slurm-arg apply to --executor slurm")
+        return Processes(jobs) if jobs > 1 else Sequential()
+    if name not in ("slurm", "submitit-local"):
+        raise TapeError(f"--executor: expected local, slurm or submitit-local, got {name!r}")
+    if jobs != 1:
+        raise TapeError("--jobs applies to --executor local (a cluster runs every cell's job at once)")
+    sbatch = {}
+    for entry in slurm_args or []:
+        key, sep, value = entry.partition("=")
+        if not sep or not key.strip():
+            raise TapeError(f"--slurm-arg {entry!r} must look like key=value (e.g. account=myproject)")
+        sbatch[key.strip()] = value
+    return Submitit("slurm" if name == "slurm" else "local", partition, gpus, cpus, time_limit, sbatch)
 
 
 def demo(
