@@ -80,50 +80,50 @@ def _executor(name: str, jobs: int, partition: str | None, gpus: int, cpus: int 
 
 
 def demo(
-    pe: str = typer.Option("", "--pe", help="More PEs to compare, comma-separated (e.g. nope,fire); rope and tape "
-                                            "always run."),
+    pe: str = typer.Option("", "--pe", help="More PEs to compare, comma-separated (e.g. nope,fire); the task's "
+                                            "default PEs always run."),
     quick: bool = typer.Option(False, "--quick", help="A ~2-minute version for a first look (smaller everything)."),
-    out: str = typer.Option(None, help="Output directory (default: runs/demo, plus -quick, -abacus, -seedN)."),
-    seed: int = typer.Option(0, help="Seeds model init and the training problems (the same for every PE)."),
+    out: str = typer.Option(None, help="Output directory (default: runs/demo-<task>, plus -quick, -abacus, "
+                                       "-seedN)."),
+    seed: str = typer.Option("0", "--seed", help="Seeds model init and the training problems (the same for every "
+                                                 "PE); several, comma-separated (0,1,2), give mean ± std."),
     abacus: bool = typer.Option(False, "--abacus", help="Give every PE the Abacus digit embedding (McLeish et al.)."),
     task: str = typer.Option("selective-copy", "--task", help="selective-copy (MapFormer's synthetic task: rope, "
                                                               "tape and alibi) or addition (rope and tape)."),
 ) -> None:
     """Train small models with different PEs under one budget and compare them beyond their training distribution.
 
-    Every PE gets the same recipe (a shipped recipe shrunk to a CPU budget), steps, batch, learning rate and seed.
+    Every PE gets the same recipe (a shipped recipe shrunk to a CPU budget), steps, batch, learning rate and seed: a preset of `tape sweep` (one run per PE and seed in OUT/<pe>-seed<k>/, OUT/results.json).
 
     --task selective-copy (default, about 3 minutes on a 2-core CPU): MapFormer's selective copy, 16 symbols among 16 blanks, tested with 14 and 18 blanks; RoPE, TAPE and ALiBi; prints whole-sequence / per-token accuracy per split and writes OUT/accuracy.png.
 
     --task addition (about 10 minutes, --quick about 2): reversed-digit addition, tested on every pair of operand lengths up to twice the training length (greedy, exact match); RoPE and TAPE; prints grid accuracy and inside/outside the training box; heat-maps: OUT/heatmaps.png.
 
-    Re-running reuses finished work; --seed N repeats with another seed.
+    Re-running reuses finished work; --seed N repeats with another seed, --seed 0,1,2 reports mean ± std over three.
 
-    Example: tape demo --pe nope ; tape demo --task addition --quick
+    Example: tape demo --pe nope ; tape demo --seed 0,1,2 ; tape demo --task addition --quick
     """
-    from tapecli.experiments.demo import DEFAULT_PES, FULL, QUICK, run_demo
+    from tapecli.experiments.sweep import parse_list
 
     extra = [p.strip() for p in pe.split(",") if p.strip()]
-    if task != "addition":
-        _synthetic_demo(task, extra, quick, abacus, out, seed)
-        return
-    pes = list(dict.fromkeys([*DEFAULT_PES, *extra]))  # keep order, drop repeats
+    seeds = parse_list(seed, "--seed", int)
     # One directory per setting, so a re-run reuses finished work and never mixes settings.
-    default_out = "runs/demo" + "-quick" * quick + "-abacus" * abacus + (f"-seed{seed}" if seed else "")
-    run_demo(pes, QUICK if quick else FULL, out or default_out, seed=seed, abacus=abacus)
+    suffix = "" if seeds == (0,) else f"-seed{','.join(map(str, seeds))}"
+    if task != "addition":
+        from tapecli.experiments.demo_synthetic import BUDGETS, DEFAULT_PES, run_synthetic_demo
 
+        if task not in BUDGETS:
+            raise TapeError(f"--task: unknown demo task '{task}'; allowed: addition, {', '.join(BUDGETS)}")
+        if abacus or quick:
+            raise TapeError(f"--{'abacus' if abacus else 'quick'} applies to the addition demo only, not --task {task}")
+        run_synthetic_demo(list(dict.fromkeys([*DEFAULT_PES, *extra])), BUDGETS[task],
+                           out or f"runs/demo-{task}{suffix}", seeds=seeds)
+        return
+    from tapecli.experiments.demo import DEFAULT_PES, FULL, QUICK, run_demo
 
-def _synthetic_demo(task: str, extra: list[str], quick: bool, abacus: bool, out: str | None, seed: int) -> None:
-    """`tape demo --task <synthetic task>` (see tapecli.experiments.demo_synthetic)."""
-    from tapecli.experiments.demo_synthetic import BUDGETS, DEFAULT_PES, run_synthetic_demo
-
-    if task not in BUDGETS:
-        raise TapeError(f"--task: unknown demo task '{task}'; allowed: addition, {', '.join(BUDGETS)}")
-    if abacus or quick:
-        raise TapeError(f"--{'abacus' if abacus else 'quick'} applies to the addition demo only, not --task {task}")
-    default_out = f"runs/demo-{task}" + (f"-seed{seed}" if seed else "")
-    run_synthetic_demo(list(dict.fromkeys([*DEFAULT_PES, *extra])), BUDGETS[task], out or default_out, seed=seed)
-
+    default_out = "runs/demo" + "-quick" * quick + "-abacus" * abacus + suffix
+    run_demo(list(dict.fromkeys([*DEFAULT_PES, *extra])), QUICK if quick else FULL, out or default_out, seeds=seeds,
+             abacus=abacus)
 
 
 def bench(

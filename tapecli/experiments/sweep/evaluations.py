@@ -68,7 +68,7 @@ def _addition(run_dir: Path) -> None:
 
 def _addition_scores(results: dict[str, Any]) -> Scores:
     box = results["settings"]["train_digits"]
-    return {"grid": {"accuracy": results["mean_accuracy"]},
+    return {"grid (mean)": {"accuracy": results["mean_accuracy"]},
             f"in box (<={box})": {"accuracy": results["in_box_accuracy"]},
             "out of box": {"accuracy": results["out_of_box_accuracy"]}}
 

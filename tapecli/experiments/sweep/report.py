@@ -163,7 +163,7 @@ def save_heatmaps(results: dict[str, Any], path: Path) -> Path:
 
     panels = []
     for group in results["groups"]:
-        mean = group["scores"]["grid"]["accuracy"]["mean"]
+        mean = group["scores"]["grid (mean)"]["accuracy"]["mean"]
         seeds = f" ({len(group['seeds'])} seeds)" if len(group["seeds"]) > 1 else ""
         panels.append(HeatmapPanel(group["grid_accuracy"], f"{group['label']}: mean accuracy {mean:.1%}{seeds}",
                                    group["train_digits"]))
