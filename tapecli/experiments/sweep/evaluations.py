@@ -84,8 +84,9 @@ def _validation(run_dir: Path) -> None:
     if not losses:
         raise TapeError(f"{run_dir}/metrics.jsonl has no validation loss at step {step} (data.val_fraction 0?); "
                         f"a sweep over data.kind '{recipe.data.kind}' reports the validation perplexity")
-    t = recipe.train
-    write_json(VALIDATION.results_file(checkpoint), {
+    t, path = recipe.train, VALIDATION.results_file(checkpoint)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {
         "protocol": "perplexity = exp(validation loss): mean cross-entropy over the target tokens of the first "
                     "train.eval_batches x train.micro_batch_size validation sequences, logged by the engine at "
                     "the checkpoint's step",
