@@ -208,7 +208,7 @@ def table(results: dict[str, Any], evaluation: Evaluation, title: str | None = N
     for group in results["groups"]:
         train = group["train"]
         head = [group["label"], *([str(len(group["seeds"]))] if several else []),
-                f"{train['parameters'] / 1e6:.2f}M", f"{train['seconds'] / 60:.1f} min", loss(train["loss"]),
+                f"{train['parameters'] / 1e6:.2f}M", _duration(train["seconds"]), loss(train["loss"]),
                 *([loss(train["val_loss"])] if val_loss else [])]
         scores = group["scores"]
         if by_metric:
@@ -218,3 +218,7 @@ def table(results: dict[str, Any], evaluation: Evaluation, title: str | None = N
         else:
             view.add_row(*head, *(" / ".join(value(scores[split][m]) for m in metrics) for split in splits))
     return view
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
