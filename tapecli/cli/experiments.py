@@ -9,11 +9,25 @@ import typer
 from tapecli.errors import TapeError
 
 
+class Seeds(tuple):
+    """Comma-separated seeds, e.g. 0,1,2 (parsed by `_seeds`)."""
+
+
+def _seeds(text: str) -> Seeds:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers (e.g. 0,1,2), got {text!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise typer.BadParameter(f"expected comma-separated integers >= 0 (e.g. 0,1,2), got {text!r}")
+    return Seeds(dict.fromkeys(seeds))
+
+
 def sweep(
     overrides: list[str] | None = typer.Argument(None, help="Recipe overrides for every cell, as key=value (e.g. train.max_steps=500).", show_default=False),
     recipe: str | None = typer.Option(None, "--recipe", help="A shipped recipe name or a YAML file.", show_default=False),
     pe: str | None = typer.Option(None, "--pe", help="PEs to compare, comma-separated (e.g. rope,tape,alibi).", show_default=False),
-    seeds: str = typer.Option("0", "--seeds", help="Seeds (train.seed), comma-separated, e.g. 0,1,2."),
+    seeds: Seeds = typer.Option("0", "--seeds", parser=_seeds, metavar="N,N,...", help="Seeds (train.seed), comma-separated, e.g. 0,1,2."),
     grid: list[str] | None = typer.Option(None, "--grid", help="Also vary a recipe key: key=value1,value2 (repeatable; every combination is a cell).", show_default=False),
     out: Path | None = typer.Option(None, "--out", help="Sweep directory: one run directory per cell, sweep.json, results.json, the chart.", show_default=False),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the cells, their state and their equivalent tape pretrain / tape eval commands; run nothing."),
@@ -22,13 +36,13 @@ def sweep(
     jobs: int = typer.Option(1, "--jobs", help="local: cells run at once, each in its own process (output in DIR/logs/)."),
     slurm_partition: str | None = typer.Option(None, "--slurm-partition", help="slurm: the partition.", show_default=False),
     gpus_per_job: int = typer.Option(1, "--gpus-per-job", help="slurm: GPUs per cell; more than 1 trains with one process per GPU (DDP); 0 for CPU nodes."),
-    cpus_per_job: int | None = typer.Option(None, "--cpus-per-job", help="slurm: CPUs per process [default: the cluster's].", show_default=False),
+    cpus_per_job: int | None = typer.Option(None, "--cpus-per-job", help="slurm: CPUs per process (default: the cluster's).", show_default=False),
     time_limit: int = typer.Option(240, "--time-limit", help="slurm: minutes per job; a job that reaches it saves a checkpoint and is requeued."),
     slurm_arg: list[str] | None = typer.Option(None, "--slurm-arg", help="slurm: an extra sbatch option as key=value, e.g. account=myproject, qos=high, constraint=a100 (repeatable).", show_default=False),
 ) -> None:
     """Train and evaluate a grid of PEs x seeds (x --grid values) and report mean ± std over seeds.
 
-    Each cell DIR/<pe>-seed<k>[-key=value...] is trained exactly as `tape pretrain --recipe R --out DIR/<cell> OVERRIDES model.pe=<pe> train.seed=<k> [key=value...]` would train it, then evaluated by the recipe's data kind: synthetic tasks as `tape eval synthetic` (whole-sequence / per-token accuracy per split), addition as `tape eval addition` (grid, inside / outside the training box), text and pairs by the validation perplexity exp(val_loss) the engine logged at the last step.
+    Each cell DIR/<pe>-seed<k> (plus -key=value per --grid key) is trained exactly as `tape pretrain --recipe R --out DIR/<cell> OVERRIDES model.pe=<pe> train.seed=<k>` (plus the grid's key=value) would train it, then evaluated by the recipe's data kind: synthetic tasks as `tape eval synthetic` (whole-sequence / per-token accuracy per split), addition as `tape eval addition` (grid, inside / outside the training box), text and pairs by the validation perplexity exp(val_loss) the engine logged at the last step.
 
     Then one table (mean ± std and min-max over seeds per PE and split), DIR/results.json and a bar chart with min-max whiskers; `--report DIR` redoes this from the cells' files.
 
@@ -47,9 +61,8 @@ def sweep(
     for name, value in (("--recipe", recipe), ("--pe", pe), ("--out", out)):
         if not value:
             raise TapeError(f"{name} is required (or --report DIR to aggregate a finished sweep)")
-    spec = SweepSpec(recipe, tuple(overrides or ()), parse_list(pe, "--pe"), parse_list(seeds, "--seeds", int),
-                     parse_grid(grid or []), out)
-    command = ["tape", "sweep", "--recipe", recipe, "--pe", pe, "--seeds", seeds,
+    spec = SweepSpec(recipe, tuple(overrides or ()), parse_list(pe, "--pe"), tuple(seeds), parse_grid(grid or []), out)
+    command = ["tape", "sweep", "--recipe", recipe, "--pe", pe, "--seeds", ",".join(map(str, seeds)),
                *(arg for entry in grid or [] for arg in ("--grid", entry)), "--out", str(out), *(overrides or [])]
     run_sweep(spec, _executor(executor, jobs, slurm_partition, gpus_per_job, cpus_per_job, time_limit, slurm_arg),
               command, dry_run=dry_run)
@@ -85,8 +98,9 @@ def demo(
     quick: bool = typer.Option(False, "--quick", help="A ~2-minute version for a first look (smaller everything)."),
     out: str = typer.Option(None, help="Output directory (default: runs/demo-<task>, plus -quick, -abacus, "
                                        "-seedN)."),
-    seed: str = typer.Option("0", "--seed", help="Seeds model init and the training problems (the same for every "
-                                                 "PE); several, comma-separated (0,1,2), give mean ± std."),
+    seed: Seeds = typer.Option("0", "--seed", parser=_seeds, metavar="N,N,...",
+                               help="Seeds model init and the training problems (the same for every PE); several, "
+                                    "comma-separated (0,1,2), give mean ± std."),
     abacus: bool = typer.Option(False, "--abacus", help="Give every PE the Abacus digit embedding (McLeish et al.)."),
     task: str = typer.Option("selective-copy", "--task", help="selective-copy (MapFormer's synthetic task: rope, "
                                                               "tape and alibi) or addition (rope and tape)."),
@@ -103,10 +117,8 @@ def demo(
 
     Example: tape demo --pe nope ; tape demo --seed 0,1,2 ; tape demo --task addition --quick
     """
-    from tapecli.experiments.sweep import parse_list
-
     extra = [p.strip() for p in pe.split(",") if p.strip()]
-    seeds = parse_list(seed, "--seed", int)
+    seeds = tuple(seed)
     # One directory per setting, so a re-run reuses finished work and never mixes settings.
     suffix = "" if seeds == (0,) else f"-seed{','.join(map(str, seeds))}"
     if task != "addition":
