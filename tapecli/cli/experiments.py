@@ -62,10 +62,17 @@ def sweep(
         if not value:
             raise TapeError(f"{name} is required (or --report DIR to aggregate a finished sweep)")
     spec = SweepSpec(recipe, tuple(overrides or ()), parse_list(pe, "--pe"), tuple(seeds), parse_grid(grid or []), out)
+    runs_on = _executor(executor, jobs, slurm_partition, gpus_per_job, cpus_per_job, time_limit, slurm_arg)
+    # What resumes the sweep (recorded in each cell's run.json, printed when it is stopped): this command, with the
+    # options that differ from their defaults.
+    options = [("--executor", executor, "local"), ("--jobs", jobs, 1), ("--slurm-partition", slurm_partition, None),
+               ("--gpus-per-job", gpus_per_job, 1), ("--cpus-per-job", cpus_per_job, None),
+               ("--time-limit", time_limit, 240), *(("--slurm-arg", entry, None) for entry in slurm_arg or [])]
     command = ["tape", "sweep", "--recipe", recipe, "--pe", pe, "--seeds", ",".join(map(str, seeds)),
-               *(arg for entry in grid or [] for arg in ("--grid", entry)), "--out", str(out), *(overrides or [])]
-    run_sweep(spec, _executor(executor, jobs, slurm_partition, gpus_per_job, cpus_per_job, time_limit, slurm_arg),
-              command, dry_run=dry_run)
+               *(arg for entry in grid or [] for arg in ("--grid", entry)), "--out", str(out),
+               *(arg for name, value, default in options if value != default for arg in (name, str(value))),
+               *(overrides or [])]
+    run_sweep(spec, runs_on, command, dry_run=dry_run)
 
 
 def _executor(name: str, jobs: int, partition: str | None, gpus: int, cpus: int | None, time_limit: int,

@@ -141,10 +141,23 @@ def test_a_killed_sweep_resumes_to_identical_results(reference, tmp_path):
 
 
 @pytest.mark.slow
-def test_worker_processes_give_the_same_results(reference, tmp_path):
+def test_worker_processes_stop_on_ctrl_c_and_resume_to_the_same_results(reference, tmp_path):
     out = tmp_path / "jobs"
-    printed = invoke(*sweep_args(out, "--jobs", "2", pes=("rope",)))
-    assert "2 at a time" in printed and (out / "logs" / "rope-seed1.log").is_file()
+    args = sweep_args(out, "--jobs", "2", pes=("rope",))
+    proc = subprocess.Popen(cli(*args), cwd=REPO, env=subprocess_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    checkpoints = [out / f"rope-seed{seed}" / "checkpoints" / "step-00000002" for seed in SEEDS]
+    deadline = time.time() + 300
+    while not any(p.exists() for p in checkpoints) and time.time() < deadline:
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole process group
+    printed, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGINT and "stopped: SIGINT after step" in printed, printed
+    assert f"resume with: {shlex.join(['tape', *args])}" in printed and "Traceback" not in printed
+
+    printed = invoke(*args)  # the same command
+    assert "2 at a time" in printed and "resuming from" in (out / "logs" / "rope-seed0.log").read_text() + \
+        (out / "logs" / "rope-seed1.log").read_text()
     assert_same_cells(out, reference[0], ["rope-seed0", "rope-seed1"])
 
 

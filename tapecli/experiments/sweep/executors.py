@@ -63,6 +63,9 @@ def _run_logged(cell: Cell, log: Path, threads: int) -> None:
         os.dup2(handle.fileno(), 2)
         try:
             run_cell(cell)
+        except TapeError as error:  # one line, as the CLI would print it; the parent reports it too
+            print(f"{error.prefix}: {error}", file=sys.stderr, flush=True)
+            raise
         except BaseException:
             traceback.print_exc()
             raise
@@ -89,16 +92,26 @@ class Processes:
             futures = {pool.submit(_run_logged, cell, logs / f"{cell.name}.log", threads): cell for cell in cells}
             print(f"{len(cells)} cells, {self.jobs} at a time ({threads} threads each); logs: {logs}/<cell>.log",
                   flush=True)
+            interrupted = False
             try:
                 for done, future in enumerate(as_completed(futures), start=1):
-                    cell, error = futures[future], future.exception()
+                    cell, error = futures[future], None if future.cancelled() else future.exception()
+                    if isinstance(error, Stopped):  # a cell was asked to stop (SIGTERM): so is the sweep
+                        pool.shutdown(wait=True, cancel_futures=True)
+                        break
                     if error is not None:
                         failures[cell.name] = _failure(error)
                     status = f"failed: {failures[cell.name]}" if error is not None else "done"
                     print(f"[{done}/{len(cells)}] {cell.name} {status}", flush=True)
-            except BaseException:
-                pool.shutdown(wait=True, cancel_futures=True)  # workers got the signal too: let them checkpoint
-                raise
+            except KeyboardInterrupt:  # Ctrl-C reached the workers too: each saves a checkpoint at its next step
+                interrupted = True
+                pool.shutdown(wait=True, cancel_futures=True)
+        stops = [f.exception() for f in futures if f.done() and not f.cancelled()
+                 and isinstance(f.exception(), Stopped)]
+        if stops:
+            raise stops[0]  # says which signal, and that the same command resumes the sweep
+        if interrupted:
+            raise KeyboardInterrupt
         return failures
 
 
