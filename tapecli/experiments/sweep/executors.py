@@ -42,13 +42,13 @@ class Sequential:
 
         console, failures = Console(), {}
         for n, cell in enumerate(cells, start=1):
-            console.rule(f"[bold]{cell.name}[/] ({n}/{len(cells)})")
+            console.rule(f"{cell.name} ({n}/{len(cells)})")
             try:
                 run_cell(cell)
             except Stopped:
                 raise
             except TapeError as error:  # bugs keep their traceback (the CLI's error boundary decides)
-                console.print(f"[red]{cell.name} failed:[/] {error}")
+                console.print(f"{cell.name} failed: {error}", style="red", markup=False, highlight=False)
                 failures[cell.name] = str(error)
         return failures
 

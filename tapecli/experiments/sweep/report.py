@@ -8,11 +8,13 @@ deviation (n - 1; none for a single seed), the min and the max of each (split, m
 results.json:
     sweep        the recipe, overrides, PEs, seeds and grid (as in DIR/sweep.json)
     evaluation   its name, metrics and splits
+    kind         the recipe's data.kind
     cells        per finished cell: name, pe, seed, grid, results (path of its results.json, relative to DIR),
                  scores {split: {metric: value}}, train {parameters, seconds, loss, val_loss, step}
     groups       per group: label, pe, grid, seeds, scores {split: {metric: {mean, std, min, max, n}}},
                  train {parameters, seconds, loss, val_loss} (seconds: mean; loss, val_loss: statistics)
     missing      cells not finished yet (left out of the groups)
+(addition also keeps each cell's accuracy grid, grid_accuracy, and each group's mean grid, with train_digits.)
 Charts: DIR/<evaluation.chart> (bars: the mean; whiskers: min to max over seeds) and, for addition, heatmaps.png
 (each group's mean accuracy grid).
 """
@@ -163,7 +165,7 @@ def save_heatmaps(results: dict[str, Any], path: Path) -> Path:
 
     panels = []
     for group in results["groups"]:
-        mean = group["scores"]["grid (mean)"]["accuracy"]["mean"]
+        mean = statistics.fmean(value for row in group["grid_accuracy"] for value in row)  # the grid's mean
         seeds = f" ({len(group['seeds'])} seeds)" if len(group["seeds"]) > 1 else ""
         panels.append(HeatmapPanel(group["grid_accuracy"], f"{group['label']}: mean accuracy {mean:.1%}{seeds}",
                                    group["train_digits"]))
@@ -173,6 +175,7 @@ def save_heatmaps(results: dict[str, Any], path: Path) -> Path:
 def table(results: dict[str, Any], evaluation: Evaluation, title: str | None = None, caption: str | None = None):
     """One seed per group: one row per group, the metrics of each split as `a / b` (as `tape demo` always
     printed). Several: one row per group and metric, each value `mean ± std (min–max)` over the seeds."""
+    from rich.markup import escape
     from rich.table import Table
 
     several = _several_seeds(results)
@@ -183,7 +186,8 @@ def table(results: dict[str, Any], evaluation: Evaluation, title: str | None = N
                        f"{', '.join(map(str, spec['seeds']))}")
     if results["missing"]:
         default_caption += f"; not finished (left out): {', '.join(results['missing'])}"
-    view = Table(title=title or default_title, caption=caption or default_caption)
+    view = Table(title=escape(title or default_title), caption=escape(caption or default_caption))  # overrides
+    # may hold brackets (train.betas=[0.9,0.95]): plain text, not Rich markup
     by_metric = several and len(metrics) > 1
     val_loss = evaluation.name != "validation"
     columns = ["PE", *(["seeds"] if several else []), "params", "train time", "train loss",
@@ -207,7 +211,7 @@ def table(results: dict[str, Any], evaluation: Evaluation, title: str | None = N
 
     for group in results["groups"]:
         train = group["train"]
-        head = [group["label"], *([str(len(group["seeds"]))] if several else []),
+        head = [escape(group["label"]), *([str(len(group["seeds"]))] if several else []),
                 f"{train['parameters'] / 1e6:.2f}M", _duration(train["seconds"]), loss(train["loss"]),
                 *([loss(train["val_loss"])] if val_loss else [])]
         scores = group["scores"]

@@ -62,25 +62,25 @@ def run_sweep(spec: SweepSpec, executor: Any, command: list[str], dry_run: bool 
     console = Console()
     if dry_run:
         console.print(f"{len(cells)} cells in {spec.out}, each trained and evaluated (evaluation: {evaluation.name}) "
-                      "as these commands would:", highlight=False)
+                      "as these commands would:", markup=False, highlight=False)
         for cell in cells:
-            console.print(f"[bold]{cell.name}[/] ({states[cell.name].describe()})", highlight=False)
-            console.print(f"  {cell.pretrain_command()}", highlight=False, soft_wrap=True)
-            console.print("  " + (evaluation.command.format(run=cell.run_dir) if evaluation.command else
-                                  f"(evaluation: {evaluation.name}, read from {cell.run_dir}/metrics.jsonl)"),
-                          highlight=False, soft_wrap=True)
+            console.print(f"{cell.name} ({states[cell.name].describe()})", style="bold", markup=False,
+                          highlight=False)
+            for line in (cell.pretrain_command(), evaluation.command.format(run=cell.run_dir) if evaluation.command
+                         else f"(evaluation: {evaluation.name}, read from {cell.run_dir}/metrics.jsonl)"):
+                console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
         return None
     _claim(spec)
     todo = [cell for cell in cells if not states[cell.name].finished]
     counts = Counter(state.todo for state in states.values())
     console.print(f"{len(cells)} cells in {spec.out} (evaluation: {evaluation.name}): "
-                  + ", ".join(f"{n} {key}" for key, n in counts.items()), highlight=False)
+                  + ", ".join(f"{n} {key}" for key, n in counts.items()), markup=False, highlight=False)
     failures = executor.run(todo)
     results = aggregate(spec, cells, recipes, evaluation)
     console.print(table(results, evaluation, title, caption))
     console.print(f"wrote {spec.out / 'results.json'} and {spec.out / evaluation.chart}"
                   + (f" and {spec.out / 'heatmaps.png'}" if evaluation.heatmaps else "")
-                  + f"; each cell's run and evaluation under {spec.out}/<cell>/", highlight=False)
+                  + f"; each cell's run and evaluation under {spec.out}/<cell>/", markup=False, highlight=False)
     if failures:
         raise RunFailed(f"{len(failures)} of {len(cells)} cells failed: "
                         + "; ".join(f"{name}: {why}" for name, why in failures.items())
