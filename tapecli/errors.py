@@ -26,3 +26,6 @@ class Stopped(TapeError):
     def __init__(self, message: str, signal_number: int) -> None:
         super().__init__(message)
         self.exit_code = 128 + signal_number
+
+    def __reduce__(self) -> tuple:  # picklable, so a worker process can report it (tape sweep --jobs)
+        return type(self), (str(self), self.exit_code - 128)

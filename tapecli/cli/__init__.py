@@ -1,8 +1,8 @@
 """The `tape` command line: the root group (`app`, tapecli/cli/app.py) and the table of its commands below.
 
 The commands are plain functions with typed Typer signatures, one module per group: train.py (pretrain, finetune,
-extend-context), eval.py (the `tape eval` group), models.py (export, tokenizer), recipes.py, experiments.py (demo,
-bench). This table is the one place that names them, orders them and groups them in `tape --help`.
+extend-context), eval.py (the `tape eval` group), models.py (export, tokenizer), recipes.py, experiments.py (sweep,
+demo, bench). This table is the one place that names them, orders them and groups them in `tape --help`.
 
 Entry points: the `tape` script (`main`), `python -m tapecli ...`, `python -m tapecli.cli ...` and
 `torchrun --nproc_per_node N -m tapecli.cli pretrain ...`.
@@ -22,6 +22,7 @@ for name, command, panel in [
     ("extend-context", train.extend_context, _TRAIN),
     ("export", models.export, _FILES),
     ("recipes", recipes.recipes, _FILES),
+    ("sweep", experiments.sweep, _EXPERIMENTS),
     ("demo", experiments.demo, _EXPERIMENTS),
     ("bench", experiments.bench, _EXPERIMENTS),
 ]:

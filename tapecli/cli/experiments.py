@@ -1,4 +1,4 @@
-"""`tape demo` and `tape bench`: the packaged experiments (tapecli.experiments)."""
+"""`tape sweep`, `tape demo` and `tape bench`: the packaged experiments (tapecli.experiments)."""
 
 from __future__ import annotations
 
@@ -9,51 +9,140 @@ import typer
 from tapecli.errors import TapeError
 
 
+class Seeds(tuple):
+    """Comma-separated seeds, e.g. 0,1,2 (parsed by `_seeds`)."""
+
+
+def _seeds(text: str) -> Seeds:
+    try:
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers (e.g. 0,1,2), got {text!r}") from None
+    if not seeds or min(seeds) < 0:
+        raise typer.BadParameter(f"expected comma-separated integers >= 0 (e.g. 0,1,2), got {text!r}")
+    return Seeds(dict.fromkeys(seeds))
+
+
+def sweep(
+    overrides: list[str] | None = typer.Argument(None, help="Recipe overrides for every cell, as key=value (e.g. train.max_steps=500).", show_default=False),
+    recipe: str | None = typer.Option(None, "--recipe", help="A shipped recipe name or a YAML file.", show_default=False),
+    pe: str | None = typer.Option(None, "--pe", help="PEs to compare, comma-separated (e.g. rope,tape,alibi).", show_default=False),
+    seeds: Seeds = typer.Option("0", "--seeds", parser=_seeds, metavar="N,N,...", help="Seeds (train.seed), comma-separated, e.g. 0,1,2."),
+    grid: list[str] | None = typer.Option(None, "--grid", help="Also vary a recipe key: key=value1,value2 (repeatable; every combination is a cell).", show_default=False),
+    out: Path | None = typer.Option(None, "--out", help="Sweep directory: one run directory per cell, sweep.json, results.json, the chart.", show_default=False),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the cells, their state and their equivalent tape pretrain / tape eval commands; run nothing."),
+    report: Path | None = typer.Option(None, "--report", help="Aggregate the finished cells of this sweep directory again (table, results.json, chart); train nothing.", show_default=False),
+    executor: str = typer.Option("local", "--executor", help="local (this machine), slurm (one submitit job per cell) or submitit-local (the same jobs as local processes, to try a cluster sweep here)."),
+    jobs: int = typer.Option(1, "--jobs", help="local: cells run at once, each in its own process (output in DIR/logs/)."),
+    slurm_partition: str | None = typer.Option(None, "--slurm-partition", help="slurm: the partition.", show_default=False),
+    gpus_per_job: int = typer.Option(1, "--gpus-per-job", help="slurm: GPUs per cell; more than 1 trains with one process per GPU (DDP); 0 for CPU nodes."),
+    cpus_per_job: int | None = typer.Option(None, "--cpus-per-job", help="slurm: CPUs per process (default: the cluster's).", show_default=False),
+    time_limit: int = typer.Option(240, "--time-limit", help="slurm: minutes per job; a job that reaches it saves a checkpoint and is requeued."),
+    slurm_arg: list[str] | None = typer.Option(None, "--slurm-arg", help="slurm: an extra sbatch option as key=value, e.g. account=myproject, qos=high, constraint=a100 (repeatable).", show_default=False),
+) -> None:
+    """Train and evaluate a grid of PEs x seeds (x --grid values) and report mean ± std over seeds.
+
+    Each cell DIR/<pe>-seed<k> (plus -key=value per --grid key) is trained exactly as `tape pretrain --recipe R --out DIR/<cell> OVERRIDES model.pe=<pe> train.seed=<k>` (plus the grid's key=value) would train it, then evaluated by the recipe's data kind: synthetic tasks as `tape eval synthetic` (whole-sequence / per-token accuracy per split), addition as `tape eval addition` (grid, inside / outside the training box), text and pairs by the validation perplexity exp(val_loss) the engine logged at the last step.
+
+    Then one table (mean ± std and min-max over seeds per PE and split), DIR/results.json and a bar chart with min-max whiskers; `--report DIR` redoes this from the cells' files.
+
+    Interrupted or killed? Run the same command again: finished cells are skipped, partly trained ones continue exactly where their last checkpoint left them.
+
+    Examples: tape sweep --recipe selective-copy-smoke --pe rope,tape --seeds 0,1 --out runs/sweep ; tape sweep --recipe selective-copy --pe rope,tape,cope --seeds 0,1,2 --out runs/sc --executor slurm --slurm-partition gpu --gpus-per-job 1 ; tape sweep --report runs/sc
+    """
+    from tapecli.experiments.sweep import SweepSpec, parse_grid, parse_list, report_sweep, run_sweep
+
+    if report is not None:
+        if recipe or pe or out or overrides or grid:
+            raise TapeError("--report DIR aggregates DIR/sweep.json's cells; it takes no --recipe, --pe, --grid, "
+                            "--out or overrides")
+        report_sweep(report)
+        return
+    for name, value in (("--recipe", recipe), ("--pe", pe), ("--out", out)):
+        if not value:
+            raise TapeError(f"{name} is required (or --report DIR to aggregate a finished sweep)")
+    spec = SweepSpec(recipe, tuple(overrides or ()), parse_list(pe, "--pe"), tuple(seeds), parse_grid(grid or []), out)
+    runs_on = _executor(executor, jobs, slurm_partition, gpus_per_job, cpus_per_job, time_limit, slurm_arg)
+    # What resumes the sweep (recorded in each cell's run.json, printed when it is stopped): this command, with the
+    # options that differ from their defaults.
+    options = [("--executor", executor, "local"), ("--jobs", jobs, 1), ("--slurm-partition", slurm_partition, None),
+               ("--gpus-per-job", gpus_per_job, 1), ("--cpus-per-job", cpus_per_job, None),
+               ("--time-limit", time_limit, 240), *(("--slurm-arg", entry, None) for entry in slurm_arg or [])]
+    command = ["tape", "sweep", "--recipe", recipe, "--pe", pe, "--seeds", ",".join(map(str, seeds)),
+               *(arg for entry in grid or [] for arg in ("--grid", entry)), "--out", str(out),
+               *(arg for name, value, default in options if value != default for arg in (name, str(value))),
+               *(overrides or [])]
+    run_sweep(spec, runs_on, command, dry_run=dry_run)
+
+
+def _executor(name: str, jobs: int, partition: str | None, gpus: int, cpus: int | None, time_limit: int,
+              slurm_args: list[str] | None):
+    """The --executor and its options, checked."""
+    from tapecli.experiments.sweep.executors import Processes, Sequential, Submitit
+
+    if jobs < 1 or gpus < 0 or time_limit < 1 or (cpus is not None and cpus < 1):
+        raise TapeError("--jobs, --time-limit and --cpus-per-job must be positive, --gpus-per-job >= 0")
+    if name == "local":
+        if partition or slurm_args:
+            raise TapeError("--slurm-partition and --slurm-arg apply to --executor slurm")
+        return Processes(jobs) if jobs > 1 else Sequential()
+    if name not in ("slurm", "submitit-local"):
+        raise TapeError(f"--executor: expected local, slurm or submitit-local, got {name!r}")
+    if jobs != 1:
+        raise TapeError("--jobs applies to --executor local (a cluster runs every cell's job at once)")
+    sbatch = {}
+    for entry in slurm_args or []:
+        key, sep, value = entry.partition("=")
+        if not sep or not key.strip():
+            raise TapeError(f"--slurm-arg {entry!r} must look like key=value (e.g. account=myproject)")
+        sbatch[key.strip()] = value
+    return Submitit("slurm" if name == "slurm" else "local", partition, gpus, cpus, time_limit, sbatch)
+
+
 def demo(
-    pe: str = typer.Option("", "--pe", help="More PEs to compare, comma-separated (e.g. nope,fire); rope and tape "
-                                            "always run."),
+    pe: str = typer.Option("", "--pe", help="More PEs to compare, comma-separated (e.g. nope,fire); the task's "
+                                            "default PEs always run."),
     quick: bool = typer.Option(False, "--quick", help="A ~2-minute version for a first look (smaller everything)."),
-    out: str = typer.Option(None, help="Output directory (default: runs/demo, plus -quick, -abacus, -seedN)."),
-    seed: int = typer.Option(0, help="Seeds model init and the training problems (the same for every PE)."),
+    out: str = typer.Option(None, help="Output directory (default: runs/demo-<task>, plus -quick, -abacus, "
+                                       "-seedN)."),
+    seed: Seeds = typer.Option("0", "--seed", parser=_seeds, metavar="N,N,...",
+                               help="Seeds model init and the training problems (the same for every PE); several, "
+                                    "comma-separated (0,1,2), give mean ± std."),
     abacus: bool = typer.Option(False, "--abacus", help="Give every PE the Abacus digit embedding (McLeish et al.)."),
     task: str = typer.Option("selective-copy", "--task", help="selective-copy (MapFormer's synthetic task: rope, "
                                                               "tape and alibi) or addition (rope and tape)."),
 ) -> None:
     """Train small models with different PEs under one budget and compare them beyond their training distribution.
 
-    Every PE gets the same recipe (a shipped recipe shrunk to a CPU budget), steps, batch, learning rate and seed.
+    Every PE gets the same recipe (a shipped recipe shrunk to a CPU budget), steps, batch, learning rate and seed: a preset of `tape sweep` (one run per PE and seed in OUT/<pe>-seed<k>/, OUT/results.json).
 
     --task selective-copy (default, about 3 minutes on a 2-core CPU): MapFormer's selective copy, 16 symbols among 16 blanks, tested with 14 and 18 blanks; RoPE, TAPE and ALiBi; prints whole-sequence / per-token accuracy per split and writes OUT/accuracy.png.
 
     --task addition (about 10 minutes, --quick about 2): reversed-digit addition, tested on every pair of operand lengths up to twice the training length (greedy, exact match); RoPE and TAPE; prints grid accuracy and inside/outside the training box; heat-maps: OUT/heatmaps.png.
 
-    Re-running reuses finished work; --seed N repeats with another seed.
+    Re-running reuses finished work; --seed N repeats with another seed, --seed 0,1,2 reports mean ± std over three.
 
-    Example: tape demo --pe nope ; tape demo --task addition --quick
+    Example: tape demo --pe nope ; tape demo --seed 0,1,2 ; tape demo --task addition --quick
     """
+    extra = [p.strip() for p in pe.split(",") if p.strip()]
+    seeds = tuple(seed)
+    # One directory per setting, so a re-run reuses finished work and never mixes settings.
+    suffix = "" if seeds == (0,) else f"-seed{','.join(map(str, seeds))}"
+    if task != "addition":
+        from tapecli.experiments.demo_synthetic import BUDGETS, DEFAULT_PES, run_synthetic_demo
+
+        if task not in BUDGETS:
+            raise TapeError(f"--task: unknown demo task '{task}'; allowed: addition, {', '.join(BUDGETS)}")
+        if abacus or quick:
+            raise TapeError(f"--{'abacus' if abacus else 'quick'} applies to the addition demo only, not --task {task}")
+        run_synthetic_demo(list(dict.fromkeys([*DEFAULT_PES, *extra])), BUDGETS[task],
+                           out or f"runs/demo-{task}{suffix}", seeds=seeds)
+        return
     from tapecli.experiments.demo import DEFAULT_PES, FULL, QUICK, run_demo
 
-    extra = [p.strip() for p in pe.split(",") if p.strip()]
-    if task != "addition":
-        _synthetic_demo(task, extra, quick, abacus, out, seed)
-        return
-    pes = list(dict.fromkeys([*DEFAULT_PES, *extra]))  # keep order, drop repeats
-    # One directory per setting, so a re-run reuses finished work and never mixes settings.
-    default_out = "runs/demo" + "-quick" * quick + "-abacus" * abacus + (f"-seed{seed}" if seed else "")
-    run_demo(pes, QUICK if quick else FULL, out or default_out, seed=seed, abacus=abacus)
-
-
-def _synthetic_demo(task: str, extra: list[str], quick: bool, abacus: bool, out: str | None, seed: int) -> None:
-    """`tape demo --task <synthetic task>` (see tapecli.experiments.demo_synthetic)."""
-    from tapecli.experiments.demo_synthetic import BUDGETS, DEFAULT_PES, run_synthetic_demo
-
-    if task not in BUDGETS:
-        raise TapeError(f"--task: unknown demo task '{task}'; allowed: addition, {', '.join(BUDGETS)}")
-    if abacus or quick:
-        raise TapeError(f"--{'abacus' if abacus else 'quick'} applies to the addition demo only, not --task {task}")
-    default_out = f"runs/demo-{task}" + (f"-seed{seed}" if seed else "")
-    run_synthetic_demo(list(dict.fromkeys([*DEFAULT_PES, *extra])), BUDGETS[task], out or default_out, seed=seed)
-
+    default_out = "runs/demo" + "-quick" * quick + "-abacus" * abacus + suffix
+    run_demo(list(dict.fromkeys([*DEFAULT_PES, *extra])), QUICK if quick else FULL, out or default_out, seeds=seeds,
+             abacus=abacus)
 
 
 def bench(

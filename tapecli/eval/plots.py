@@ -115,10 +115,13 @@ class BarSeries:
     values: list[float | None]
     color: str | None = None  # a matplotlib colour; None = the next in the cycle
     hatch: str | None = None  # e.g. "//" to tell two series of one colour apart
+    spread: list[tuple[float, float] | None] | None = None  # (low, high) per group: an error bar from low to high
 
 
-def save_bars(groups: list[str], series: list[BarSeries], title: str, path: str | Path) -> Path:
-    """Grouped bar chart (one group per name in `groups`, one bar per series, 0..1 axis), written atomically."""
+def save_bars(groups: list[str], series: list[BarSeries], title: str, path: str | Path, ylabel: str = "accuracy",
+              ylim: tuple[float, float] | None = (0, 1)) -> Path:
+    """Grouped bar chart (one group per name in `groups`, one bar per series, with error bars where a series has a
+    spread; a 0..1 axis unless `ylim` says otherwise), written atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -128,12 +131,18 @@ def save_bars(groups: list[str], series: list[BarSeries], title: str, path: str 
     fig, ax = plt.subplots(figsize=(max(5.0, 1.2 + len(groups) * len(series) * 0.45), 3.8))
     for k, s in enumerate(series):
         xs = [g + (k - (len(series) - 1) / 2) * width for g in range(len(groups))]
-        ax.bar([x for x, v in zip(xs, s.values, strict=True) if v is not None],
-               [v for v in s.values if v is not None], width, label=s.label, color=s.color, hatch=s.hatch,
-               edgecolor="white" if s.hatch else None)
+        kept = [g for g, v in enumerate(s.values) if v is not None]
+        ax.bar([xs[g] for g in kept], [s.values[g] for g in kept], width, label=s.label, color=s.color,
+               hatch=s.hatch, edgecolor="white" if s.hatch else None)
+        bars = [g for g in kept if s.spread and s.spread[g] is not None]
+        if bars:  # whiskers from low to high around each bar's value
+            ax.errorbar([xs[g] for g in bars], [s.values[g] for g in bars], fmt="none", ecolor="black",
+                        elinewidth=1, capsize=3, yerr=[[s.values[g] - s.spread[g][0] for g in bars],
+                                                       [s.spread[g][1] - s.values[g] for g in bars]])
     ax.set_xticks(range(len(groups)), groups)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy")
+    if ylim:
+        ax.set_ylim(*ylim)
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
     return _save(fig, path)

@@ -1,20 +1,17 @@
-"""`tape demo --task selective-copy`: MapFormer's selective copy shrunk to a CPU budget, one model per PE.
+"""`tape demo --task selective-copy`: MapFormer's selective copy shrunk to a CPU budget, one model per PE: a preset
+of `tape sweep` (tapecli.experiments.sweep).
 
 Every PE gets exactly the same recipe (the shipped task recipe plus the budget's overrides): same model size, same
 generated data stream, same steps, batch and learning rate. Each model is then scored on the task's fixed IID,
-OOD-dense and OOD-sparse splits (`tapecli.eval.synthetic`), and the demo prints one comparison table and writes
-one bar chart. Re-running the same command reuses finished runs and evaluated sequences.
+OOD-dense and OOD-sparse splits (`tape eval synthetic`), and the demo prints the sweep's table and writes its bar
+chart (OUT/accuracy.png). Re-running the same command reuses finished runs and evaluated sequences.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from tapecli.errors import TapeError
-from tapecli.files import write_atomic
 
 DEFAULT_PES = ("rope", "tape", "alibi")
 
@@ -27,6 +24,9 @@ class SyntheticBudget:
     overrides: tuple[str, ...]
     summary: str  # one line for the table caption
     samples: int = 200  # evaluation sequences per split
+
+    def sweep_overrides(self) -> tuple[str, ...]:
+        return (*self.overrides, f"eval.samples={self.samples}")
 
 
 # Sized on the project's 2-core CPU by measurement (docs/results/demo-selective-copy.md). The OOD splits are far
@@ -46,62 +46,16 @@ BUDGETS = {
 }
 
 
-def run_synthetic_demo(pes: list[str], budget: SyntheticBudget, out: str | Path, seed: int = 0) -> list[dict[str, Any]]:
-    """Train and evaluate one model per PE under `budget` into `out/<pe>/`; print the table, write the chart.
+def run_synthetic_demo(pes: list[str], budget: SyntheticBudget, out: str | Path,
+                       seeds: tuple[int, ...] = (0,)) -> dict[str, Any]:
+    """Train and evaluate one model per PE and seed under `budget` into `out/<pe>-seed<k>/`; print the table, write
+    the chart; returns the sweep's results.json content."""
+    from tapecli.experiments.sweep import SweepSpec, run_sweep
+    from tapecli.experiments.sweep.executors import Sequential
 
-    Writes `out/accuracy.png` (every PE, both accuracies per split) and `out/summary.json` (the budget and rows).
-    """
-    from rich.console import Console
-
-    from tapecli.eval.synthetic import evaluate_synthetic, save_chart
-    from tapecli.experiments.demo import training_record
-    from tapecli.model import PE_NAMES, count_parameters
-    from tapecli.recipe import load_recipe
-    from tapecli.store.door import open_model
-    from tapecli.train.engine import pretrain
-
-    unknown = [pe for pe in pes if pe not in PE_NAMES]
-    if unknown:
-        raise TapeError(f"--pe: unknown positional encoding {', '.join(unknown)}; allowed: {', '.join(PE_NAMES)}")
-    out, console = Path(out), Console()
-    rows, evaluations = [], {}
-    for n, pe in enumerate(pes, start=1):
-        run_dir = out / pe
-        recipe = load_recipe(budget.task, [*budget.overrides, f"model.pe={pe}", f"train.seed={seed}"])
-        console.rule(f"[bold]{pe}[/] ({n}/{len(pes)}): train {budget.task}, {recipe.train.max_steps} steps")
-        pretrain(recipe, run_dir, command=["tape", "demo", "--task", budget.task, "--pe", ",".join(pes),
-                                          "--seed", str(seed), "--out", str(out)])
-        opened = open_model(str(run_dir), device="cpu")
-        checkpoint, model = Path(opened.source), opened.model
-        console.rule(f"[bold]{pe}[/]: evaluate {budget.samples} sequences per split")
-        results = evaluate_synthetic(model, load_recipe(str(run_dir / "recipe.yaml")),
-                                     run_dir / "eval-synthetic" / checkpoint.name, samples=budget.samples,
-                                     checkpoint=str(checkpoint.resolve()), label=pe)
-        evaluations[pe] = results
-        train = training_record(run_dir)
-        rows.append({"pe": pe, "parameters": count_parameters(model)["total"], "train_seconds": train["elapsed"],
-                     "final_loss": train["loss"],
-                     **{f"{split} {key}": values[key] for split, values in results["splits"].items()
-                        for key in ("accuracy", "token_accuracy")}})
-    chart = save_chart(evaluations, out / "accuracy.png")
-    summary = {"budget": asdict(budget), "seed": seed, "results": rows}
-    write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")
-    console.print(_table(rows, evaluations, budget, seed))
-    console.print(f"chart: {chart}; per-PE runs, results.json and samples.jsonl under {out}/<pe>/")
-    return rows
-
-
-def _table(rows: list[dict[str, Any]], evaluations: dict[str, Any], budget: SyntheticBudget, seed: int):
-    from rich.table import Table
-
-    splits = list(next(iter(evaluations.values()))["splits"])
-    table = Table(title=f"{budget.task}: accuracy per split, whole sequence / per token",
-                  caption=f"same budget for every PE: {budget.summary}; {budget.samples} sequences per split; "
-                          f"seed {seed} (compare with --seed N)")
-    for column in ("PE", "params", "train time", "train loss", *splits):
-        table.add_column(column, justify="left" if column == "PE" else "right")
-    for row in rows:
-        table.add_row(row["pe"], f"{row['parameters'] / 1e6:.2f}M", f"{row['train_seconds'] / 60:.1f} min",
-                      f"{row['final_loss']:.3f}",
-                      *(f"{row[f'{s} accuracy']:.0%} / {row[f'{s} token_accuracy']:.0%}" for s in splits))
-    return table
+    seed_list = ",".join(map(str, seeds))
+    spec = SweepSpec(budget.task, budget.sweep_overrides(), tuple(pes), tuple(seeds), (), Path(out))
+    command = ["tape", "demo", "--task", budget.task, "--pe", ",".join(pes), "--seed", seed_list, "--out", str(out)]
+    which = f"seed {seed_list} (compare with --seed N)" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+    return run_sweep(spec, Sequential(), command, caption=f"same budget for every PE: {budget.summary}; "
+                                                          f"{budget.samples} sequences per split; {which}")

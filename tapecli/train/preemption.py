@@ -1,6 +1,7 @@
-"""Stopping a training run on request: SIGTERM (what SLURM and Kubernetes send before the kill) or Ctrl-C.
+"""Stopping a training run on request: SIGTERM (what SLURM and Kubernetes send before the kill), SIGUSR2 (what
+`sbatch --signal` and submitit send before a time limit or a preemption) or Ctrl-C.
 
-While `with StopSignal() as stop:` is active, the first SIGTERM or SIGINT only sets a flag and says so; the
+While `with StopSignal() as stop:` is active, the first SIGTERM, SIGUSR2 or SIGINT only sets a flag and says so; the
 training loop asks `stop.requested(env)` after each optimizer step, saves a checkpoint at that step and raises
 `Stopped` with where it is and how to resume (exit code 128 + the signal number). The first signal also puts
 the previous handlers back, so a second Ctrl-C stops at once (KeyboardInterrupt) and a second SIGTERM kills.
@@ -19,7 +20,7 @@ from typing import Any
 
 from tapecli.errors import Stopped
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, *([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else []))
 
 
 class StopSignal:
@@ -72,7 +73,7 @@ def stopped(signal_number: int, step: int, checkpoint: Path, command: list[str])
 def _resume_command(command: list[str]) -> str | None:
     if not command:
         return None
-    if command[:2] == ["tape", "demo"]:  # a demo resumes its runs by itself: the same command, no --resume option
+    if command[:2] in (["tape", "demo"], ["tape", "sweep"]):  # they resume their runs: the same command again
         return shlex.join(command)
     args = list(command)
     if "--resume" in args[:-1]:

@@ -309,13 +309,15 @@ def test_synthetic_demo_trains_evaluates_and_compares(tmp_path, pes):
     shipped = BUDGETS["selective-copy"]  # its model and data, trained for 2 steps
     budget = SyntheticBudget(shipped.task, (*shipped.overrides, "train.max_steps=2", "train.save_every=2",
                                             "train.batch_size=4", "train.micro_batch_size=4"), "tiny", samples=3)
-    rows = run_synthetic_demo(pes, budget, tmp_path)
-    assert [row["pe"] for row in rows] == pes
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["results"] == rows and (tmp_path / "accuracy.png").is_file()
-    evaluated = json.loads((tmp_path / pes[1] / "eval-synthetic" / "step-00000002" / "results.json").read_text())
-    assert rows[1]["ood-sparse accuracy"] == evaluated["splits"]["ood-sparse"]["accuracy"]
-    recorded = json.loads((tmp_path / pes[0] / "run.json").read_text())["command"]  # what resumes the demo
+    results = run_synthetic_demo(pes, budget, tmp_path)  # a preset of `tape sweep`
+    assert [group["label"] for group in results["groups"]] == pes
+    assert json.loads((tmp_path / "results.json").read_text()) == results and (tmp_path / "accuracy.png").is_file()
+    evaluated = json.loads((tmp_path / f"{pes[1]}-seed0" / "eval-synthetic" / "step-00000002" / "results.json")
+                           .read_text())
+    assert evaluated["settings"]["samples"] == 3  # the budget's evaluation sequences per split
+    assert results["groups"][1]["scores"]["ood-sparse"]["accuracy"]["mean"] == \
+        evaluated["splits"]["ood-sparse"]["accuracy"]
+    recorded = json.loads((tmp_path / f"{pes[0]}-seed0" / "run.json").read_text())["command"]  # resumes the demo
     assert recorded == f"tape demo --task selective-copy --pe {','.join(pes)} --seed 0 --out {tmp_path}"
 
 

@@ -143,15 +143,19 @@ def test_demo_trains_evaluates_and_compares(tmp_path):
 
     budget = DemoBudget(max_digits=2, eval_len=3, samples=2, steps=2, batch_size=4, lr=1e-3, n_layers=1, dim=32,
                         n_heads=2)
-    results = run_demo(["rope", "tape"], budget, tmp_path, abacus=True)
-    assert [r.pe for r in results] == ["rope", "tape"]
-    assert all(0.0 <= r.mean_accuracy <= 1.0 and r.train_seconds > 0 for r in results)
+    results = run_demo(["rope", "tape"], budget, tmp_path, abacus=True)  # a preset of `tape sweep`
+    assert [group["label"] for group in results["groups"]] == ["rope", "tape"]
+    for group in results["groups"]:
+        assert 0.0 <= group["scores"]["grid (mean)"]["accuracy"]["mean"] <= 1.0 and group["train"]["seconds"] > 0
+        assert len(group["grid_accuracy"]) == 3 and group["train_digits"] == 2
     assert (tmp_path / "heatmaps.png").read_bytes()[:4] == b"\x89PNG"
-    summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["budget"]["steps"] == 2 and summary["abacus"] and len(summary["results"]) == 2
-    assert (tmp_path / "tape" / "eval-addition" / "step-00000002" / "results.json").is_file()
-    recorded = json.loads((tmp_path / "rope" / "run.json").read_text())["command"]  # what resumes the demo
-    assert recorded == f"tape demo --abacus --pe rope,tape --seed 0 --out {tmp_path}"
+    overrides = results["sweep"]["overrides"]
+    assert overrides[0] == "model.abacus=true" and "train.max_steps=2" in overrides
+    evaluated = json.loads((tmp_path / "tape-seed0" / "eval-addition" / "step-00000002" / "results.json").read_text())
+    assert results["cells"][1]["scores"]["grid (mean)"]["accuracy"] == evaluated["mean_accuracy"]
+    assert evaluated["settings"]["samples"] == 2 and evaluated["settings"]["train_digits"] == 2
+    recorded = json.loads((tmp_path / "rope-seed0" / "run.json").read_text())["command"]  # what resumes the demo
+    assert recorded == f"tape demo --task addition --abacus --pe rope,tape --seed 0 --out {tmp_path}"
 
 
 @pytest.mark.parametrize("task", ["addition", "selective-copy"])
