@@ -283,8 +283,11 @@ def eval_harness(
                                           "model's max_seq_len); longer inputs are cut from the left, long "
                                           "documents scored in windows."),
     max_gen_toks: int = typer.Option(256, "--max-gen-toks", help="Generation cap when a task sets none."),
-    add_bos: bool = typer.Option(True, "--add-bos/--no-add-bos", help="Start every prompt with BOS, as tape "
-                                 "pre-training and Llama tokenizers do."),
+    add_bos: bool | None = typer.Option(None, "--add-bos/--no-add-bos", help="Special tokens around every "
+                                        "prompt: unset, the tokenizer's default (what lm-eval's hf model adds: "
+                                        "BOS for Llama 2/3 and tape's own tokenizers, nothing for GPT-2, SmolLM2, "
+                                        "Qwen); --add-bos: BOS only; --no-add-bos: none (docs/special-tokens.md).",
+                                        show_default=False),
     seed: int = typer.Option(1234, "--seed", help="Seeds lm-eval (few-shot sampling) and sampled generation."),
     bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", help="Bootstrap resamples for standard "
                                         "errors (0: skip them)."),

@@ -9,8 +9,10 @@ RNG with t, then draws the prefix length randint(0, n) and the key randint(1, 50
 bounds), so every model sees the same prompts. In a depth sweep the prefix is int(depth * n) characters instead
 (the key is still trial t's).
 
-The prompt's tokens are the tokenizer's BOS (when it has one) and the prompt text's tokens. The answer's tokens are
-what the tokenizer makes of " " + key right after the prompt (for Llama's tokenizer: "▁" and one id per digit, the
+The prompt's tokens are the prompt text's with the tokenizer's default special tokens, as the official
+`tokenizer(prompt)` gives them (BOS first for Llama 2's tokenizer and tape's own, nothing for GPT-2's or SmolLM2's;
+results.json records them under `special_tokens`, docs/special-tokens.md). The answer's tokens are what the
+tokenizer makes of " " + key right after the prompt text (for Llama's tokenizer: "▁" and one id per digit, the
 official "drop the BOS" answer). Exactly that many tokens are decoded greedily; a trial is correct iff they all
 match. Accuracy per budget = correct / trials; the reported length is the mean prompt length in tokens.
 
@@ -41,9 +43,9 @@ INTERVAL = 1000
 PROTOCOL = ("passkey retrieval (LongLoRA / official TAPE eval_retrieval.py): budget i has int(3.75 (i+1) 1000 // 1024 "
             "* 1024) filler characters; trial t: numpy.random.seed(t), prefix = randint(0, n), key = randint(1, "
             "50000); prompt = instruction, filler[:prefix], key line, filler[:n - prefix], question (joined by "
-            "newlines), with the tokenizer's BOS; answer = the tokens of ' ' + key after the prompt; greedy decoding "
-            "of exactly that many tokens, correct iff all match; accuracy = correct / trials; length = mean prompt "
-            "tokens. Depth sweep: prefix = int(depth * n), key as in trial t")
+            "newlines), with the tokenizer's default special tokens; answer = the tokens of ' ' + key after the "
+            "prompt; greedy decoding of exactly that many tokens, correct iff all match; accuracy = correct / "
+            "trials; length = mean prompt tokens. Depth sweep: prefix = int(depth * n), key as in trial t")
 PLOT_FILE = "passkey.png"
 
 
@@ -78,14 +80,15 @@ def make_prompt(budget: int, trial: int, depth_fraction: float | None = None) ->
 
 
 def encode_prompt(tokenizer: Any, prompt: PasskeyPrompt) -> tuple[list[int], list[int]]:
-    """(prompt ids with the tokenizer's BOS if it has one, answer ids: the tokens of " " + key after the prompt)."""
-    bos = getattr(tokenizer, "bos_id", None)
+    """(prompt ids with the tokenizer's default special tokens, answer ids: the tokens of " " + key after the
+    prompt)."""
+    before, after = tokenizer.default_specials
     body = tokenizer.encode(prompt.text)
     whole = tokenizer.encode(f"{prompt.text} {prompt.key}")
     # In context, as the answer would follow the prompt; a tokenizer that merges across the boundary gets the answer
     # tokenized on its own.
     answer = whole[len(body):] if whole[: len(body)] == body else tokenizer.encode(f" {prompt.key}")
-    return ([bos] if bos is not None and bos >= 0 else []) + body, answer
+    return [*before, *body, *after], answer
 
 
 def plan_budgets(tokenizer: Any, budgets: list[int] | None, max_tokens: int, trials: int) -> list[int]:
@@ -139,7 +142,9 @@ def evaluate_passkey(
             log.append(_answer(opened.model, opened.tokenizer, chunk, batch_size))
             progress.advance(task, len(chunk))
         rows = list(log.rows)
-    results = {"task": "passkey", "protocol": PROTOCOL, "settings": settings, **summarise(rows, chosen, depths),
+    results = {"task": "passkey", "protocol": PROTOCOL, "settings": settings,
+               "special_tokens": opened.tokenizer.describe_specials(*opened.tokenizer.default_specials),
+               **summarise(rows, chosen, depths),
                "seconds_this_session": round(time.perf_counter() - started, 2)}
     out = Path(out_dir)
     write_json(out / RESULTS_FILE, results)

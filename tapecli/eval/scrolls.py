@@ -8,6 +8,11 @@ qmsum) with temperature 1 and top-k 3, as the official run did, from a generator
 so the draws do not depend on batching or resuming. The text is decoded without special tokens and stripped, then
 scored by `tapecli.eval.scrolls_metric` (the official `tau/scrolls` metric).
 
+Special tokens: the protocol's own rule, not the tokenizer's default: a prompt is BOS + text whatever the tokenizer
+(the official code's Llama 2 tokenizer adds BOS), exactly as the fine-tuning examples start, since a model is
+evaluated on the layout it was fine-tuned on. results.json records it under `special_tokens`
+(docs/special-tokens.md).
+
 Files per (model, task) directory:
   settings.json, samples.jsonl   the shared resumable log (tapecli.eval.common): one row per finished example
   predictions.json               {id: prediction}, the official submission format
@@ -140,7 +145,8 @@ def evaluate_task(opened: OpenedModel, task: str, run: ScrollsRun, out: str | No
         results.update(metric.score_predictions(task, predictions, data.references_by_id(examples)))
     else:
         results["note"] = f"the {run.split} split has no reference outputs; submit predictions.json to be scored"
-    results.update({"settings": settings, "out_dir": str(out_dir)})
+    results.update({"settings": settings, "special_tokens": tok.describe_specials([tok.bos_id], []),
+                    "out_dir": str(out_dir)})
     write_json(out_dir / RESULTS_FILE, results)
     return results
 
