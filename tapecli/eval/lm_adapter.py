@@ -139,7 +139,8 @@ class TapeLM(TemplateLM):
         self.model, self.tok = opened.model, opened.tokenizer
         self._device = next(self.model.parameters()).device
         self._batch_size = _int_option("batch_size", batch_size)
-        self._max_length = _int_option("max_length", max_length) if max_length else self.model.config.max_seq_len
+        self._max_length = (self.model.config.max_seq_len if max_length in (None, "", "None")
+                            else _int_option("max_length", max_length))
         self._max_gen_toks = _int_option("max_gen_toks", max_gen_toks)
         # None: the tokenizer's default special tokens (lm-eval's HFLM with add_bos_token unset)
         self.add_bos_token = None if add_bos_token is None else _bool_option("add_bos_token", add_bos_token)

@@ -127,6 +127,9 @@ def evaluate_passkey(
             raise TapeError(f"{name} must be a positive integer, got {value}")
     if depths is not None and not all(0 <= d <= 1 for d in depths):
         raise TapeError(f"--depths: every depth must be a fraction in [0, 1], got {depths}")
+    for budget in budgets or []:  # before the output directory exists
+        if not 1 <= budget <= len(FILLER):
+            raise TapeError(f"--budgets: {budget} must be between 1 and {len(FILLER)} filler characters")
     opened = open_model(model, dtype=dtype, device=device, pe_args=pe_args)
     chosen = plan_budgets(opened.tokenizer, budgets, max_tokens, trials)
     settings = {"task": "passkey", "model": opened.record(), "budgets": chosen, "max_tokens": max_tokens,
