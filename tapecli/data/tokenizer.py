@@ -14,9 +14,9 @@ Every tokenizer has the same small interface (see docs/contracts.md):
 Default special tokens (docs/special-tokens.md). tape's own tokenizers (byte, `synthetic`, a SentencePiece model or
 tokenizer.json named by a recipe) put BOS before a text and nothing after it: tape's pre-training starts every
 document with BOS (`[BOS] text [EOS]`, the EOS closing the document). `addition` adds nothing: its task trains and
-evaluates prompts without BOS. A Hugging Face
-model's tokenizer adds what transformers' AutoTokenizer adds by default; `tapecli.model.hf.load_hf_tokenizer`
-works that out and sets it with `set_default_specials`, and `save` keeps it.
+evaluates prompts without BOS. A Hugging Face model's tokenizer adds what transformers' AutoTokenizer adds by
+default; `tapecli.model.hf.load_hf_tokenizer` works that out and sets it with `set_default_specials`, and `save`
+keeps it (in tokenizer_meta.json, only when it differs from tape's rule).
 
 `train_tokenizer` trains a SentencePiece BPE model whose encode/decode round trip is lossless (tabs, runs of
 spaces, newlines, any unicode), which matters for bits-per-byte and for string-level evaluation.

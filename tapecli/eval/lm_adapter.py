@@ -9,7 +9,8 @@ Contract (lm-eval's `TemplateLM`, see docs/contracts.md):
     lm.generate_until(requests) -> [str]                     # stop strings, max_gen_toks, greedy or seeded sampling
 
 Every request is scored the way lm-eval's own `hf` model (`HFLM`) scores it, so that a Hugging Face Llama imported
-into tape gives the same per-sample numbers as `HFLM` on the same directory (tests/test_harness.py checks it):
+into tape gives the same per-sample numbers as `HFLM` on the same directory (tests/eval/test_harness.py and
+tests/eval/test_special_tokens.py check it):
   - tokens (lm-eval 0.4.13's `HFLM.tok_encode` / `tok_batch_encode`, docs/special-tokens.md): the model's own
     tokenizer with its default special tokens (`Tokenizer.encode(text, add_special_tokens=True)`: what transformers'
     AutoTokenizer adds for a Hugging Face model, BOS for tape's own tokenizers) unless `add_bos_token` is given:

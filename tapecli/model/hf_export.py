@@ -154,12 +154,17 @@ def export_hf(model: Transformer, tokenizer: Tokenizer, out: str | Path, dtype: 
     temp = out.with_name(f".tmp-{out.name}")
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir(parents=True)
-    _write_weights(model, temp, dtype)
-    (temp / "config.json").write_text(json.dumps(_config(model, tokenizer, dtype), indent=2) + "\n")
-    wrote_tokenizer = _write_tokenizer(tokenizer, temp)
-    if wrote_tokenizer:
-        ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
-        (temp / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
+    try:
+        _write_weights(model, temp, dtype)
+        (temp / "config.json").write_text(json.dumps(_config(model, tokenizer, dtype), indent=2) + "\n")
+        wrote_tokenizer = _write_tokenizer(tokenizer, temp)
+        if wrote_tokenizer:
+            ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+                   "pad_token_id": tokenizer.pad_id}
+            (temp / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
+    except BaseException:  # a failed write, Ctrl-C: nothing half-written stays behind (after SIGKILL: the next run)
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
     if out.exists():
         out.rmdir()
     temp.rename(out)

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,7 @@ TRAIN_TEXT = ("Question: What color is the sky?\nAnswer: blue\nQuestion: What is
               "Q: what is two plus two?\nA: four\nQ: what color is the sky?\nA: blue\nQ: what does the fox do?\n"
               "A: jumps\nthe sky is blue and the grass is green. a quick brown fox jumps over the lazy dog.\n")
 MAX_LENGTH = 32
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
