@@ -82,14 +82,15 @@ def eval_scrolls(
                                            "instead of running a model."),
     compat: str | None = typer.Option(None, "--compat", help="Prompt construction: clean or official [default: "
                                       "the fine-tuning run's data.compat, else clean]."),
-    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="Prompt + answer tokens [default: the run's "
-                                       "data.seq_len, else the model's max_seq_len]; budgets scale from 8192."),
+    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="Prompt + answer tokens [default: the "
+                                       "run's data.seq_len, else the model's max_seq_len]; budgets scale from 8192."),
     sample: bool = typer.Option(False, "--sample", help="Summaries: sample (temperature 1, top-k 3) as the official "
                                 "run did, seeded per example, instead of greedy decoding."),
     seed: int = typer.Option(0, "--seed", help="Seeds --sample."),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N examples (a quick look, not the "
-                                     "official score)."),
-    batch_size: int = typer.Option(8, "--batch-size", min=1, help="Examples decoded together; changes speed, not results."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N examples (a quick look, not "
+                                     "the official score)."),
+    batch_size: int = typer.Option(8, "--batch-size", min=1, help="Examples decoded together; changes speed, not "
+                                   "results."),
     out: str | None = typer.Option(None, "--out", help="Output folder [default: RUN/eval-scrolls/TASK-SPLIT]."),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
@@ -270,17 +271,17 @@ def eval_harness(
                               "task YAML paths."),
     include_path: list[str] | None = typer.Option(None, "--include-path", help="A folder of task YAMLs "
                                                   "(repeatable).", show_default=False),
-    num_fewshot: int | None = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples per prompt (default: "
-                                           "each task's own)."),
-    limit: float | None = typer.Option(None, "--limit", min=0, help="Only the first N documents per task (N < 1: a "
-                                       "fraction); for quick checks, not for reporting."),
+    num_fewshot: int | None = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples per prompt "
+                                           "(default: each task's own)."),
+    limit: float | None = typer.Option(None, "--limit", min=0, help="Only the first N documents per task (N < 1: "
+                                       "a fraction); for quick checks, not for reporting."),
     out: Path | None = typer.Option(None, "--out", help="Output directory for results.json (default: "
                                     "RUN/eval-harness/<checkpoint name>, or eval-harness/<model name>)."),
     log_samples: bool = typer.Option(False, "--log-samples", help="Also write samples_<task>.jsonl: every prompt, "
                                      "response and score."),
     batch_size: int = typer.Option(1, "--batch-size", help="Requests per forward pass (speed only)."),
-    max_length: int | None = typer.Option(None, "--max-length", min=1, help="Context window in tokens (default: the "
-                                          "model's max_seq_len); longer inputs are cut from the left, long "
+    max_length: int | None = typer.Option(None, "--max-length", min=1, help="Context window in tokens (default: "
+                                          "the model's max_seq_len); longer inputs are cut from the left, long "
                                           "documents scored in windows."),
     max_gen_toks: int = typer.Option(256, "--max-gen-toks", help="Generation cap when a task sets none."),
     add_bos: bool | None = typer.Option(None, "--add-bos/--no-add-bos", help="Special tokens around every "
@@ -289,8 +290,8 @@ def eval_harness(
                                         "Qwen); --add-bos: BOS only; --no-add-bos: none (docs/special-tokens.md).",
                                         show_default=False),
     seed: int = typer.Option(1234, "--seed", help="Seeds lm-eval (few-shot sampling) and sampled generation."),
-    bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", min=0, help="Bootstrap resamples for standard "
-                                        "errors (0: skip them)."),
+    bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", min=0, help="Bootstrap resamples for "
+                                        "standard errors (0: skip them)."),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
