@@ -1,9 +1,16 @@
 """Faults from files, the OS and the hardware, turned into one line naming the file and the problem.
 
 The CLI runs every command inside `boundary()`. It prints a `TapeError` as `error: <message>` and exits with the
-error's code (2: bad input, 1: a failed run). Errors the OS or a library raises for a *fault* rather than a bug --
-an unreadable file, a full disk, a corrupt checkpoint, an out-of-memory GPU -- become one line too. Anything else is
+error's code (2: bad input, 1: a failed run); so are click's usage errors in a sub-command's arguments (a value
+out of its range, not a number, missing). Errors the OS or a library raises for a *fault* rather than a bug -- an
+unreadable file, a full disk, a corrupt checkpoint, an out-of-memory GPU -- become one line too. Anything else is
 a bug and keeps its traceback. `tape --debug ...` or `TAPE_DEBUG=1` shows the traceback of every error.
+
+A stop request is one line too: Ctrl-C (SIGINT) or SIGTERM ends any command with `stopped: ...` and exit code
+128 + the signal (130, 143). Inside the boundary SIGTERM raises `Terminated` where Python would otherwise die
+silently; training loops install their own handler (`tapecli.train.preemption.StopSignal`: save a checkpoint
+first) and restore this one after. Every file tape writes is whole or absent at any instant (atomic renames,
+flushed JSON lines), so the same command started again continues from what was finished.
 
 Code that reads or writes a file wraps the call in `reading(path)` / `writing(path)`: the exceptions
 libraries raise for a corrupt file (safetensors, sentencepiece, torch.load, json, yaml, UTF-8) or a failed write
@@ -44,15 +51,51 @@ def note_memory_use(what: str, hint: str) -> None:
     _memory_context = (what, hint)
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (raised by the boundary's handler, like KeyboardInterrupt for SIGINT)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+STOP_MESSAGE = ("{name}; the work finished so far is saved: run the same command again to continue (evaluations "
+                "and training resume where they stopped, other commands start over)")
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextmanager
 def boundary() -> Iterator[None]:
-    """Report faults as `error: <one line>` and exit with their code; let real bugs through with a traceback."""
+    """Report faults as `error: <one line>` and exit with their code; let real bugs through with a traceback;
+    a stop request (Ctrl-C, SIGTERM) is `stopped: <one line>`."""
+    import signal
+
     import typer
 
     global _memory_context
     _memory_context = None  # set again by whatever this command runs (note_memory_use)
     try:
-        yield
+        with _sigterm_raises():
+            yield
+    except (KeyboardInterrupt, Terminated) as e:
+        number = signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM
+        name = "Ctrl-C (SIGINT)" if number == signal.SIGINT else "SIGTERM"
+        typer.secho(f"\nstopped: {STOP_MESSAGE.format(name=name)}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(128 + number) from None
     except Exception as e:
         if _debug or os.environ.get("TAPE_DEBUG", "") not in ("", "0"):
             raise
@@ -68,6 +111,10 @@ def explain(e: BaseException) -> tuple[str, int, str] | None:
     """(one-line message, exit code, prefix) for a fault, None for an exception that is a bug."""
     if isinstance(e, TapeError):
         return str(e), e.exit_code, e.prefix
+    if _is_usage_error(e):  # a bad command line (a value out of range, not a number, missing): one line, not a box
+        ctx = getattr(e, "ctx", None)
+        where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        return " ".join(e.format_message().split()) + where, e.exit_code, "error"
     if _is_out_of_memory(e):
         return out_of_memory_message(e), 1, "error"
     if isinstance(e, OSError) and e.errno is not None:
@@ -81,12 +128,26 @@ def explain(e: BaseException) -> tuple[str, int, str] | None:
     return None
 
 
+def _is_usage_error(e: BaseException) -> bool:
+    """click's (or Typer's vendored click's) ClickException, except the "no arguments: show the help" one."""
+    if type(e).__name__ == "NoArgsIsHelpError":
+        return False
+    bases = [sys.modules.get(name) for name in ("typer._click.exceptions", "click.exceptions")]
+    return any(base is not None and isinstance(e, base.ClickException) for base in bases)
+
+
 def _os_message(e: OSError) -> str:
     problem = (e.strerror or os.strerror(e.errno or 0)).lower()
     if e.filename is None:
         return problem
     if e.errno in _STORAGE_ERRNOS:
         return f"{problem} while writing {e.filename}"
+    if e.errno in (errno.EEXIST, errno.ENOTDIR):  # a directory was wanted where a file is (an --out, a parent)
+        path = Path(e.filename)
+        blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            where = "" if blocking == path else f"{e.filename}: "
+            return f"{where}{blocking} is a file, not a directory"
     return f"{e.filename}: {problem}"
 
 

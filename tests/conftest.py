@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,15 @@ def tiny_corpus(tmp_path: Path) -> Path:
         extras = "\tTabbed  line with  double spaces.\nCafé naïve — 東京 🙂\n"
         (root / f"doc{d:02d}.txt").write_text("\n\n".join(paragraphs) + "\n" + extras, encoding="utf-8")
     return root
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """torch on one thread for a whole module (`pytestmark = pytest.mark.usefixtures("one_thread")`): tiny models
+    run fastest so on a shared machine, and compute what subprocesses started with OMP_NUM_THREADS=1 compute."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

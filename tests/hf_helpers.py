@@ -103,3 +103,99 @@ def extended_checkpoint(base: Path, out: Path, method: str, scaling: str = "pi")
             if p.requires_grad:
                 p.add_(torch.randn_like(p) * 0.05)
     return save_model(model, tokenizer, out)
+
+
+# The tokenizer behaviours real Hugging Face models have, as `save_styled_tokenizer` builds them:
+#   llama2   a SentencePiece model converted by transformers' LlamaTokenizer (add_bos_token: true): adds <s>
+#   smollm2  byte-level BPE, ByteLevel post-processor (GPT2Tokenizer; BOS <|im_start|>): adds nothing
+#   llama3   byte-level BPE, specials at the end of the vocabulary, a template adding <|begin_of_text|>
+#   qwen     byte-level BPE, `bos_token: null` (no BOS at all; lm-eval starts an empty context with EOS)
+TOKENIZER_STYLES = ("llama2", "smollm2", "llama3", "qwen")
+
+
+def _byte_level_bpe(texts: list[str], vocab_size: int, specials: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                                      show_progress=False))
+    return tk
+
+
+def save_styled_tokenizer(directory: Path, style: str, texts: list[str]):
+    """Save a tokenizer of `style` (see TOKENIZER_STYLES) trained on `texts` with transformers' save_pretrained, as
+    AutoTokenizer loads it offline; returns the transformers tokenizer."""
+    import sentencepiece as spm
+    from tokenizers import processors
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    if style == "llama2":
+        spm_dir = directory / "spm"
+        spm_dir.mkdir()
+        (spm_dir / "corpus.txt").write_text("\n".join(texts))
+        spm.SentencePieceTrainer.train(input=str(spm_dir / "corpus.txt"), model_prefix=str(spm_dir / "tokenizer"),
+                                       vocab_size=120, model_type="bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+                                       byte_fallback=False, minloglevel=2, num_threads=1)
+        (spm_dir / "tokenizer_config.json").write_text(json.dumps({
+            "tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False,
+            "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}))
+        tokenizer = AutoTokenizer.from_pretrained(spm_dir)
+        tokenizer.save_pretrained(directory)
+        import shutil
+
+        shutil.rmtree(spm_dir)
+    elif style == "smollm2":
+        tk = _byte_level_bpe(texts, 300, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+        tk.post_processor = processors.ByteLevel(trim_offsets=False)
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                            pad_token="<|im_end|>", unk_token="<|endoftext|>")
+        tokenizer.save_pretrained(directory)
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+        (directory / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}))
+    elif style == "llama3":
+        tk = _byte_level_bpe(texts, 300, [])
+        tk.add_special_tokens(["<|begin_of_text|>", "<|end_of_text|>", "<|finetune_right_pad_id|>"])
+        begin = tk.token_to_id("<|begin_of_text|>")
+        tk.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A",
+                                                          special_tokens=[("<|begin_of_text|>", begin)])
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|begin_of_text|>",
+                                            eos_token="<|end_of_text|>", pad_token="<|finetune_right_pad_id|>")
+        tokenizer.save_pretrained(directory)
+    elif style == "qwen":
+        tk = _byte_level_bpe(texts, 300, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+        tk.post_processor = processors.ByteLevel(trim_offsets=False)
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+        tokenizer.save_pretrained(directory)
+        config = json.loads((directory / "tokenizer_config.json").read_text())
+        (directory / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": None}))
+    else:
+        raise ValueError(style)
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def make_trained_llama(directory: Path, style: str, text: str, steps: int = 40, max_position_embeddings: int = 256):
+    """A 2-layer Llama (GQA, untied head) with a `style` tokenizer, trained `steps` steps on `text` so that its
+    greedy choices are not all alike, saved with save_pretrained; returns the directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = save_styled_tokenizer(directory, style, [text] * 4)
+    eos = tokenizer.eos_token_id
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=eos,
+                         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config)
+    ids = torch.tensor([tokenizer(text).input_ids[:max_position_embeddings]])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        model(input_ids=ids, labels=ids).loss.backward()
+        optimizer.step()
+    model.save_pretrained(directory)
+    return directory

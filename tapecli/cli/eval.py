@@ -33,7 +33,7 @@ def out_option(default: str) -> Any:
 
 def batch_size_option(default: int, what: str) -> Any:
     """--batch-size: how many `what` (e.g. "Windows per forward pass") go together; never changes a result."""
-    return typer.Option(default, "--batch-size", help=f"{what}; changes speed, not results.")
+    return typer.Option(default, "--batch-size", min=1, help=f"{what}; changes speed, not results.")
 
 
 def _pe_args(pairs: list[str] | None) -> dict:
@@ -107,12 +107,12 @@ def eval_scrolls(
                                            "instead of running a model."),
     compat: str | None = typer.Option(None, "--compat", help="Prompt construction: clean or official (default: "
                                       "the fine-tuning run's data.compat, else clean)."),
-    seq_len: int | None = typer.Option(None, "--seq-len", help="Prompt + answer tokens (default: the run's "
+    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="Prompt + answer tokens (default: the run's "
                                        "data.seq_len, else the model's max_seq_len); budgets scale from 8192."),
     sample: bool = typer.Option(False, "--sample", help="Summaries: sample (temperature 1, top-k 3) as the official "
                                 "run did, seeded per example, instead of greedy decoding."),
     seed: int = typer.Option(0, "--seed", help="Seeds --sample."),
-    limit: int | None = typer.Option(None, "--limit", help="Only the first N examples (a quick look, not the "
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N examples (a quick look, not the "
                                      "official score)."),
     batch_size: int = batch_size_option(8, "Examples decoded together"),
     out: str | None = out_option("RUN/eval-scrolls/TASK-SPLIT; with --predictions, results.json goes there"),
@@ -283,23 +283,26 @@ def eval_harness(
                               "task YAML paths."),
     include_path: list[str] | None = typer.Option(None, "--include-path", help="A folder of task YAMLs "
                                                   "(repeatable).", show_default=False),
-    num_fewshot: int | None = typer.Option(None, "--num-fewshot", help="Few-shot examples per prompt (default: "
+    num_fewshot: int | None = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples per prompt (default: "
                                            "each task's own)."),
-    limit: float | None = typer.Option(None, "--limit", help="Only the first N documents per task (N < 1: a "
+    limit: float | None = typer.Option(None, "--limit", min=0, help="Only the first N documents per task (N < 1: a "
                                        "fraction); for quick checks, not for reporting."),
     out: str | None = out_option("RUN/eval-harness/<checkpoint name>, or ./eval-harness/<model name>"),
     log_samples: bool = typer.Option(False, "--log-samples", help="Also write samples_<task>.jsonl: every prompt, "
                                      "response and score."),
     batch_size: int = batch_size_option(1, "Requests per forward pass"),
-    max_length: int | None = typer.Option(None, "--max-length", help="Context window in tokens (default: the "
+    max_length: int | None = typer.Option(None, "--max-length", min=1, help="Context window in tokens (default: the "
                                           "model's max_seq_len); longer inputs are cut from the left, long "
                                           "documents scored in windows."),
     max_gen_toks: int = typer.Option(256, "--max-gen-toks", help="Generation cap when a task sets none."),
-    add_bos: bool = typer.Option(True, "--add-bos/--no-add-bos", help="Start every prompt with BOS, as tape "
-                                 "pre-training and Llama tokenizers do."),
+    add_bos: bool | None = typer.Option(None, "--add-bos/--no-add-bos", help="Special tokens around every "
+                                        "prompt: unset, the tokenizer's default (what lm-eval's hf model adds: "
+                                        "BOS for Llama 2/3 and tape's own tokenizers, nothing for GPT-2, SmolLM2, "
+                                        "Qwen); --add-bos: BOS only; --no-add-bos: none (docs/special-tokens.md).",
+                                        show_default=False),
     seed: int = typer.Option(1234, "--seed", help="Seeds lm-eval (few-shot sampling) and sampled generation."),
-    bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", help="Bootstrap resamples for standard "
-                                        "errors (0: skip them)."),
+    bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", min=0, help="Bootstrap resamples for "
+                                        "standard errors (0: skip them)."),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
@@ -319,6 +322,8 @@ def eval_harness(
     from tapecli.eval.harness import results_table, run_harness
 
     names = [t.strip() for t in tasks.split(",") if t.strip()]
+    if limit == 0:
+        raise TapeError("--limit must be positive: a number of documents, or a fraction of them below 1")
     results, out_dir = run_harness(
         model, names, include_path=include_path, num_fewshot=num_fewshot,
         limit=int(limit) if limit is not None and limit >= 1 else limit, out=out, log_samples=log_samples,

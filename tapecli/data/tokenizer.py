@@ -4,8 +4,19 @@ Every tokenizer has the same small interface (see docs/contracts.md):
 
     tok.vocab_size, tok.bos_id, tok.eos_id, tok.pad_id
     tok.encode(text) -> list[int]      # no special tokens added
+    tok.encode(text, add_special_tokens=True)   # the tokenizer's default special tokens around the text
+    tok.default_specials -> (ids before, ids after)   # what that adds
+    tok.has_bos                        # False: the tokenizer names no BOS token (bos_id is a stand-in)
+    tok.token_text(id) -> str | None   # a special token as text ("<s>"); None when it has no text form
     tok.decode(ids) -> str             # special ids are skipped
     tok.save(directory)                # -> load_tokenizer_dir(directory) gives the same tokenizer back
+
+Default special tokens (docs/special-tokens.md). tape's own tokenizers (byte, `synthetic`, a SentencePiece model or
+tokenizer.json named by a recipe) put BOS before a text and nothing after it: tape's pre-training starts every
+document with BOS (`[BOS] text [EOS]`, the EOS closing the document). `addition` adds nothing: its task trains and
+evaluates prompts without BOS. A Hugging Face model's tokenizer adds what transformers' AutoTokenizer adds by
+default; `tapecli.model.hf.load_hf_tokenizer` works that out and sets it with `set_default_specials`, and `save`
+keeps it (in tokenizer_meta.json, only when it differs from tape's rule).
 
 `train_tokenizer` trains a SentencePiece BPE model whose encode/decode round trip is lossless (tabs, runs of
 spaces, newlines, any unicode), which matters for bits-per-byte and for string-level evaluation.
@@ -18,6 +29,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 from tapecli.errors import TapeError
 
@@ -45,9 +57,53 @@ class Tokenizer:
     # Ids a model's own files named (an imported Hugging Face model), saved in tokenizer_meta.json so that
     # load_tokenizer_dir gives them back; None: the tokenizer finds its ids itself.
     specials: dict[str, int] | None = None
+    # (ids before, ids after) a text by default; None: tape's rule for this tokenizer (`_tape_default`).
+    _defaults: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    # False when the tokenizer's own files name no BOS token (Qwen's): bos_id is then a stand-in for tape's layouts.
+    has_bos: bool = True
 
-    def encode(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         raise NotImplementedError
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The ids of `text`; with `add_special_tokens`, between the tokenizer's default special tokens."""
+        ids = self._encode(text)
+        if not add_special_tokens:
+            return ids
+        before, after = self.default_specials
+        return [*before, *ids, *after]
+
+    def _tape_default(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """tape's rule: BOS before a text, nothing after it (pre-training's `[BOS] text [EOS]`)."""
+        return (self.bos_id,), ()
+
+    @property
+    def default_specials(self) -> tuple[list[int], list[int]]:
+        """(ids before, ids after) that `encode(text, add_special_tokens=True)` puts around a text."""
+        before, after = self._defaults if self._defaults is not None else self._tape_default()
+        return list(before), list(after)
+
+    def set_default_specials(self, before: list[int], after: list[int], has_bos: bool = True) -> None:
+        """Replace tape's rule with a model's own (a Hugging Face tokenizer's)."""
+        wanted = (tuple(before), tuple(after))
+        self._defaults = None if wanted == self._tape_default() else wanted
+        self.has_bos = has_bos
+
+    def token_text(self, token_id: int) -> str | None:
+        """A token as text, special tokens included ("<s>"); None for ids with no text form (byte-level specials)."""
+        return None
+
+    def token_name(self, token_id: int) -> str:
+        """A token's text, or BOS / EOS / PAD for a special id with no text form (byte-level ones)."""
+        text = self.token_text(token_id)
+        names = {self.pad_id: "PAD", self.eos_id: "EOS", self.bos_id: "BOS"}
+        return text if text else names.get(token_id, f"<id {token_id}>")
+
+    def describe_specials(self, before: list[int], after: list[int]) -> dict[str, Any]:
+        """For results files: the ids put before and after a text and the layout they give, e.g.
+        `{"before": [1], "after": [], "layout": "<s> {text}"}`."""
+        layout = " ".join([*map(self.token_name, before), "{text}", *map(self.token_name, after)])
+        return {"before": list(before), "after": list(after), "layout": layout}
 
     def decode(self, ids: Iterable[int]) -> str:
         raise NotImplementedError
@@ -58,6 +114,10 @@ class Tokenizer:
         meta: dict = {"kind": self.kind}
         if self.specials:
             meta["specials"] = self.specials
+        if self._defaults is not None:  # written only when not tape's rule: older checkpoints keep their bytes
+            meta["default_specials"] = {"before": list(self._defaults[0]), "after": list(self._defaults[1])}
+        if not self.has_bos:
+            meta["has_bos"] = False
         (directory / META_FILE).write_text(json.dumps(meta) + "\n")
         return directory
 
@@ -84,7 +144,7 @@ class ByteTokenizer(Tokenizer):
         self.bos_id, self.eos_id, self.pad_id = 256, 257, 258
         self.vocab_size = 259
 
-    def encode(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -102,12 +162,16 @@ class CharTokenizer(Tokenizer):
         self.vocab_size = self._offset + len(self.symbols)
         self._ids = {ch: self._offset + k for k, ch in enumerate(self.symbols)}
 
+    def _tape_default(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The addition task trains and evaluates its prompts without BOS (`321+54=`); the others start with BOS."""
+        return ((), ()) if self.kind == "addition" else super()._tape_default()
+
     @property
     def digit_ids(self) -> list[int] | None:
         """Token ids of the digits 0-9, in order (what `ModelConfig.abacus_digit_ids` needs); None without digits."""
         return [self._ids[d] for d in "0123456789"] if all(d in self._ids for d in "0123456789") else None
 
-    def encode(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         try:
             return [self._ids[ch] for ch in text]
         except KeyError as e:
@@ -145,8 +209,11 @@ class SentencePieceTokenizer(Tokenizer):
         token_id = self.sp.piece_to_id(piece)
         return None if token_id == self.sp.unk_id() and piece != self.sp.id_to_piece(token_id) else token_id
 
-    def encode(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         return self.sp.encode(text, out_type=int)
+
+    def token_text(self, token_id: int) -> str | None:
+        return self.sp.id_to_piece(int(token_id))
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.sp.decode([int(i) for i in ids])
@@ -195,8 +262,21 @@ class HFTokenizer(Tokenizer):
                 return token_id
         return None
 
-    def encode(self, text: str) -> list[int]:
+    def _encode(self, text: str) -> list[int]:
         return self.tk.encode(text, add_special_tokens=False).ids
+
+    def token_text(self, token_id: int) -> str | None:
+        return self.tk.decode([int(token_id)], skip_special_tokens=False)
+
+    def post_processor_specials(self) -> tuple[list[int], list[int]]:
+        """(ids before, ids after) a text that tokenizer.json's post-processor adds (what `tokenizers` and
+        transformers add by default); ([], []) without a post-processor."""
+        for probe in ("a", "0", " ", "the", "."):  # a text that yields at least one ordinary token
+            encoding = self.tk.encode(probe, add_special_tokens=True)
+            plain = [i for i, special in enumerate(encoding.special_tokens_mask) if not special]
+            if plain:
+                return encoding.ids[:plain[0]], encoding.ids[plain[-1] + 1:]
+        return self.tk.encode("", add_special_tokens=True).ids, []
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tk.decode([int(i) for i in ids], skip_special_tokens=True)
@@ -242,15 +322,22 @@ def load_tokenizer_dir(directory: str | Path) -> Tokenizer:
         raise TapeError(f"{meta_path} does not exist; is {directory} a saved tokenizer directory?")
     meta = json.loads(meta_path.read_text())
     kind, specials = meta["kind"], meta.get("specials")
+    tok: Tokenizer
     if kind == "byte":
-        return ByteTokenizer()
-    if kind == SentencePieceTokenizer.kind:
-        return SentencePieceTokenizer(_existing_file(directory / SentencePieceTokenizer.file_name), specials)
-    if kind == HFTokenizer.kind:
-        return HFTokenizer(_existing_file(directory / HFTokenizer.file_name), specials)
-    if kind in CHAR_TOKENIZERS:
-        return CharTokenizer(kind)
-    raise TapeError(f"{meta_path}: unknown tokenizer kind {kind!r}")
+        tok = ByteTokenizer()
+    elif kind == SentencePieceTokenizer.kind:
+        tok = SentencePieceTokenizer(_existing_file(directory / SentencePieceTokenizer.file_name), specials)
+    elif kind == HFTokenizer.kind:
+        tok = HFTokenizer(_existing_file(directory / HFTokenizer.file_name), specials)
+    elif kind in CHAR_TOKENIZERS:
+        tok = CharTokenizer(kind)
+    else:
+        raise TapeError(f"{meta_path}: unknown tokenizer kind {kind!r}")
+    defaults = meta.get("default_specials")  # absent: tape's rule (and every tokenizer saved before it existed)
+    if defaults is not None or meta.get("has_bos") is False:
+        before, after = (defaults["before"], defaults["after"]) if defaults is not None else tok.default_specials
+        tok.set_default_specials(before, after, has_bos=meta.get("has_bos", True))
+    return tok
 
 
 def train_tokenizer(

@@ -2,17 +2,22 @@
 
 Contract (lm-eval's `TemplateLM`, see docs/contracts.md):
     TapeLM(pretrained="runs/x" | checkpoint dir | HF dir or id, dtype="auto", device="auto", batch_size=1,
-           max_length=None, max_gen_toks=256, add_bos_token=True, seed=1234, pe_args=None)
+           max_length=None, max_gen_toks=256, add_bos_token=None, prefix_token_id=None, seed=1234, pe_args=None)
     TapeLM.from_opened(opened, **same options)               # a model opened by tapecli.store.door.open_model
     lm.loglikelihood(requests) -> [(logprob, is_greedy)]     # via TemplateLM's pair encoding + _loglikelihood_tokens
     lm.loglikelihood_rolling(requests) -> [logprob]          # disjoint max_length windows, as lm-eval's HF model
     lm.generate_until(requests) -> [str]                     # stop strings, max_gen_toks, greedy or seeded sampling
 
 Every request is scored the way lm-eval's own `hf` model (`HFLM`) scores it, so that a Hugging Face Llama imported
-into tape gives the same per-sample numbers as `HFLM` on the same directory (tests/test_harness.py checks it):
-  - tokens: the model's own tokenizer; BOS is prepended to every encoded string unless `add_bos_token=False`
-    (Llama tokenizers do the same under HFLM, and tape's pre-training starts every document with BOS); the
-    prefix token for empty contexts and rolling windows is BOS, the end-of-text token is EOS;
+into tape gives the same per-sample numbers as `HFLM` on the same directory (tests/eval/test_harness.py and
+tests/eval/test_special_tokens.py check it):
+  - tokens (lm-eval 0.4.13's `HFLM.tok_encode` / `tok_batch_encode`, docs/special-tokens.md): the model's own
+    tokenizer with its default special tokens (`Tokenizer.encode(text, add_special_tokens=True)`: what transformers'
+    AutoTokenizer adds for a Hugging Face model, BOS for tape's own tokenizers) unless `add_bos_token` is given:
+    True puts BOS (if the tokenizer has one) and nothing else around every string, False adds nothing. A string
+    that already starts with the prefix token's text (e.g. "<s>") gets no special tokens; for generation the
+    batch's first prompt decides, as in HFLM. The prefix token for empty contexts and rolling windows is
+    `prefix_token_id`, else BOS, else (a tokenizer without BOS) EOS; the end-of-text token is EOS;
   - loglikelihood: requests sorted longest first and grouped by context with lm-eval's `Collator`; context +
     continuation truncated from the left to max_length + 1 tokens; right-padded batches (exact under causal
     attention: a position's logits depend only on the tokens up to it, for every tape PE); `is_greedy` is whether
@@ -84,6 +89,16 @@ def _int_option(name: str, value: Any) -> int:
     return number
 
 
+def _token_id_option(name: str, value: Any, vocab_size: int) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = -1
+    if not 0 <= number < vocab_size:
+        raise TapeError(f"{name}={value!r}: expected a token id between 0 and {vocab_size - 1}")
+    return number
+
+
 def _bool_option(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -100,14 +115,16 @@ class TapeLM(TemplateLM):
 
     def __init__(self, pretrained: str | None = None, dtype: str = "auto", device: str | None = "auto",
                  batch_size: int | str = 1, max_batch_size: int | None = None, max_length: int | str | None = None,
-                 max_gen_toks: int | str = 256, add_bos_token: bool | str = True, seed: int | str = 1234,
+                 max_gen_toks: int | str = 256, add_bos_token: bool | str | None = None,
+                 prefix_token_id: int | str | None = None, seed: int | str = 1234,
                  pe_args: dict[str, Any] | str | None = None, opened: OpenedModel | None = None,
                  **unused: Any) -> None:
         super().__init__()
         check_lm_eval_version()
         if unused:
             raise TapeError(f"unknown tape model argument(s) {', '.join(sorted(unused))}; allowed: pretrained, "
-                            "dtype, device, batch_size, max_length, max_gen_toks, add_bos_token, seed, pe_args")
+                            "dtype, device, batch_size, max_length, max_gen_toks, add_bos_token, prefix_token_id, "
+                            "seed, pe_args")
         if str(batch_size) == "auto" or str(batch_size).startswith("auto:"):
             raise TapeError("batch_size=auto is not supported by the tape model; pass a number, e.g. batch_size=8")
         if opened is None:
@@ -124,9 +141,13 @@ class TapeLM(TemplateLM):
         self.model, self.tok = opened.model, opened.tokenizer
         self._device = next(self.model.parameters()).device
         self._batch_size = _int_option("batch_size", batch_size)
-        self._max_length = _int_option("max_length", max_length) if max_length else self.model.config.max_seq_len
+        self._max_length = (self.model.config.max_seq_len if max_length in (None, "", "None")
+                            else _int_option("max_length", max_length))
         self._max_gen_toks = _int_option("max_gen_toks", max_gen_toks)
-        self.add_bos_token = _bool_option("add_bos_token", add_bos_token)
+        # None: the tokenizer's default special tokens (lm-eval's HFLM with add_bos_token unset)
+        self.add_bos_token = None if add_bos_token is None else _bool_option("add_bos_token", add_bos_token)
+        self.custom_prefix_token_id = None if prefix_token_id is None else _token_id_option(
+            "prefix_token_id", prefix_token_id, self.tok.vocab_size)
         self.seed = int(seed)
 
     @classmethod
@@ -142,7 +163,9 @@ class TapeLM(TemplateLM):
 
     @property
     def prefix_token_id(self) -> int:
-        return self.tok.bos_id
+        if self.custom_prefix_token_id is not None:
+            return self.custom_prefix_token_id
+        return self.tok.bos_id if self.tok.has_bos else self.tok.eos_id
 
     @property
     def max_length(self) -> int:
@@ -167,18 +190,47 @@ class TapeLM(TemplateLM):
     def settings(self) -> dict[str, Any]:
         """What determines this model's answers (recorded under `config` in lm-eval's results)."""
         return {**self.opened.record(), "max_length": self.max_length, "max_gen_toks": self.max_gen_toks,
-                "add_bos_token": self.add_bos_token, "seed": self.seed}
+                "add_bos_token": self.add_bos_token, "special_tokens": self.special_tokens(), "seed": self.seed}
+
+    def special_tokens(self) -> dict[str, Any]:
+        """What is put around every string (one that does not start with the prefix token), and the prefix token."""
+        before, after = self._specials(add=None)
+        return {**self.tok.describe_specials(before, after), "prefix_token": self.tok.token_name(self.prefix_token_id)}
 
     def get_model_info(self) -> dict[str, Any]:
         return self.settings()
 
+    def _specials(self, add: bool | None) -> tuple[list[int], list[int]]:
+        """(ids before, ids after) a string, as HFLM's tokenizer gets them with `add_special_tokens=add` (None: the
+        tokenizer's default). An HFLM given add_bos_token creates its tokenizer with it, which makes transformers
+        rebuild the post-processor: BOS (when the tokenizer has one) before the text, nothing after it."""
+        if add is False:
+            return [], []
+        if self.add_bos_token is None:
+            return self.tok.default_specials
+        return ([self.tok.bos_id] if self.add_bos_token and self.tok.has_bos else []), []
+
+    def _encode(self, string: str, add: bool | None) -> list[int]:
+        before, after = self._specials(add)
+        return [*before, *self.tok.encode(string), *after]
+
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, left_truncate_len: int | None = None,
                    **kwargs: Any) -> list[int]:
-        ids = self.tok.encode(string)
-        add_bos = self.add_bos_token if add_special_tokens is None else add_special_tokens
-        if add_bos and not (ids and ids[0] == self.tok.bos_id):  # a string that already starts with BOS keeps one
-            ids = [self.tok.bos_id, *ids]
+        """HFLM.tok_encode: `add_special_tokens`, else add_bos_token, else the tokenizer's default; a string that
+        starts with the prefix token's text gets none (when `add_special_tokens` is not given)."""
+        add = add_special_tokens if add_special_tokens is not None else self.add_bos_token
+        prefix_text = self.tok.token_text(self.prefix_token_id)
+        if add_special_tokens is None and prefix_text and string.startswith(prefix_text):
+            add = False
+        ids = self._encode(string, add)
         return ids[-left_truncate_len:] if left_truncate_len else ids
+
+    def _encode_prompts(self, contexts: list[str], left_truncate_len: int) -> list[list[int]]:
+        """HFLM.tok_batch_encode: the batch's first prompt starting with BOS's text means no special tokens for any
+        prompt, else add_bos_token, else the tokenizer's default; each prompt cut from the left."""
+        bos_text = self.tok.token_text(self.tok.bos_id) if self.tok.has_bos else None
+        add = False if bos_text and contexts[0].startswith(bos_text) else self.add_bos_token
+        return [self._encode(context, add)[-left_truncate_len:] for context in contexts]
 
     def tok_decode(self, tokens: list[int]) -> str:
         return self.tok.decode(tokens)
@@ -250,7 +302,7 @@ class TapeLM(TemplateLM):
             if max_new >= self.max_length:
                 raise TapeError(f"max_gen_toks={max_new} leaves no room for a prompt with max_length="
                                 f"{self.max_length}")
-            prompts = [self.tok_encode(c, left_truncate_len=self.max_length - max_new) for c in contexts]
+            prompts = self._encode_prompts(list(contexts), left_truncate_len=self.max_length - max_new)
             # Greedy unless do_sample; sampling without a temperature uses 1.0 (transformers' default).
             temperature = float(kwargs.get("temperature") or 1.0) if kwargs.get("do_sample") else 0.0
             outputs = self._generate(prompts, max_new, until, temperature=temperature, top_k=kwargs.get("top_k"),

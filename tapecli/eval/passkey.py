@@ -9,8 +9,10 @@ RNG with t, then draws the prefix length randint(0, n) and the key randint(1, 50
 bounds), so every model sees the same prompts. In a depth sweep the prefix is int(depth * n) characters instead
 (the key is still trial t's).
 
-The prompt's tokens are the tokenizer's BOS (when it has one) and the prompt text's tokens. The answer's tokens are
-what the tokenizer makes of " " + key right after the prompt (for Llama's tokenizer: "▁" and one id per digit, the
+The prompt's tokens are the prompt text's with the tokenizer's default special tokens, as the official
+`tokenizer(prompt)` gives them (BOS first for Llama 2's tokenizer and tape's own, nothing for GPT-2's or SmolLM2's;
+results.json records them under `special_tokens`, docs/special-tokens.md). The answer's tokens are what the
+tokenizer makes of " " + key right after the prompt text (for Llama's tokenizer: "▁" and one id per digit, the
 official "drop the BOS" answer). Exactly that many tokens are decoded greedily; a trial is correct iff they all
 match. Accuracy per budget = correct / trials; the reported length is the mean prompt length in tokens.
 
@@ -42,9 +44,9 @@ INTERVAL = 1000
 PROTOCOL = ("passkey retrieval (LongLoRA / official TAPE eval_retrieval.py): budget i has int(3.75 (i+1) 1000 // 1024 "
             "* 1024) filler characters; trial t: numpy.random.seed(t), prefix = randint(0, n), key = randint(1, "
             "50000); prompt = instruction, filler[:prefix], key line, filler[:n - prefix], question (joined by "
-            "newlines), with the tokenizer's BOS; answer = the tokens of ' ' + key after the prompt; greedy decoding "
-            "of exactly that many tokens, correct iff all match; accuracy = correct / trials; length = mean prompt "
-            "tokens. Depth sweep: prefix = int(depth * n), key as in trial t")
+            "newlines), with the tokenizer's default special tokens; answer = the tokens of ' ' + key after the "
+            "prompt; greedy decoding of exactly that many tokens, correct iff all match; accuracy = correct / "
+            "trials; length = mean prompt tokens. Depth sweep: prefix = int(depth * n), key as in trial t")
 PLOT_FILE = "passkey.png"
 
 
@@ -79,14 +81,15 @@ def make_prompt(budget: int, trial: int, depth_fraction: float | None = None) ->
 
 
 def encode_prompt(tokenizer: Any, prompt: PasskeyPrompt) -> tuple[list[int], list[int]]:
-    """(prompt ids with the tokenizer's BOS if it has one, answer ids: the tokens of " " + key after the prompt)."""
-    bos = getattr(tokenizer, "bos_id", None)
+    """(prompt ids with the tokenizer's default special tokens, answer ids: the tokens of " " + key after the
+    prompt)."""
+    before, after = tokenizer.default_specials
     body = tokenizer.encode(prompt.text)
     whole = tokenizer.encode(f"{prompt.text} {prompt.key}")
     # In context, as the answer would follow the prompt; a tokenizer that merges across the boundary gets the answer
     # tokenized on its own.
     answer = whole[len(body):] if whole[: len(body)] == body else tokenizer.encode(f" {prompt.key}")
-    return ([bos] if bos is not None and bos >= 0 else []) + body, answer
+    return [*before, *body, *after], answer
 
 
 def plan_budgets(tokenizer: Any, budgets: list[int] | None, max_tokens: int, trials: int) -> list[int]:
@@ -125,6 +128,9 @@ class Passkey(Evaluation):
                 raise TapeError(f"{name} must be a positive integer, got {value}")
         if self.depths is not None and not all(0 <= d <= 1 for d in self.depths):
             raise TapeError(f"--depths: every depth must be a fraction in [0, 1], got {self.depths}")
+        for budget in self.budgets or []:  # before the output directory exists
+            if not 1 <= budget <= len(FILLER):
+                raise TapeError(f"--budgets: {budget} must be between 1 and {len(FILLER)} filler characters")
 
     def prepare(self, opened: OpenedModel) -> None:
         self.chosen = plan_budgets(opened.tokenizer, self.budgets, self.max_tokens, self.trials)
@@ -145,6 +151,7 @@ class Passkey(Evaluation):
 
     def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {"task": "passkey", "protocol": PROTOCOL, "settings": settings,
+                "special_tokens": opened.tokenizer.describe_specials(*opened.tokenizer.default_specials),
                 **summarise(rows, settings["budgets"], self.depths)}
 
     def plot(self, results: dict[str, Any], path: Path, label: str) -> None:

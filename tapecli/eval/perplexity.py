@@ -2,8 +2,11 @@
 
 The data is one token stream: a `.bin` token file as it is (LongLoRA's uint16 `pg19/test.bin`,
 `proof-pile/test_sampled_data.bin`, or `.u32.bin`), or the documents of a text source (file, directory, jsonl,
-parquet, hub id) tokenized with each model's own tokenizer, each document as `[BOS] tokens [EOS]`, concatenated
-(the layout tape trains on). For each `seq_len`, the stream is cut into windows by the protocol:
+parquet, hub id) tokenized with each model's own tokenizer, concatenated: each document with the tokenizer's default
+special tokens, then EOS (unless the default already ends with it). For tape's own tokenizers and Llama 2's that is
+`[BOS] tokens [EOS]` (the layout tape trains on); for GPT-2's or SmolLM2's, `tokens [EOS]`; results.json records
+each model's layout under `special_tokens` (docs/special-tokens.md). For each `seq_len`, the stream is cut into
+windows by the protocol:
 
   longlora  windows of seq_len tokens starting at 0, stride, 2 stride, ... while start < len - seq_len; every
             prediction in every window is scored (seq_len - 1 per window). LongLoRA's `eval.py`, and the official
@@ -91,13 +94,24 @@ def load_stream(data: str, tokenizer: Any, text_field: str = "text", max_tokens:
     if is_pretokenized(data):
         tokens = open_token_memmap(data)
         return tokens[:max_tokens] if max_tokens else tokens
-    bos, eos = getattr(tokenizer, "bos_id", None), getattr(tokenizer, "eos_id", None)
     ids: list[int] = []
     for text in iter_documents(data, text_field):
-        ids.extend(([bos] if bos is not None else []) + tokenizer.encode(text) + ([eos] if eos is not None else []))
+        ids.extend(document_ids(tokenizer, text))
         if max_tokens and len(ids) >= max_tokens:
             break
     return np.asarray(ids[:max_tokens] if max_tokens else ids, dtype=np.int64)
+
+
+def document_specials(tokenizer: Any) -> tuple[list[int], list[int]]:
+    """(ids before, ids after) each document of a text source: the tokenizer's defaults, then EOS."""
+    before, after = tokenizer.default_specials
+    return before, after if after[-1:] == [tokenizer.eos_id] else [*after, tokenizer.eos_id]
+
+
+def document_ids(tokenizer: Any, text: str) -> list[int]:
+    """One document of the stream (see the module docstring)."""
+    before, after = document_specials(tokenizer)
+    return [*before, *tokenizer.encode(text), *after]
 
 
 def score_windows(model: Any, tokens: np.ndarray, windows: list[Window]) -> list[dict[str, float]]:
@@ -201,7 +215,11 @@ class Perplexity(Evaluation):
     def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
         lengths = {str(n): {**summarise([r for r in rows if r["seq_len"] == n]), "windows_total": len(windows)}
                    for n, windows in self.windows.items()}
-        return {**opened.record(), "data_tokens": int(len(self.tokens)), "lengths": lengths}
+        from tapecli.data.sources import is_pretokenized
+
+        layout = None if is_pretokenized(self.data) else opened.tokenizer.describe_specials(
+            *document_specials(opened.tokenizer))
+        return {**opened.record(), "data_tokens": int(len(self.tokens)), "special_tokens": layout, "lengths": lengths}
 
     def combine(self, settings: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
         return {"task": "perplexity", "protocol": self.protocol, "protocol_description": PROTOCOLS[self.protocol],

@@ -8,6 +8,11 @@ qmsum) with temperature 1 and top-k 3, as the official run did, from a generator
 so the draws do not depend on batching or resuming. The text is decoded without special tokens and stripped, then
 scored by `tapecli.eval.scrolls_metric` (the official `tau/scrolls` metric).
 
+Special tokens: the protocol's own rule, not the tokenizer's default: a prompt is BOS + text whatever the tokenizer
+(the official code's Llama 2 tokenizer adds BOS), exactly as the fine-tuning examples start, since a model is
+evaluated on the layout it was fine-tuned on. results.json records it under `special_tokens`
+(docs/special-tokens.md).
+
 `ScrollsTask` is the protocol of one task (`tapecli.eval.protocol`: a unit is an example); `run_scrolls_eval` loops
 over models and tasks. Files per (model, task) directory (--out/TASK-SPLIT, OUT/<model>/TASK-SPLIT for several
 models, or RUN/eval-scrolls/TASK-SPLIT):
@@ -182,7 +187,9 @@ class ScrollsTask(Evaluation):
         else:
             results["note"] = (f"the {self.run.split} split has no reference outputs; submit predictions.json to be "
                                "scored")
-        results.update({"settings": settings, "out_dir": str(self.folder)})
+        tok = opened.tokenizer
+        results.update({"settings": settings, "special_tokens": tok.describe_specials([tok.bos_id], []),
+                        "out_dir": str(self.folder)})
         return results
 
 

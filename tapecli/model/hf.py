@@ -248,13 +248,15 @@ def _token_string(value: Any) -> str | None:
 
 def load_hf_tokenizer(directory: Path, hf: dict[str, Any] | None = None) -> Tokenizer:
     """The model's own tokenizer (tokenizer.json through `tokenizers`, else tokenizer.model through SentencePiece),
-    with the BOS/EOS/pad tokens of tokenizer_config.json, else the ids of config.json; pad falls back to EOS."""
+    with the BOS/EOS/pad tokens of tokenizer_config.json (else special_tokens_map.json), else the ids of
+    config.json; pad falls back to EOS. Its default special tokens are transformers' (`hf_default_specials`)."""
     from tapecli.data.tokenizer import HFTokenizer, SentencePieceTokenizer
 
     hf = hf if hf is not None else read_hf_config(directory)
     tok_config: dict[str, Any] = {}
-    if (directory / "tokenizer_config.json").is_file():
-        tok_config = read_json_object(directory / "tokenizer_config.json")
+    for name in ("special_tokens_map.json", "tokenizer_config.json"):  # the second wins, as in transformers
+        if (directory / name).is_file():
+            tok_config.update(read_json_object(directory / name))
     specials: dict[str, int | str] = {}
     for kind in ("bos", "eos", "pad"):
         value = _token_string(tok_config.get(f"{kind}_token")) or hf.get(f"{kind}_token_id")
@@ -272,4 +274,30 @@ def load_hf_tokenizer(directory: Path, hf: dict[str, Any] | None = None) -> Toke
     if tok.vocab_size > hf.get("vocab_size", tok.vocab_size):
         raise TapeError(f"{directory}: the tokenizer has {tok.vocab_size} tokens, more than config.json's "
                         f"vocab_size {hf['vocab_size']}")
+    tok.set_default_specials(*hf_default_specials(tok, tok_config))
     return tok
+
+
+def hf_default_specials(tok: Tokenizer, tok_config: dict[str, Any]) -> tuple[list[int], list[int], bool]:
+    """(ids before, ids after, has_bos): what transformers' (>= 5) AutoTokenizer adds around a text by default
+    (`tokenizer(text)`, `tokenizer.encode(text)`, and so lm-eval's HFLM), and whether it knows a BOS token.
+
+    - With a tokenizer.json, its post-processor decides (nothing when it has none); transformers 5 ignores
+      tokenizer_config.json's add_bos_token / add_eos_token then (4.x applied them to Llama-class tokenizers; the
+      two agree for Llama 2/3, Mistral, SmolLM2, Qwen and GPT-2, whose config and post-processor say the same).
+    - With only a SentencePiece tokenizer.model: BOS if tokenizer_config.json says `add_bos_token: true`, EOS if it
+      says `add_eos_token: true` (transformers 5's defaults are false).
+    - has_bos: tokenizer_config.json (or special_tokens_map.json) names a BOS token; a SentencePiece model's own
+      BOS piece counts unless the config sets `bos_token: null`.
+    """
+    from tapecli.data.tokenizer import HFTokenizer
+
+    if isinstance(tok, HFTokenizer):
+        has_bos = _token_string(tok_config.get("bos_token")) is not None
+        before, after = tok.post_processor_specials()
+        return before, after, has_bos
+    has_bos = tok_config.get("bos_token", "named") is not None
+    before = [tok.bos_id] if tok_config.get("add_bos_token") is True and has_bos else []
+    after = [tok.eos_id] if tok_config.get("add_eos_token") is True else []
+    return before, after, has_bos
+

@@ -109,21 +109,36 @@ def _write_weights(model: Transformer, directory: Path, dtype: torch.dtype) -> N
 
 
 def _write_tokenizer(tokenizer: Tokenizer, directory: Path) -> bool:
-    """The tokenizer in Hugging Face form; False for tokenizers that have none (byte-level, arithmetic)."""
+    """The tokenizer in Hugging Face form; False for tokenizers that have none (byte-level, arithmetic). transformers'
+    AutoTokenizer adds the same special tokens by default as the tokenizer does in tape (docs/special-tokens.md):
+    tokenizer.json's post-processor is rewritten when it says otherwise; a SentencePiece model gets
+    add_bos_token / add_eos_token."""
     from tapecli.data.tokenizer import HFTokenizer, SentencePieceTokenizer
 
+    before, after = tokenizer.default_specials
     if isinstance(tokenizer, HFTokenizer):
-        tokenizer.tk.save(str(directory / "tokenizer.json"))
+        backend = tokenizer.tk
+        if tokenizer.post_processor_specials() != (before, after):
+            from tokenizers import Tokenizer as HFBackend
+            from tokenizers import processors
+
+            backend = HFBackend.from_str(tokenizer.tk.to_str())  # a copy: the tokenizer in use stays as it is
+            names = [tokenizer.tk.id_to_token(i) for i in [*before, *after]]
+            single = " ".join([*names[:len(before)], "$A", *names[len(before):]])
+            backend.post_processor = processors.TemplateProcessing(
+                single=single, special_tokens=sorted(set(zip(names, [*before, *after], strict=True))))
+        backend.save(str(directory / "tokenizer.json"))
         names = {"tokenizer_class": "PreTrainedTokenizerFast"}
         to_token = tokenizer.tk.id_to_token
     elif isinstance(tokenizer, SentencePieceTokenizer):
         (directory / "tokenizer.model").write_bytes(tokenizer.sp.serialized_model_proto())
-        names = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False}
+        names = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": before == [tokenizer.bos_id],
+                 "add_eos_token": after == [tokenizer.eos_id]}
         to_token = tokenizer.sp.id_to_piece
     else:
         return False
-    tok_config = {**names, "bos_token": to_token(tokenizer.bos_id), "eos_token": to_token(tokenizer.eos_id),
-                  "pad_token": to_token(tokenizer.pad_id)}
+    tok_config = {**names, "bos_token": to_token(tokenizer.bos_id) if tokenizer.has_bos else None,
+                  "eos_token": to_token(tokenizer.eos_id), "pad_token": to_token(tokenizer.pad_id)}
     (directory / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
     return True
 
@@ -139,12 +154,17 @@ def export_hf(model: Transformer, tokenizer: Tokenizer, out: str | Path, dtype: 
     temp = out.with_name(f".tmp-{out.name}")
     shutil.rmtree(temp, ignore_errors=True)
     temp.mkdir(parents=True)
-    _write_weights(model, temp, dtype)
-    (temp / "config.json").write_text(json.dumps(_config(model, tokenizer, dtype), indent=2) + "\n")
-    wrote_tokenizer = _write_tokenizer(tokenizer, temp)
-    if wrote_tokenizer:
-        ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}
-        (temp / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
+    try:
+        _write_weights(model, temp, dtype)
+        (temp / "config.json").write_text(json.dumps(_config(model, tokenizer, dtype), indent=2) + "\n")
+        wrote_tokenizer = _write_tokenizer(tokenizer, temp)
+        if wrote_tokenizer:
+            ids = {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id,
+                   "pad_token_id": tokenizer.pad_id}
+            (temp / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
+    except BaseException:  # a failed write, Ctrl-C: nothing half-written stays behind (after SIGKILL: the next run)
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
     if out.exists():
         out.rmdir()
     temp.rename(out)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import one_line_error
 from train_helpers import REPO, assert_same_weights, cli, subprocess_env, weights, write_recipe
 from typer.testing import CliRunner
 
@@ -37,17 +38,6 @@ STEP2 = Path("checkpoints") / "step-00000002"
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` with its bytes."""
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def one_line_error(result, code: int, *fragments: str) -> str:
-    """The command failed with `code` and printed exactly one `error:` line holding every fragment."""
-    assert result.exit_code == code, result.output
-    assert "Traceback" not in result.output and not isinstance(result.exception, Exception), result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
