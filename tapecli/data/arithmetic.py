@@ -144,6 +144,7 @@ class AdditionData(DataSchema):
     Validation is a fixed, separately seeded set of 2,048 problems; the tokenizer is always `addition`."""
 
     Eval: ClassVar[type] = AdditionEval
+    evaluation: ClassVar[str] = "addition"
 
     kind: Literal["addition"] = "addition"  # generated addition problems
     seq_len: int = 1024  # tokens per example; n-digit operands need 3n + 4

@@ -23,6 +23,9 @@ class DataSchema:
     """Base of every kind's `data:` schema (a dataclass; see the module docstring)."""
 
     Eval: ClassVar[type | None] = None  # the kind's `eval:` schema; None when the kind has no eval keys
+    # How a trained run of this kind is judged (`tape sweep`): "validation" (exp of the logged validation loss),
+    # "synthetic" (`tape eval synthetic`) or "addition" (`tape eval addition`).
+    evaluation: ClassVar[str] = "validation"
 
     kind: str
     seq_len: int

@@ -229,6 +229,7 @@ class SelectiveCopyData(_SyntheticTokenizer, DataSchema):
     """`data:` of kind selective-copy: symbols among blanks, `|`, then the symbols again; the loss on the copy."""
 
     Eval: ClassVar[type] = SelectiveCopyEval
+    evaluation: ClassVar[str] = "synthetic"
 
     kind: Literal["selective-copy"] = "selective-copy"  # copy the symbols found among blanks
     seq_len: int = 1024  # tokens per sequence: at least 2 x copy_tokens + blanks + 1
@@ -269,6 +270,7 @@ class GridData(_SyntheticTokenizer, DataSchema):
     token."""
 
     Eval: ClassVar[type] = GridEval
+    evaluation: ClassVar[str] = "synthetic"
 
     kind: Literal["grid-1d", "grid-2d"] = "grid-1d"  # a walk on a 1D or 2D torus
     seq_len: int = 1024  # tokens per sequence (the IID length)

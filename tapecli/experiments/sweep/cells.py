@@ -4,8 +4,8 @@ A cell `DIR/<pe>-seed<k>[-<key>=<value>...]` is trained exactly as
 
     tape pretrain --recipe R --out DIR/<cell> <overrides> model.pe=<pe> train.seed=<k> [<key>=<value> ...]
 
-would train it (the same resolved recipe, `--resume auto`), then evaluated by its data kind's evaluation
-(`evaluations.EVALUATIONS`). A cell is finished when its newest checkpoint is at train.max_steps and that
+would train it (the same resolved recipe, `--resume auto`), then evaluated by the evaluation its data kind names
+(`evaluations.evaluation_for`). A cell is finished when its newest checkpoint is at train.max_steps and that
 checkpoint's results.json exists; a partly trained cell continues from its newest checkpoint, exactly.
 
 A cell directory that already holds a recipe.yaml must have been trained with the recipe the sweep asks for

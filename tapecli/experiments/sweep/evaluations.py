@@ -1,4 +1,5 @@
-"""How a sweep judges a trained cell: the evaluation its recipe's data kind defines. `EVALUATIONS` is the one table.
+"""How a sweep judges a trained cell: the evaluation its recipe's data kind names (`DataSchema.evaluation`, in the
+kind's own module; `EVALUATIONS` maps the names to what they run).
 
     data.kind                          evaluation   what it is, per cell
     selective-copy, grid-1d, grid-2d   synthetic    `tape eval synthetic --model RUN`: whole-sequence accuracy and
@@ -109,14 +110,13 @@ VALIDATION = Evaluation(
     run=_validation, scores=lambda r: {"validation": {"perplexity": r["perplexity"]}}, command=None, percent=False,
     digits=2, chart="perplexity.png")
 
-EVALUATIONS: dict[str, Evaluation] = {
-    "selective-copy": SYNTHETIC, "grid-1d": SYNTHETIC, "grid-2d": SYNTHETIC,
-    "addition": ADDITION,
-    "text": VALIDATION, "pairs": VALIDATION, "scrolls": VALIDATION,
-}
+EVALUATIONS: dict[str, Evaluation] = {e.name: e for e in (SYNTHETIC, ADDITION, VALIDATION)}
 
 
 def evaluation_for(kind: str) -> Evaluation:
-    if kind not in EVALUATIONS:
-        raise TapeError(f"data.kind '{kind}': no sweep evaluation for it; known: {', '.join(EVALUATIONS)}")
-    return EVALUATIONS[kind]
+    """The evaluation data kind `kind` names (tapecli.data.build.KINDS)."""
+    from tapecli.data.build import KINDS
+
+    if kind not in KINDS:
+        raise TapeError(f"data.kind '{kind}': unknown; known: {', '.join(KINDS)}")
+    return EVALUATIONS[KINDS[kind].evaluation]
