@@ -147,7 +147,8 @@ def test_corrupt_evaluation_settings(tmp_path: Path) -> None:
     before = snapshot(tmp_path / "eval")
     one_line_error(runner.invoke(app, args), 2, str(settings), "corrupt or truncated")
     assert snapshot(tmp_path / "eval") == before
-    one_line_error(runner.invoke(app, [*args[:-2], "--batch-size", "0"]), 2, "--batch-size must be a positive")
+    one_line_error(runner.invoke(app, [*args[:-2], "--batch-size", "0"]), 2, "--batch-size",
+                   "greater than or equal to 1")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions (these tests run as root "
@@ -610,7 +611,6 @@ HF_COMMANDS = {
     "eval-passkey": ["eval", "passkey", "--model", "{d}", "--max-tokens", "64", "--trials", "1"],
     "eval-scrolls": ["eval", "scrolls", "--model", "{d}", "--task", "qasper", "--data", "{corpus}", "--limit", "1"],
     "eval-harness": ["eval", "harness", "--model", "{d}", "--tasks", "{root}/tiny_ppl.yaml", "--limit", "1"],
-    "eval-synthetic": ["eval", "synthetic", "--model", "{d}"],
     "train-init-from": ["pretrain", "--recipe", "context-extension-smoke", "train.init_from={d}",
                         "data.source={corpus}", "train.max_steps=1", "train.warmup=0"],
 }
@@ -629,6 +629,16 @@ def test_every_command_opening_a_hf_directory_goes_through_the_boundary(hf_llama
     args = [a.format(d=directory, corpus=hf_llamas / "corpus.txt", root=hf_llamas) for a in HF_COMMANDS[command]]
     one_line_error(runner.invoke(app, [*args, "--out", str(out)]), 2, fragment.format(d=directory))
     assert not (tmp_path / "out").exists()  # not even the parent the command would have created
+
+
+def test_eval_synthetic_refuses_a_hf_model_before_opening_it(hf_llamas: Path, tmp_path: Path) -> None:
+    """`tape eval synthetic` needs a run trained on a synthetic task (its recipe gives the splits): a Hugging Face
+    directory, damaged or not, is refused before any of its files is read."""
+    directory = _damaged(hf_llamas, tmp_path, "sharded", lambda d: _garbage(d / "model-00002-of-00012.safetensors"))
+    out = tmp_path / "out" / "nested"
+    one_line_error(runner.invoke(app, ["eval", "synthetic", "--model", str(directory), "--out", str(out)]), 2,
+                   f"{directory} is not from a run trained on a synthetic task")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")
