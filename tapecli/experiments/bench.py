@@ -116,7 +116,7 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
     warmup = max(warmup, 1) if compile else warmup  # the first compiled step compiles
     note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {max(seq_lens)} "
                     "tokens per step)", "lower --batch-size or --seq-len, or time fewer --pe at once")
-    console.print(f"[bold]tape bench[/]: {n_layers} layers, dim {dim}, {n_heads} heads, batch {batch_size}, "
+    console.print(f"[bold]Benchmark[/]: {n_layers} layers, dim {dim}, {n_heads} heads, batch {batch_size}, "
                   f"{precision}{', compiled' if compile else ''}, {dev} ({torch.get_num_threads()} threads, torch "
                   f"{torch.__version__}), {rounds} rounds x {steps} steps after {warmup} warm-up")
     result = {"settings": {"n_layers": n_layers, "dim": dim, "n_heads": n_heads, "seq_lens": seq_lens,

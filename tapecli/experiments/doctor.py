@@ -122,7 +122,7 @@ def run_doctor(device: str = "auto", pes: list[str] | None = None) -> dict:
     dev = resolve_device(device)
     console = Console()
     env = environment(dev)
-    console.print(f"[bold]tape doctor[/] on {dev}")
+    console.print(f"[bold]Environment[/] ({dev})")
     width = max(len(k) for k in env)
     for key, value in env.items():
         console.print(f"  {key:<{width}}  {value}")

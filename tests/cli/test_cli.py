@@ -49,7 +49,7 @@ def test_bench_several_lengths_in_bf16(tmp_path):
     """One table per length; --no-memory skips the child processes. TAPE's last layer does not average its state
     (plain SDPA there)."""
     out = tmp_path / "bench.json"
-    result = runner.invoke(app, ["bench", "--pe", "rope,t5,tape,cope,path", "--n-layers", "2", "--dim", "32",
+    result = runner.invoke(app, ["bench", "--pe", "rope,t5,tape,cope", "--n-layers", "2", "--dim", "32",
                                  "--seq-len", "16,24", "--steps", "1", "--warmup", "0", "--rounds", "1",
                                  "--precision", "bf16", "--no-memory", "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -60,8 +60,7 @@ def test_bench_several_lengths_in_bf16(tmp_path):
         at = data["lengths"][length]
         assert set(at["peak_bytes"].values()) == {None} and at["ratio_to_rope"]["rope"] == 1.0
         assert at["paths"] == {"rope": ["sdpa"], "t5": ["chunked"], "cope": ["cope-recompute"],
-                               "path": ["path-recompute"], "tape (separate)": ["sdpa", "sdpa-separate"],
-                               "tape (concat)": ["sdpa", "sdpa-concat"]}
+                               "tape (separate)": ["sdpa", "sdpa-separate"], "tape (concat)": ["sdpa", "sdpa-concat"]}
 
 
 def test_doctor_reports_the_machine_and_checks_each_pe():
