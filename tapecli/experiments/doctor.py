@@ -138,7 +138,9 @@ def run_doctor(device: str = "auto", pes: list[str] | None = None) -> dict:
         def mark(ok: bool) -> str:
             return "ok" if ok else "[red]FAILED[/]"
 
-        console.print(f"  {pe:<7} train: {', '.join(r['paths']['train']):<20} eval: {', '.join(r['paths']['eval']):<13}"
+        train, evaluation = ", ".join(r["paths"]["train"]), ", ".join(r["paths"]["eval"])
+        # "nope:" rather than "nope ": a line starting "tape " reads as a command line in the docs.
+        console.print(f"  {pe + ':':<8} train: {train:<20} eval: {evaluation:<13}"
                       f" logits {r['logits']:.0e} {mark(r['logits_ok'])}  cache {mark(r['cache_ok'])}  "
                       f"bf16 grads {mark(r['bf16_ok'])}  {time.perf_counter() - start:.1f} s", soft_wrap=True)
     failed = [pe for pe, r in checks.items() if not r["ok"]]
