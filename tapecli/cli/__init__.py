@@ -2,7 +2,7 @@
 
 The commands are plain functions with typed Typer signatures, one module per group: train.py (pretrain, finetune,
 extend-context), eval.py (the `tape eval` group), models.py (export, tokenizer), recipes.py, experiments.py (sweep,
-demo, bench). This table is the one place that names them, orders them and groups them in `tape --help`.
+demo, bench, doctor). This table is the one place that names them, orders them and groups them in `tape --help`.
 
 Entry points: the `tape` script (`main`), `python -m tapecli ...`, `python -m tapecli.cli ...` and
 `torchrun --nproc_per_node N -m tapecli.cli pretrain ...`.
@@ -25,6 +25,7 @@ for name, command, panel in [
     ("sweep", experiments.sweep, _EXPERIMENTS),
     ("demo", experiments.demo, _EXPERIMENTS),
     ("bench", experiments.bench, _EXPERIMENTS),
+    ("doctor", experiments.doctor, _EXPERIMENTS),
 ]:
     app.command(name, rich_help_panel=panel)(command)
 app.add_typer(eval_app, name="eval", rich_help_panel=_EVAL)

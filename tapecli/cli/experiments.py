@@ -1,4 +1,4 @@
-"""`tape sweep`, `tape demo` and `tape bench`: the packaged experiments (tapecli.experiments)."""
+"""`tape sweep`, `tape demo`, `tape bench` and `tape doctor`: the packaged experiments (tapecli.experiments)."""
 
 from __future__ import annotations
 
@@ -148,17 +148,23 @@ def demo(
 def bench(
     pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path", "--pe",
                             help="Comma-separated PEs to time."),
-    n_layers: int = typer.Option(4, help="Decoder layers."),
+    n_layers: int = typer.Option(None, help="Decoder layers (default 2; 4 with --decode)."),
     dim: int = typer.Option(256, help="Hidden width."),
     n_heads: int = typer.Option(4, help="Attention heads."),
-    seq_len: int = typer.Option(512, help="Tokens per sequence."),
-    batch_size: int = typer.Option(4, help="Sequences per step."),
-    steps: int = typer.Option(5, help="Timed steps per PE (after warm-up)."),
-    warmup: int = typer.Option(2, help="Untimed warm-up steps per PE."),
-    rounds: int = typer.Option(3, help="Interleaved rounds; each PE's time is the median over all timed steps."),
+    seq_len: str = typer.Option("1024,4096", help="Tokens per sequence; comma-separated lengths give one table "
+                                                  "each, e.g. 1024,4096,16384."),
+    batch_size: int = typer.Option(1, help="Sequences per step."),
+    steps: int = typer.Option(3, help="Timed steps per PE and round (after warm-up)."),
+    warmup: int = typer.Option(1, help="Untimed warm-up steps per PE (at least one: it also names the attention "
+                                       "path)."),
+    rounds: int = typer.Option(2, help="Interleaved rounds; each PE's time is the median over all timed steps."),
+    precision: str = typer.Option("fp32", help="fp32, or bf16 (autocast, like training with precision: bf16)."),
+    compile: bool = typer.Option(False, "--compile", help="torch.compile every model (as train.compile: true); "
+                                                          "the warm-up compiles."),
+    memory: bool = typer.Option(True, help="Also measure each PE's peak memory for one step, in a child process."),
     tape_paths: bool = typer.Option(True, help="Also time both TAPE aggregation paths (separate vs concatenated)."),
     device: str = typer.Option("auto", help="cpu, cuda or auto."),
-    out: Path | None = typer.Option(None, help="Also write the timings and ratios as JSON to this file."),
+    out: Path | None = typer.Option(None, help="Also write the timings, memory and ratios as JSON to this file."),
     decode: bool = typer.Option(False, "--decode", help="Time greedy decoding after a long prompt instead: ms per "
                                                          "new token and prefill time."),
     prompt_len: int = typer.Option(4096, help="--decode: prompt tokens."),
@@ -166,26 +172,46 @@ def bench(
     uncached_tokens: int = typer.Option(4, help="--decode: tokens TAPE decodes without cache (0: skip)."),
     prefill_chunk: int | None = typer.Option(512, help="--decode: prefill the prompt this many tokens at a time."),
 ) -> None:
-    """Time a training step (forward + backward) for each PE on the same model, as a ratio to RoPE.
+    """Time a training step (forward + backward) for each PE on the same model, with its peak memory, as ratios to RoPE, at each --seq-len (one table per length).
 
-    All PEs run in one process, interleaved round by round, so the ratios compare like with like.
+    Times come from one process, the PEs interleaved round by round, so the ratios compare like with like; peak memory from one child process per PE and length. The attention column names the path each PE took (`tape doctor` explains them).
 
-    With --decode: greedy decoding after a --prompt-len prompt instead, per PE: ms per new token (KV cache) and
-    prefill time, as ratios to RoPE; TAPE also without cache.
+    With --decode: greedy decoding after a --prompt-len prompt instead, per PE: ms per new token (KV cache) and prefill time, as ratios to RoPE; TAPE also without cache.
 
-    Example: `tape bench --pe rope,tape --seq-len 1024 --out bench.json`; `tape bench --decode --out decode.json`.
+    Example: `tape bench --pe rope,alibi,fire,tape --seq-len 1024,4096,16384 --out bench.json`; `tape bench --decode --out decode.json`.
     """
+    pe_list = [p.strip() for p in pes.split(",") if p.strip()]
     if decode:
         from tapecli.experiments.bench_decode import run_decode_bench
 
-        run_decode_bench(pes=[p.strip() for p in pes.split(",") if p.strip()], n_layers=n_layers, dim=dim,
-                         n_heads=n_heads, prompt_len=prompt_len, new_tokens=new_tokens,
-                         uncached_tokens=uncached_tokens, prefill_chunk=prefill_chunk, rounds=rounds,
-                         tape_paths=tape_paths, device=device, out=out)
+        run_decode_bench(pes=pe_list, n_layers=4 if n_layers is None else n_layers, dim=dim, n_heads=n_heads,
+                         prompt_len=prompt_len, new_tokens=new_tokens, uncached_tokens=uncached_tokens,
+                         prefill_chunk=prefill_chunk, rounds=rounds, tape_paths=tape_paths, device=device, out=out)
         return
-    from tapecli.experiments.bench import run_bench
+    from tapecli.experiments.bench import parse_lengths, run_bench
 
-    run_bench(pes=[p.strip() for p in pes.split(",") if p.strip()], n_layers=n_layers, dim=dim, n_heads=n_heads,
-              seq_len=seq_len, batch_size=batch_size, steps=steps, warmup=warmup, rounds=rounds,
-              tape_paths=tape_paths, device=device, out=out)
+    run_bench(pes=pe_list, n_layers=2 if n_layers is None else n_layers, dim=dim, n_heads=n_heads,
+              seq_lens=parse_lengths(seq_len), batch_size=batch_size, steps=steps, warmup=warmup, rounds=rounds,
+              tape_paths=tape_paths, device=device, precision=precision, compile=compile, memory=memory, out=out)
 
+
+def doctor(
+    device: str = typer.Option("auto", help="cpu, cuda or auto (the GPU when there is one)."),
+    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path", "--pe",
+                            help="Comma-separated PEs to check."),
+) -> None:
+    """Check this machine: torch, CUDA, GPU, bf16, flash-attn, fla, triton, torch.compile; then, per PE, the attention path it takes here and a self-check on the device (logits vs an fp64 CPU reference, cached == uncached greedy decoding, finite bf16 gradients).
+
+    Exits with 1 when a check fails. It is how a user with a GPU verifies an install.
+
+    Example: `tape doctor --device cuda` after installing on a GPU machine.
+    """
+    from tapecli.experiments.doctor import run_doctor
+    from tapecli.model import PE_NAMES
+
+    chosen = [p.strip() for p in pes.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in PE_NAMES]
+    if unknown:
+        raise TapeError(f"--pe: unknown positional encoding {unknown[0]!r}; allowed: {', '.join(PE_NAMES)}")
+    if run_doctor(device, chosen)["failed"]:
+        raise typer.Exit(1)

@@ -1,13 +1,21 @@
-"""`tape bench`: time one training step (forward + backward) per PE on the same model, as a ratio to RoPE.
+"""`tape bench`: one training step (forward + backward) per PE, its time and its peak memory, as ratios to RoPE,
+at each sequence length (one table per length).
 
-Every variant is built with the same seed and fed the same batch; variants are interleaved round by round so
-slow drift of the machine (thermal, other processes) hits all of them alike; each time is a median.
+Every variant is built with the same seed and fed the same batch. Times: all variants live in this process and are
+interleaved round by round, so slow drift of the machine (thermal, other processes) hits all of them alike; each
+time is a median. Peak memory: one child process per variant and length (bench_step.py), so one PE's allocations
+never count against another's; on CUDA `torch.cuda.max_memory_allocated`, on the CPU the growth of the
+resident peak during one step (see bench_step.py). The attention path each variant took (`attention.plan`) is
+printed beside it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,10 +24,13 @@ from rich.console import Console
 from rich.table import Table
 
 from tapecli.errors import TapeError
+from tapecli.experiments.bench_step import make_variant, train_step
 from tapecli.faults import check_output_file, note_memory_use
 from tapecli.files import write_atomic
-from tapecli.model import PE_NAMES, ModelConfig, Transformer
+from tapecli.model import PE_NAMES, attention
 from tapecli.runtime import resolve_device
+
+PRECISIONS = ("fp32", "bf16")
 
 
 def bench_variants(pes: list[str], tape_paths: bool) -> list[tuple[str, str, dict]]:
@@ -37,26 +48,24 @@ def bench_variants(pes: list[str], tape_paths: bool) -> list[tuple[str, str, dic
     return variants
 
 
-def time_steps(model: Transformer, batch: torch.Tensor, steps: int, device: torch.device) -> list[float]:
-    times = []
-    for _ in range(steps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        logits = model(batch[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
-        loss.backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        model.zero_grad(set_to_none=True)
-    return times
+def parse_lengths(text: str) -> list[int]:
+    """--seq-len: comma-separated positive integers."""
+    lengths = []
+    for part in (p.strip() for p in str(text).split(",")):
+        try:
+            value = int(part)
+        except ValueError:
+            raise TapeError(f"--seq-len: expected comma-separated positive integers, got {text!r}") from None
+        if value <= 0:
+            raise TapeError(f"--seq-len must be a positive integer, got {value}")
+        lengths.append(value)
+    return lengths
 
 
-def check_options(n_layers: int, dim: int, n_heads: int, seq_len: int, batch_size: int, steps: int, warmup: int,
-                  rounds: int) -> None:
+def check_options(n_layers: int, dim: int, n_heads: int, seq_lens: list[int], batch_size: int, steps: int,
+                  warmup: int, rounds: int, precision: str = "fp32") -> None:
     """Every option names its own problem, before any model is built."""
-    for option, value in [("--n-layers", n_layers), ("--dim", dim), ("--n-heads", n_heads), ("--seq-len", seq_len),
+    for option, value in [("--n-layers", n_layers), ("--dim", dim), ("--n-heads", n_heads),
                           ("--batch-size", batch_size), ("--steps", steps), ("--rounds", rounds)]:
         if value <= 0:
             raise TapeError(f"{option} must be a positive integer, got {value}")
@@ -64,52 +73,110 @@ def check_options(n_layers: int, dim: int, n_heads: int, seq_len: int, batch_siz
         raise TapeError(f"--warmup must be >= 0, got {warmup}")
     if dim % n_heads:
         raise TapeError(f"--n-heads {n_heads} does not divide --dim {dim}")
+    if precision not in PRECISIONS:
+        raise TapeError(f"--precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
+    del seq_lens  # checked by parse_lengths
 
 
-def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_len: int, batch_size: int, steps: int,
-              warmup: int, rounds: int, tape_paths: bool, device: str, out: Path | None = None) -> dict:
-    check_options(n_layers, dim, n_heads, seq_len, batch_size, steps, warmup, rounds)
+def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, precision: str,
+               device: torch.device) -> list[float]:
+    times = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        train_step(model, batch, precision, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+        model.zero_grad(set_to_none=True)
+    return times
+
+
+def child_memory(spec: dict) -> dict:
+    """Peak memory of one step of `spec`, measured in a child process: {"peak_bytes", "paths"} or {"error"}."""
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    proc = subprocess.run([sys.executable, "-m", "tapecli.experiments.bench_step", json.dumps(spec)],
+                          capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        reason = "killed (out of memory?)" if proc.returncode < 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {"error": reason}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: list[int], batch_size: int,
+              steps: int, warmup: int, rounds: int, tape_paths: bool, device: str, precision: str = "fp32",
+              compile: bool = False, memory: bool = True, out: Path | None = None) -> dict:
+    check_options(n_layers, dim, n_heads, seq_lens, batch_size, steps, warmup, rounds, precision)
     if out is not None:
         check_output_file(out)
     dev = resolve_device(device)
     console = Console()
     variants = bench_variants(pes, tape_paths)
-    note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {seq_len} tokens per "
-                    "step)", "lower --batch-size or --seq-len, or time fewer --pe at once")
-    vocab = 1024
-    batch = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=torch.Generator().manual_seed(0)).to(dev)
-    models = {}
-    for label, pe, pe_args in variants:
-        torch.manual_seed(0)
-        config = ModelConfig(vocab_size=vocab, dim=dim, n_layers=n_layers, n_heads=n_heads, max_seq_len=seq_len,
-                             pe=pe, pe_args=pe_args)
-        models[label] = Transformer(config).to(dev).train()
-    samples: dict[str, list[float]] = {label: [] for label in models}
-    console.print(f"[bold]tape bench[/]: {n_layers} layers, dim {dim}, {n_heads} heads, batch {batch_size} x "
-                  f"{seq_len} tokens, {dev} ({torch.get_num_threads()} threads), {rounds} rounds x {steps} steps")
-    with console.status("timing...") as status:
-        for label, model in models.items():
-            status.update(f"warming up {label}")
-            time_steps(model, batch, warmup, dev)
-        for r in range(rounds):
-            for label, model in models.items():
-                status.update(f"round {r + 1}/{rounds}: {label}")
-                samples[label] += time_steps(model, batch, steps, dev)
-    medians = {label: statistics.median(t) for label, t in samples.items()}
-    reference = medians["rope"]
-    table = Table(title="training step (forward + backward), median")
-    for column in ("PE", "ms / step", "tokens / s", "time / RoPE"):
-        table.add_column(column, justify="left" if column == "PE" else "right")
-    tokens = batch_size * seq_len
-    for label, median in medians.items():
-        table.add_row(label, f"{1000 * median:.1f}", f"{tokens / median:,.0f}", f"{median / reference:.2f}")
-    console.print(table)
-    result = {"settings": {"n_layers": n_layers, "dim": dim, "n_heads": n_heads, "seq_len": seq_len,
+    warmup = max(warmup, 1) if compile else warmup  # the first compiled step compiles
+    note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {max(seq_lens)} "
+                    "tokens per step)", "lower --batch-size or --seq-len, or time fewer --pe at once")
+    console.print(f"[bold]Benchmark[/]: {n_layers} layers, dim {dim}, {n_heads} heads, batch {batch_size}, "
+                  f"{precision}{', compiled' if compile else ''}, {dev} ({torch.get_num_threads()} threads, torch "
+                  f"{torch.__version__}), {rounds} rounds x {steps} steps after {warmup} warm-up")
+    result = {"settings": {"n_layers": n_layers, "dim": dim, "n_heads": n_heads, "seq_lens": seq_lens,
                            "batch_size": batch_size, "steps": steps, "warmup": warmup, "rounds": rounds,
-                           "device": str(dev), "threads": torch.get_num_threads(), "torch": torch.__version__},
-              "median_step_s": medians, "ratio_to_rope": {k: v / reference for k, v in medians.items()}}
+                           "precision": precision, "compile": compile, "device": str(dev),
+                           "threads": torch.get_num_threads(), "torch": torch.__version__},
+              "lengths": {}}
+    for seq_len in seq_lens:
+        specs = {label: {"pe": pe, "pe_args": pe_args, "n_layers": n_layers, "dim": dim, "n_heads": n_heads,
+                         "seq_len": seq_len, "batch_size": batch_size, "precision": precision, "compile": compile,
+                         "device": str(dev)} for label, pe, pe_args in variants}
+        result["lengths"][str(seq_len)] = bench_length(specs, steps, warmup, rounds, memory, console)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(out, json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {out}")
     return result
+
+
+def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, memory: bool,
+                 console: Console) -> dict:
+    """Time (interleaved, this process) and peak memory (child processes) of every variant at one length."""
+    seq_len, batch_size, precision = (next(iter(specs.values()))[k] for k in ("seq_len", "batch_size", "precision"))
+    peaks: dict[str, dict] = {}
+    samples: dict[str, list[float]] = {label: [] for label in specs}
+    paths: dict[str, list[str]] = {}
+    with console.status("...") as status:
+        if memory:
+            for label, spec in specs.items():
+                status.update(f"T = {seq_len}: peak memory of {label} (child process)")
+                peaks[label] = child_memory(spec)
+        models = {}
+        for label, spec in specs.items():
+            status.update(f"T = {seq_len}: building and warming up {label}")
+            model, batch, dev = make_variant(spec)
+            with attention.recording() as taken:  # at least one warm-up step, which names the attention path
+                time_steps(model, batch, max(warmup, 1), precision, dev)
+            paths[label] = sorted(set(taken))
+            models[label] = model, batch, dev
+        for r in range(rounds):
+            for label, (model, batch, dev) in models.items():
+                status.update(f"T = {seq_len}, round {r + 1}/{rounds}: {label}")
+                samples[label] += time_steps(model, batch, steps, precision, dev)
+    medians = {label: statistics.median(t) for label, t in samples.items()}
+    peak_bytes = {label: peaks.get(label, {}).get("peak_bytes") for label in specs}
+    reference, reference_peak = medians["rope"], peak_bytes["rope"]
+    table = Table(title=f"T = {seq_len}: training step (forward + backward), median")
+    for column in ("PE", "attention", "ms / step", "tokens / s", "time / RoPE", "peak MB", "memory / RoPE"):
+        table.add_column(column, justify="left" if column in ("PE", "attention") else "right")
+    for label, median in medians.items():
+        peak = peak_bytes[label]
+        if peak is None:
+            peak_cells = ["-", "-"] if label not in peaks else [peaks[label]["error"], "-"]
+        else:
+            peak_cells = [f"{peak / 2**20:,.0f}", f"{peak / reference_peak:.2f}" if reference_peak else "-"]
+        table.add_row(label, ", ".join(paths[label]) or "-", f"{1000 * median:.1f}",
+                      f"{batch_size * seq_len / median:,.0f}", f"{median / reference:.2f}", *peak_cells)
+    console.print(table)
+    return {"median_step_s": medians, "ratio_to_rope": {k: v / reference for k, v in medians.items()},
+            "peak_bytes": peak_bytes,
+            "memory_ratio_to_rope": {k: (v / reference_peak if v is not None and reference_peak else None)
+                                     for k, v in peak_bytes.items()},
+            "paths": paths}

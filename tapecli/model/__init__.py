@@ -8,9 +8,10 @@
 The full API (padding, positions, caches, memory) is in `transformer.py` and `generation.py`.
 """
 
+from tapecli.model import attention
 from tapecli.model.cache import KVCache
 from tapecli.model.config import ModelConfig
 from tapecli.model.pe import PE_NAMES, PE_REGISTRY
 from tapecli.model.transformer import Transformer, count_parameters
 
-__all__ = ["PE_NAMES", "PE_REGISTRY", "KVCache", "ModelConfig", "Transformer", "count_parameters"]
+__all__ = ["PE_NAMES", "PE_REGISTRY", "KVCache", "ModelConfig", "Transformer", "attention", "count_parameters"]

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.transformer import Attention, attend
+from tapecli.model.attention.dense import sdpa as attend
+from tapecli.model.transformer import Attention
 
 
 def s2_mask(T: int, group: int, n_heads: int) -> Tensor:

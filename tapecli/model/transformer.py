@@ -11,10 +11,9 @@ load and export without renaming. PE parameters live under `model.layers.{i}.pe.
 `attention_mask` [B, T] (1 = real token, 0 = padding, any layout for scoring; left padding for generation) hides
 padding from every query and counts positions over real tokens, so each row's first real token is at `start_pos`
 (an int, or [B] per row) and every real token's output equals what its row computes alone; outputs at padded
-positions are finite and meaningless. Memory: without padding, bias and cache, attention stays implicit-causal and
-SDPA's fused kernel keeps it linear in T; padding costs a [B, 1, T, T] mask (SDPA turns it into floats) and a bias
-PE (ALiBi, T5, FIRE) a [B, H, T, T] float bias per layer (FIRE's MLP briefly [B, T, T, hidden]): both become
-[chunk, T] with a KV cache and chunked prefill (`generate(..., prefill_chunk=N)`).
+positions are finite and meaningless. Memory stays linear in T for every PE, with or without padding: attention
+(`tapecli.model.attention`) never keeps a [T, T] tensor per head for a long sequence; `tape doctor` prints the path
+each PE takes on this machine.
 """
 
 from __future__ import annotations
@@ -27,15 +26,11 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from tapecli.model.abacus import AbacusEmbedding
+from tapecli.model.attention import WideValue, attend
 from tapecli.model.cache import KVCache, LayerCache
 from tapecli.model.config import ModelConfig
 from tapecli.model.generation import generate
 from tapecli.model.pe import LayerPE, PositionState, build_pe
-
-try:  # optional GPU kernel; a broken build can raise more than ImportError
-    from flash_attn import flash_attn_func
-except Exception:  # noqa: BLE001
-    flash_attn_func = None
 
 
 class RMSNorm(nn.Module):
@@ -64,58 +59,6 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
-    """softmax(q k^T / sqrt(d_qk) + mask) v over [B, H, T, d] tensors; flash-attn on GPU when it is installed and
-    usable. Values may be wider than queries and keys (TAPE's [V | E]): fused kernels want equal widths, so for more
-    than one query q and k are zero-padded (q.k unchanged, memory stays linear); a single query (a decoding step)
-    computes its [1 x L] weights directly, reading the cached keys once instead of copying them padded."""
-    scale = q.shape[-1] ** -0.5
-    if v.shape[-1] != q.shape[-1] and q.shape[2] == 1:
-        scores = (q * scale) @ k.transpose(-1, -2)  # [B, H, 1, L]: cheap, and the keys are read once
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        return scores.softmax(-1).to(v.dtype) @ v
-    if v.shape[-1] != q.shape[-1]:
-        pad = (0, v.shape[-1] - q.shape[-1])
-        q, k = F.pad(q, pad), F.pad(k, pad)
-    if (flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and mask is None
-            and v.shape[-1] == q.shape[-1]):
-        # flash-attn aligns the causal mask bottom-right, which is what a KV cache needs.
-        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=is_causal,
-                              softmax_scale=scale)
-        return out.transpose(1, 2)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
-                                          enable_gqa=k.shape[1] != q.shape[1])
-
-
-def attention_mask(bias: Tensor | None, key_mask: Tensor | None, q_len: int, k_len: int, dtype: torch.dtype,
-                   device: torch.device, causal: bool = True) -> tuple[Tensor | None, bool]:
-    """The causal mask (queries are the last q_len of k_len tokens), minus padded keys (`key_mask` [B, k_len],
-    False for padding; a padded query still sees itself, so its row stays finite), plus an optional logit bias.
-
-    Returns (mask, is_causal): without bias, padding and cache the mask stays implicit so SDPA picks its fused
-    kernels; otherwise it is [B or 1, 1 or H, q_len, k_len], which chunked prefill keeps linear in k_len.
-    """
-    past = k_len - q_len
-    if bias is None and key_mask is None and causal:
-        if q_len == 1:
-            return None, False  # one new token may see everything before it
-        if past == 0:
-            return None, True
-    if bias is None and key_mask is None:
-        return None, False  # not causal: everything sees everything
-    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
-    if causal:
-        allowed = allowed.tril(past)
-    if key_mask is not None:
-        itself = torch.arange(k_len, device=device) == torch.arange(past, k_len, device=device)[:, None]
-        allowed = allowed & (key_mask[:, None, :] | itself)  # [B, q_len, k_len]
-    allowed = allowed.unsqueeze(-3) if allowed.dim() == 3 else allowed
-    if bias is None:
-        return allowed, False
-    return bias.to(dtype).masked_fill(~allowed, float("-inf")), False
-
-
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -129,31 +72,21 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, pe: LayerPE, state: PositionState, k_pos: Tensor, key_mask: Tensor | None,
                 cache: LayerCache | None, aggregation: str | None) -> tuple[Tensor, Tensor | None]:
         """Returns the attention output and, when `aggregation` is set (TAPE), the attention-weighted average of the
-        positional state, computed with the very same attention weights."""
+        positional state, computed with the very same attention weights. What attention does beyond q.k is the
+        PE's declared need; how it is done is `tapecli.model.attention`'s choice."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = pe.rotate(q, k, state)
-        if k.shape[1] != v.shape[1]:  # the PE expanded grouped keys to one per query head
-            v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)
-        d = v.shape[-1]
-        if aggregation:  # TAPE: the values are [V | E], so attention averages the state with the same weights
-            v = torch.cat((v, state.rotary.to(v.dtype).expand(B, -1, -1, -1)), dim=-1)
-        if cache is not None:
-            k, v = cache.append(k=k, v=v)
-        mask, is_causal = attention_mask(pe.bias(state.positions, k_pos), key_mask, T, k.shape[2], q.dtype,
-                                         q.device, self.causal)
-        # CoPE and PaTH compute attention themselves (their logits are not q.k plus a bias); others return None.
-        y = pe.attend(x, q, k, v, mask, is_causal, key_mask, cache)
-        if y is None and aggregation == "separate":
-            # Two calls with identical q, k and mask give identical weights: the straightforward reference path.
-            y = torch.cat([attend(q, k, v[..., :d], mask, is_causal), attend(q, k, v[..., d:], mask, is_causal)], -1)
-        elif y is None:
-            y = attend(q, k, v, mask, is_causal)  # `concat`: the weights are computed once for V and E
-        y, aggregated = (y[..., :d], y[..., d:]) if aggregation else (y, None)
+        need = pe.need(state, aggregation is not None)
+        y = attend(q, k, v, need, x=x, q_pos=state.positions, k_pos=k_pos, key_mask=key_mask, cache=cache,
+                   causal=self.causal)
+        aggregated = None
+        if isinstance(need, WideValue):  # the need's columns come back after the value head
+            y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:].to(need.values.dtype)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
-        return self.o_proj(y), None if aggregated is None else aggregated.to(state.rotary.dtype)
+        return self.o_proj(y), aggregated
 
 
 class Block(nn.Module):

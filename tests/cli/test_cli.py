@@ -21,26 +21,73 @@ def test_help_lists_the_commands_and_imports_nothing_heavy():
     assert out.strip() == "[]"
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("pretrain", "finetune", "eval", "bench", "recipes", "tokenizer", "extend-context", "export"):
+    for command in ("pretrain", "finetune", "eval", "bench", "doctor", "recipes", "tokenizer", "extend-context",
+                    "export"):
         assert command in result.output
 
 
 def test_bench_runs_and_reports_ratios(tmp_path):
+    """Times from this process, peak memory from one child process per PE and length (RoPE's and ALiBi's here),
+    the attention path each PE took."""
     out = tmp_path / "bench.json"
-    result = runner.invoke(app, ["bench", "--pe", "rope,alibi,tape,cope,path", "--n-layers", "1", "--dim", "32",
-                                 "--seq-len", "16", "--batch-size", "2", "--steps", "1", "--warmup", "0",
-                                 "--rounds", "1", "--out", str(out)])
+    result = runner.invoke(app, ["bench", "--pe", "rope,alibi", "--n-layers", "1", "--dim", "32", "--seq-len", "16",
+                                 "--batch-size", "2", "--steps", "1", "--warmup", "0", "--rounds", "1",
+                                 "--out", str(out)])
     assert result.exit_code == 0, result.output
+    assert "T = 16: training step" in result.output
     data = json.loads(out.read_text())
-    assert data["ratio_to_rope"]["rope"] == 1.0
-    assert set(data["ratio_to_rope"]) == {"rope", "alibi", "cope", "path", "tape (separate)", "tape (concat)"}
-    assert all(v > 0 for v in data["median_step_s"].values())
+    assert data["settings"]["seq_lens"] == [16] and data["settings"]["precision"] == "fp32"
+    at = data["lengths"]["16"]
+    assert at["ratio_to_rope"]["rope"] == 1.0 and set(at["ratio_to_rope"]) == {"rope", "alibi"}
+    assert all(v > 0 for v in at["median_step_s"].values())
+    assert all(v is not None and v >= 0 for v in at["peak_bytes"].values()), at["peak_bytes"]
+    assert at["memory_ratio_to_rope"]["rope"] in (1.0, None)  # None: RoPE's step grew no resident memory
+    assert at["paths"] == {"rope": ["sdpa"], "alibi": ["chunked"]}
 
 
-def test_bench_rejects_unknown_pe():
-    result = runner.invoke(app, ["bench", "--pe", "rotary"])
-    assert result.exit_code == 2
-    assert "unknown positional encoding 'rotary'" in result.output and "Traceback" not in result.output
+def test_bench_several_lengths_in_bf16(tmp_path):
+    """One table per length; --no-memory skips the child processes. TAPE's last layer does not average its state
+    (plain SDPA there)."""
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "--pe", "rope,t5,tape,cope", "--n-layers", "2", "--dim", "32",
+                                 "--seq-len", "16,24", "--steps", "1", "--warmup", "0", "--rounds", "1",
+                                 "--precision", "bf16", "--no-memory", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "T = 16: training step" in result.output and "T = 24: training step" in result.output
+    data = json.loads(out.read_text())
+    assert data["settings"]["precision"] == "bf16"
+    for length in ("16", "24"):
+        at = data["lengths"][length]
+        assert set(at["peak_bytes"].values()) == {None} and at["ratio_to_rope"]["rope"] == 1.0
+        assert at["paths"] == {"rope": ["sdpa"], "t5": ["chunked"], "cope": ["cope-recompute"],
+                               "tape (separate)": ["sdpa", "sdpa-separate"], "tape (concat)": ["sdpa", "sdpa-concat"]}
+
+
+def test_doctor_reports_the_machine_and_checks_each_pe():
+    """The environment lines, then one line per PE with its paths and three passed checks; exit 0."""
+    result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "rope,alibi,cope"])
+    assert result.exit_code == 0, result.output
+    for key in ("torch", "cuda", "bf16", "flash-attn", "fla", "triton", "torch.compile"):
+        assert f"  {key} " in result.output, key
+    assert "torch.compile  works" in result.output
+    lines = {line.split()[0].rstrip(":"): line for line in result.output.splitlines()
+             if line.startswith("  ") and " train: " in line}
+    assert set(lines) == {"rope", "alibi", "cope"}
+    assert "train: chunked" in lines["alibi"] and "train: cope-recompute" in lines["cope"]
+    for line in lines.values():
+        assert line.count(" ok") == 3 and "FAILED" not in line, line
+    assert "all checks passed" in result.output
+
+
+def test_doctor_fails_loudly(monkeypatch):
+    """A check that fails marks its line and makes the command exit with 1; an unknown PE is a usage error."""
+    monkeypatch.setattr("tapecli.experiments.doctor.LOGIT_TOLERANCE", {"cpu": 0.0})  # fp32 never equals fp64
+    monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda: "not checked")
+    result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi"])
+    assert result.exit_code == 1, result.output
+    assert "FAILED" in result.output and "failed: alibi" in result.output
+    unknown = runner.invoke(app, ["doctor", "--pe", "rotary"])
+    assert unknown.exit_code == 2 and "unknown positional encoding 'rotary'" in unknown.output
 
 
 def test_recipes_lists_and_shows():

@@ -7,7 +7,8 @@ import math
 import torch
 from torch import Tensor
 
-from tapecli.model.pe.base import LayerPE, PositionalEncoding
+from tapecli.model.attention.needs import ScoreBias
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -26,13 +27,27 @@ def alibi_slopes(n_heads: int) -> list[float]:
 
 
 class ALiBiLayer(LayerPE):
+    """A score bias that depends on the distance only: attention passes it as one table (or a FlexAttention
+    score_mod), never as a [T, T] tensor per head."""
+
     def __init__(self, slopes: Tensor) -> None:
         super().__init__()
         self.register_buffer("slopes", slopes, persistent=False)
 
+    def need(self, state: PositionState, average_state: bool) -> ScoreBias:
+        return ScoreBias(pairs=self.bias, table=self.table, score_mod=self.score_mod)
+
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """[B|1, H, Tq, Tk] for positions [B|1, Tq] and [B|1, Tk]."""
         distance = (q_pos[..., :, None] - k_pos[..., None, :]).float()  # [B, Tq, Tk]
         return -self.slopes[:, None, None] * distance[:, None]
+
+    def table(self, n: int) -> Tensor:
+        """[H, n]: the bias at distances 0..n-1."""
+        return -self.slopes[:, None] * torch.arange(n, device=self.slopes.device, dtype=torch.float32)
+
+    def score_mod(self, h: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return -self.slopes[h] * (q_pos - k_pos).float()
 
 
 class ALiBi(PositionalEncoding):

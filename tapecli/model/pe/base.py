@@ -4,9 +4,9 @@ A PE has two parts:
 - a model-level `PositionalEncoding`, run once per forward: it picks the token positions and builds the
   initial `PositionState` (e.g. RoPE's cos/sin);
 - one `LayerPE` per decoder layer, held by the block as `pe` (so its parameters are named
-  `model.layers.{i}.pe.*`): it rotates queries/keys, adds attention-logit biases and, for TAPE, updates the
-  positional state after attention and after the MLP. PEs whose logits are not q.k plus a bias (CoPE, PaTH)
-  compute attention themselves in `attend`.
+  `model.layers.{i}.pe.*`): it rotates queries/keys, declares what else it needs from attention (`need`: a logit
+  bias, wider values, or attention of its own; `tapecli.model.attention.needs`) and, for TAPE, updates the
+  positional state after attention and after the MLP.
 The defaults do nothing, which is exactly NoPE.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.cache import LayerCache
+from tapecli.model.attention.needs import Need
 
 
 @dataclass
@@ -79,20 +79,10 @@ class LayerPE(nn.Module):
         """Encode positions into queries [B, H, T, d] and keys [B, H or H_kv, T, d] of the current tokens."""
         return q, k
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        """Additive attention-logit bias [B or 1, H, Tq, Tk] for query/key positions [B or 1, Tq] / [B or 1, Tk]."""
-        return None
-
-    def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-               key_mask: Tensor | None, cache: LayerCache | None) -> Tensor | None:
-        """The attention output [B, H, Tq, d], for PEs whose logits SDPA cannot express; None: the default path.
-
-        x: the layer's normalised input [B, Tq, C]; q: queries of the current tokens [B, H, Tq, d]; k, v: keys and
-        values of every visible token, the cached ones first, current last, [B, H or H_kv, Tk, d] (with a cache,
-        views of its buffers: a PE that caches transformed keys, PaTH, overwrites k in place); (mask, is_causal)
-        as `attention_mask` returns them; key_mask: [B, Tk], False for padding (None: nothing padded), so the PE
-        can keep padded tokens from acting; cache: this layer's cache (None without one), whose `state` dict holds
-        a PE's fixed-size state between calls (PaTH's convolution tail)."""
+    def need(self, state: PositionState, average_state: bool) -> Need:
+        """What attention must do beyond softmax(q.k / sqrt(d)) v for the current tokens (`state`): None (nothing,
+        the default), a `ScoreBias`, a `WideValue` or an `OwnAttention` (tapecli.model.attention.needs).
+        `average_state`: the block wants the positional state averaged by attention too (TAPE's update)."""
         return None
 
     def init_weights(self) -> None:

@@ -34,8 +34,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from tapecli.model.attention import forced_path
+from tapecli.model.attention.needs import OwnAttention
+from tapecli.model.attention.recompute import by_query_chunks, rows_for
 from tapecli.model.cache import LayerCache
-from tapecli.model.pe.base import LayerPE, PositionalEncoding
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState
 
 
 def visible_keys(mask: Tensor | None, q_len: int, k_len: int, device: torch.device) -> Tensor:
@@ -55,28 +58,64 @@ class CoPELayer(LayerPE):
     def init_weights(self) -> None:
         nn.init.zeros_(self.pos_emb)  # the official init: a fresh CoPE attends like NoPE
 
+    def need(self, state: PositionState, average_state: bool) -> OwnAttention:
+        return OwnAttention(attend=self.attend, plan=self.plan)
+
+    def plan(self, device_type: str, dtype: torch.dtype, q_len: int, k_len: int, grad: bool, cached: bool) -> str:
+        """cope-recompute (training: query chunks recomputed in the backward), cope-chunked (no gradients), or
+        cope-dense (one chunk, under attention.forced("dense"): the reference)."""
+        if forced_path() == "dense":
+            return "cope-dense"
+        return "cope-recompute" if grad else "cope-chunked"
+
     def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
                key_mask: Tensor | None, cache: LayerCache | None) -> Tensor:
+        """Attention of queries q [B, H, Tq, d] over keys k, v [B, G, Tk, d], one chunk of queries at a time
+        (`tapecli.model.attention.recompute`: chunks are recomputed in the backward)."""
         # `mask` already hides padded keys (key_mask), so their gates are zero: padding never counts as a position.
         out_dtype = v.dtype
         if k.shape[1] != q.shape[1]:
             k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
         compute = torch.promote_types(q.dtype, torch.float32)
+        B, H, Tq, _ = q.shape
+        past = k.shape[2] - Tq
         with torch.autocast(q.device.type, enabled=False):
             q, k, v = q.to(compute), k.to(compute), v.to(compute)
-            scale = q.shape[-1] ** -0.5
-            seen = visible_keys(mask, q.shape[2], k.shape[2], q.device)
-            logits = q @ k.transpose(-1, -2)  # [B, H, Tq, Tk]
-            gates = torch.sigmoid(logits * scale).masked_fill(~seen, 0.0)
-            positions = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max)  # sum over t = j..i
-            floor = positions.detach().floor()
-            weight = positions - floor  # differentiable in the gates
-            table = q @ self.pos_emb.to(compute).T  # z_i[n] = q_i . e[n]: [B, H, Tq, npos_max + 1]
-            low = table.gather(-1, floor.long())
-            high = table.gather(-1, positions.detach().ceil().long())
-            scores = (logits + low + weight * (high - low)) * scale
-            attention = scores.masked_fill(~seen, float("-inf")).softmax(-1)
-            return (attention @ v).to(out_dtype)
+            table = self.pos_emb.to(compute)
+
+            def chunk(i0: int, i1: int) -> Tensor:
+                # Keys up to the chunk's last query, in reverse order, so the positions (sums of the gates from each
+                # key to the query) are one forward cumsum along the keys. Reversed column c is key end - 1 - c.
+                end = past + i1
+                keys, values = k[:, :, :end].flip(2), v[:, :, :end].flip(2)
+                if mask is None:  # only the first i1 - i0 columns hold future keys: query i sees c >= i1 - 1 - i
+                    seen = torch.ones(i1 - i0, i1 - i0, dtype=torch.bool, device=q.device).triu(0).flip(0)
+                else:
+                    seen = visible_keys(mask, Tq, past + Tq, q.device)[..., i0:i1, :end].flip(-1)
+                return self.chunk_attention(q[:, :, i0:i1], keys, values, seen, table)
+
+            rows = Tq if forced_path() == "dense" else rows_for(B, H, past + Tq, Tq)
+            out = by_query_chunks(chunk, Tq, rows)
+        return out.to(out_dtype)
+
+    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, seen: Tensor, table: Tensor) -> Tensor:
+        """CoPE for queries q [B, H, C, d] over keys and values [B, H, K, d] given in reverse order (latest
+        first); seen [.., C, K'] (K' <= K): which of the first K' keys each query may see (the rest it sees)."""
+        q = q * q.shape[-1] ** -0.5  # every logit and table product below is scaled once, here
+        logits = q @ keys.transpose(-1, -2)  # [B, H, C, K], scaled
+        block = seen.shape[-1]
+        # -inf hides a key from both its gate (sigmoid 0: it does not count) and the softmax.
+        logits[..., :block] = logits[..., :block].masked_fill(~seen, float("-inf"))
+        gates = torch.sigmoid(logits)
+        positions = gates.cumsum(-1)  # sum over t = j..i
+        if keys.shape[2] > self.npos_max:  # (a position never exceeds the number of keys)
+            positions = positions.clamp(max=self.npos_max)
+        floor = positions.detach().floor()
+        weight = positions - floor  # differentiable in the gates
+        z = q @ table.T  # z_i[n] = q_i . e[n] (scaled): [B, H, C, npos_max + 1]
+        low = z.gather(-1, floor.long())
+        high = z.gather(-1, positions.detach().ceil().long())
+        return (logits + low + weight * (high - low)).softmax(-1) @ values
 
 
 class CoPE(PositionalEncoding):

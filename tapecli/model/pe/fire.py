@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, check_positive_int
+from tapecli.model.attention.needs import ScoreBias
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, check_positive_int
 
 EPS = 1e-6
 
@@ -28,13 +29,58 @@ class FIRELayer(LayerPE):
     def psi(self, z: Tensor) -> Tensor:
         return torch.log(torch.abs(self.c * z) + 1)
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def need(self, state: PositionState, average_state: bool) -> ScoreBias:
+        """A bias of (query position, distance): attention builds it one chunk of queries at a time (CPU,
+        `piecewise_bias`) or evaluates it inside FlexAttention (CUDA), never for all [T, T] pairs at once."""
+        return ScoreBias(pairs=self.piecewise_bias, score_mod=self.score_mod, parameters=tuple(self.parameters()))
+
+    def features(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """z = psi(i - j) / (psi(max(i, L)) + eps), [B|1, Tq, Tk], for positions [B|1, Tq] and [B|1, Tk]."""
         dtype = self.c.dtype  # fp32, or fp64 in an fp64 model
         distance = (q_pos[..., :, None] - k_pos[..., None, :]).to(dtype)  # [B, Tq, Tk]
         threshold = torch.abs(self.threshold_scale * self.threshold)
         normaliser = self.psi(torch.maximum(q_pos.to(dtype), threshold))[..., :, None] + EPS
-        features = (self.psi(distance) / normaliser).unsqueeze(-1)  # [B, Tq, Tk, 1]
-        return self.mlp(features).permute(0, 3, 1, 2)  # [B, H, Tq, Tk]
+        return self.psi(distance) / normaliser
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The definition: f = the MLP, applied to every pair's z. [B|1, H, Tq, Tk]."""
+        return self.mlp(self.features(q_pos, k_pos).unsqueeze(-1)).permute(0, 3, 1, 2)
+
+    def pieces(self) -> tuple[Tensor, Tensor, Tensor]:
+        """f as the piecewise-linear function it is: (breaks [U] sorted, slopes [H, U + 1], intercepts [H, U + 1]),
+        f_h(z) = slopes[h, s] z + intercepts[h, s] for z in segment s = (breaks[s-1], breaks[s]]. Unit u of the
+        hidden layer switches at z = -b1_u / w1_u (never when w1_u = 0: an infinite break). Differentiable in the
+        MLP's weights (which units are active in a segment is a constant of the segment)."""
+        first, second = self.mlp[0], self.mlp[2]
+        w1, b1 = first.weight[:, 0], first.bias
+        with torch.no_grad():
+            breaks = torch.where(w1 != 0, -b1 / w1, torch.full_like(b1, float("inf"))).sort().values
+            inner = (breaks[:-1] + breaks[1:]) / 2  # one point inside each segment (inf past the last finite break)
+            points = torch.cat((breaks[:1] - 1, inner, breaks[-1:] + 1))
+            active = torch.where(w1 == 0, b1 > 0, w1 * points[:, None] + b1 > 0).to(w1.dtype)  # [U + 1, U]
+        slopes = (second.weight * w1) @ active.T
+        intercepts = second.bias[:, None] + (second.weight * b1) @ active.T
+        return breaks, slopes, intercepts
+
+    def piecewise_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """`bias` without the [.., hidden] activation: each pair's segment, then one multiply-add per head
+        (equal to the MLP up to float rounding, and so are its gradients). [B|1, H, Tq, Tk]."""
+        z = self.features(q_pos, k_pos)
+        breaks, slopes, intercepts = self.pieces()
+        segment = torch.searchsorted(breaks, z.detach())
+        return (slopes[:, segment] * z + intercepts[:, segment]).transpose(0, 1)
+
+    def score_mod(self, h: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """The bias of one (head, query, key) as pointwise ops on 0-d tensors (FlexAttention): the MLP's hidden
+        units unrolled."""
+        dtype = self.c.dtype
+        threshold = torch.abs(self.threshold_scale * self.threshold)
+        z = self.psi((q_pos - k_pos).to(dtype)) / (self.psi(torch.maximum(q_pos.to(dtype), threshold)) + EPS)
+        first, second = self.mlp[0], self.mlp[2]
+        out = second.bias[h]
+        for unit in range(first.out_features):
+            out = out + second.weight[h, unit] * torch.relu(first.weight[unit, 0] * z + first.bias[unit])
+        return out
 
     def init_weights(self) -> None:
         for linear in (self.mlp[0], self.mlp[2]):

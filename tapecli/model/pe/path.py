@@ -33,6 +33,10 @@ memory per chunk step is linear in the keys (plus the C x T logits; without padd
 chunk too). The cached keys of past tokens are exactly these advanced keys: the KV cache's key buffer (fp32 at
 least, in place; raw keys are never kept) holds them, and its `state["path_conv"]` the short convolution's last
 inputs, so cached decoding gives the logits of recomputation. Tested against a naive fp64 loop over all (i, j).
+Training (gradients, no past) computes the same logits carrying each query backwards through the chunks' maps
+instead (`path_ops.path_attention_by_queries`), so groups of query chunks are independent and are recomputed in
+the backward: memory stays O(T d) per head instead of keeping every chunk's logits and keys. (The plan names:
+path-recompute for training, path-chunked otherwise, fla for fla's kernel.)
 
 Padding (`attention_mask`): a padded token gets beta = 0 and u = 0 (H = I, and later tokens' short convolution
 sees zeros there, as before a sequence's first token), and attention hides its key, so with left padding (or right
@@ -58,8 +62,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tapecli.model.attention import forced_path
+from tapecli.model.attention.needs import OwnAttention
 from tapecli.model.cache import LayerCache
 from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState
+from tapecli.model.pe.path_ops import path_attention, path_attention_by_queries
 
 KERNELS = ("auto", "torch")
 FLA_HEAD_DIMS = (16, 32, 64)
@@ -73,51 +80,6 @@ def fla_path_attention():
     except Exception:  # noqa: BLE001
         return None
     return parallel_path_attention
-
-
-def path_attention(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, beta: Tensor, mask: Tensor | None,
-                   chunk_size: int, keep_keys: bool) -> tuple[Tensor, Tensor | None]:
-    """Exact PaTH attention of T new tokens after n earlier ones (module docstring), in the dtype of its inputs.
-
-    q [B, H, T, d]; keys [B, G, n + T, d] with G key heads (H a multiple of G): the n earlier tokens' keys already
-    transformed up to the last of them, then the T current keys; w [B, G, T, d], beta [B, G, T]: the current
-    tokens' maps; v [B, G, n + T, d]; mask: bool [B or 1, 1 or H, T, n + T], which keys each query may see, or None
-    for plain causal (built one chunk at a time, so memory stays linear in n + T). Returns the output [B, H, T, d]
-    and, when keep_keys, all n + T keys transformed up to the last token (what the next call's `keys` starts with)."""
-    B, H, T, d = q.shape
-    G, n = keys.shape[1], keys.shape[2] - T
-    q = q.view(B, G, H // G, T, d)  # the heads of a group share its keys and maps
-    v = v.unsqueeze(2)
-    if mask is not None:
-        mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (G, H // G))
-    keys, k = keys[:, :, :n], keys[:, :, n:]
-    outputs = []
-    for c0 in range(0, T, chunk_size):
-        c1 = min(c0 + chunk_size, T)
-        qc, kc, wc, bc = q[..., c0:c1, :], k[:, :, c0:c1], w[:, :, c0:c1], beta[:, :, c0:c1]
-        C, m = c1 - c0, keys.shape[2]  # m = n + c0 earlier keys
-        later = torch.ones(C, C, dtype=torch.bool, device=q.device).tril(-1)  # [s, t]: t < s
-        eye = torch.eye(C, dtype=q.dtype, device=q.device)
-        lower = (bc[..., :, None] * (wc @ wc.transpose(-1, -2))).masked_fill(~later, 0.0)
-        A = torch.linalg.solve_triangular(eye + lower, eye.expand_as(lower), upper=False, unitriangular=True)
-        AD = A * bc[..., None, :]  # A_st beta_t
-        corr = (qc @ wc.unsqueeze(2).transpose(-1, -2)).tril() @ AD.unsqueeze(2)  # sum_{s<=i} (q_i.w_s) A_st b_t
-        wk = (wc @ kc.transpose(-1, -2)).masked_fill(~later, 0.0)  # [t, j] = w_t . k_j for t > j
-        # Earlier keys: the correction factors through the key, (q_i - sum_t corr_it w_t) . x_j: one matmul.
-        past_logits = (qc - corr @ wc.unsqueeze(2)) @ keys.unsqueeze(2).transpose(-1, -2)
-        chunk_logits = qc @ kc.unsqueeze(2).transpose(-1, -2) - corr @ wk.unsqueeze(2)
-        logits = torch.cat((past_logits, chunk_logits), dim=-1) * d ** -0.5
-        if mask is None:
-            seen = torch.ones(C, m + C, dtype=torch.bool, device=q.device).tril(m)
-        else:
-            seen = mask[..., c0:c1, :m + C]
-        outputs.append(logits.masked_fill(~seen, float("-inf")).softmax(-1) @ v[..., :m + C, :])
-        if c1 < T or keep_keys:
-            # Advance every key through the chunk's maps, x_j <- x_j - sum_s (A D W x_j)_s w_s: for the earlier
-            # keys one d x d map, I - W^T (A D)^T W.
-            keys = torch.cat((keys - keys @ (wc.transpose(-1, -2) @ (AD.transpose(-1, -2) @ wc)),
-                              kc - (AD @ wk).transpose(-1, -2) @ wc), dim=2)
-    return torch.cat(outputs, dim=-2).reshape(B, H, T, d), keys if keep_keys else None
 
 
 class PaTHLayer(LayerPE):
@@ -167,19 +129,35 @@ class PaTHLayer(LayerPE):
             u = u.transpose(1, 2)
         return u.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2), beta.transpose(1, 2)
 
+    def need(self, state: PositionState, average_state: bool) -> OwnAttention:
+        return OwnAttention(attend=self.attend, plan=self.plan)
+
+    def plan(self, device_type: str, dtype: torch.dtype, q_len: int, k_len: int, grad: bool, cached: bool,
+             padded: bool = False) -> str:
+        """fla: fla's fused kernel (CUDA, half precision, no past, no padding); path-recompute: training without a
+        past, groups of query chunks recomputed in the backward (path_ops.path_attention_by_queries);
+        path-chunked: chunk by chunk carrying the transformed keys (a KV cache, no gradients, or the reference under
+        attention.forced("dense"))."""
+        if forced_path() == "dense":
+            return "path-chunked"
+        if (device_type == "cuda" and self.kernel == "auto" and dtype in (torch.float16, torch.bfloat16)
+                and not cached and not padded and self.head_dim in FLA_HEAD_DIMS and fla_path_attention() is not None):
+            return "fla"
+        return "path-recompute" if grad and not cached else "path-chunked"
+
     def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
                key_mask: Tensor | None, cache: LayerCache | None) -> Tensor:
         """With a cache, k is its buffer (earlier keys already transformed, then the current raw keys): it is
         overwritten in place with every key transformed up to the last token, so only transformed keys are kept."""
         T = q.shape[2]
         u, beta = self.householder(x, None if key_mask is None else key_mask[:, -T:], cache)
-        kernel = fla_path_attention() if self.kernel == "auto" else None
-        if (kernel is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and k.shape[2] == T
-                and mask is None and self.head_dim in FLA_HEAD_DIMS):
+        path = self.plan(q.device.type, q.dtype, T, k.shape[2], torch.is_grad_enabled(), k.shape[2] > T,
+                         mask is not None)
+        if path == "fla":
             w = u * torch.rsqrt(u.float().pow(2).sum(-1, keepdim=True) + 1e-6).to(u.dtype)
-            out, keys = kernel(q=q.transpose(1, 2), k=k.to(q.dtype).transpose(1, 2), v=v.transpose(1, 2),
-                               w=w.transpose(1, 2), beta=beta.transpose(1, 2).to(q.dtype),
-                               use_cache=cache is not None)
+            out, keys = fla_path_attention()(q=q.transpose(1, 2), k=k.to(q.dtype).transpose(1, 2),
+                                             v=v.transpose(1, 2), w=w.transpose(1, 2),
+                                             beta=beta.transpose(1, 2).to(q.dtype), use_cache=cache is not None)
             if cache is not None:
                 k.copy_(keys.transpose(1, 2))
             return out.transpose(1, 2)
@@ -188,8 +166,10 @@ class PaTHLayer(LayerPE):
             u = u.to(compute)
             w = u * torch.rsqrt(u.pow(2).sum(-1, keepdim=True) + 1e-6)
             # No bias, so `mask` is None (plain causal) or boolean, padded keys hidden.
-            out, keys = path_attention(q.to(compute), k.to(compute), v.to(compute), w, beta.to(compute), mask,
-                                       self.chunk_size, keep_keys=cache is not None)
+            q, k_in, v_in, beta = q.to(compute), k.to(compute), v.to(compute), beta.to(compute)
+            if path == "path-recompute":
+                return path_attention_by_queries(q, k_in, v_in, w, beta, mask, self.chunk_size).to(v.dtype)
+            out, keys = path_attention(q, k_in, v_in, w, beta, mask, self.chunk_size, keep_keys=cache is not None)
         if cache is not None:
             k.copy_(keys)
         return out.to(v.dtype)

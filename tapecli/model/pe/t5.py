@@ -14,7 +14,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.pe.base import LayerPE, PositionalEncoding
+from tapecli.model.attention.needs import ScoreBias
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, check_positive_int
 
 
 def relative_buckets(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -33,14 +34,35 @@ class T5BiasLayer(LayerPE):
         self.num_buckets, self.max_distance = num_buckets, max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
 
+    def need(self, state: PositionState, average_state: bool) -> ScoreBias:
+        """A bias of the distance only, constant from max_distance on: attention passes it as one table of
+        max_distance + 1 entries, whose gradient needs the scores of nearby keys only."""
+        return ScoreBias(pairs=self.bias, table=self.table, score_mod=self.score_mod,
+                         parameters=(self.relative_attention_bias.weight,))
+
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         buckets = relative_buckets(q_pos[..., :, None] - k_pos[..., None, :], self.num_buckets, self.max_distance)
         return self.relative_attention_bias(buckets).permute(0, 3, 1, 2)  # [B, H, Tq, Tk]
+
+    def table(self, n: int) -> Tensor:
+        """[H, m], m = min(n, max_distance + 1): the bias at distances 0..m-1; every longer distance shares the
+        last bucket (relative_buckets clamps there)."""
+        distance = torch.arange(min(n, self.max_distance + 1), device=self.relative_attention_bias.weight.device)
+        return self.relative_attention_bias(relative_buckets(distance, self.num_buckets, self.max_distance)).T
+
+    def score_mod(self, h: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        bucket = relative_buckets(q_pos - k_pos, self.num_buckets, self.max_distance)
+        return self.relative_attention_bias.weight[bucket, h]
 
 
 class T5Bias(PositionalEncoding):
     def __init__(self, config, *, num_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__(config)
+        for key, value in (("num_buckets", num_buckets), ("max_distance", max_distance)):
+            check_positive_int(key, value)
+        if max_distance <= num_buckets // 2:
+            raise ValueError(f"model.pe_args.max_distance: must exceed num_buckets / 2 = {num_buckets // 2} (the "
+                             f"exact buckets), got {max_distance}")
         self.num_buckets, self.max_distance = num_buckets, max_distance
 
     def make_layer(self, layer_idx: int) -> LayerPE:

@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tapecli.model.attention.needs import WideValue
 from tapecli.model.pe.base import LayerPE, PositionState, apply_rotary, check_positive_int
 from tapecli.model.pe.rope import RoPE
 
@@ -70,9 +71,9 @@ class TAPELayer(LayerPE):
     """One layer's contextualisers. Parameter names: x_proj (Wx), up_proj (W1), down_proj (W2), post_attn_proj (P)."""
 
     def __init__(self, dim: int, n_heads: int, head_dim: int, hidden: int, variant: str, gate_input: str,
-                 attn_update: bool, mlp_update: bool, mix: str) -> None:
+                 attn_update: bool, mlp_update: bool, mix: str, aggregation: str) -> None:
         super().__init__()
-        self.variant, self.gate_input, self.mix = variant, gate_input, mix
+        self.variant, self.gate_input, self.mix, self.aggregation = variant, gate_input, mix, aggregation
         self.attn_update, self.mlp_update = attn_update, mlp_update
         mixed = n_heads if mix == "heads" else n_heads * head_dim  # the axis W1/W2 mix
         self.x_proj = nn.Linear(dim, hidden, bias=False)
@@ -90,6 +91,10 @@ class TAPELayer(LayerPE):
         if k.shape[1] != q.shape[1]:
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         return apply_rotary(q, state.rotary), apply_rotary(k, state.rotary)
+
+    def need(self, state: PositionState, average_state: bool) -> WideValue | None:
+        """Attention also averages E with its weights: E rides along as extra value columns ([V | E])."""
+        return WideValue(state.rotary, self.aggregation) if average_state else None
 
     def after_attention(self, state: PositionState, aggregated: Tensor) -> PositionState:
         """aggregated = A E, per head: [B, M, T, d] in the state dtype."""
@@ -142,7 +147,7 @@ class TAPE(RoPE):
         check_positive_int("hidden", hidden)
         self.layer_args = dict(dim=config.dim, n_heads=config.n_heads, head_dim=config.head_dim,
                                hidden=hidden, variant=variant, gate_input=gate_input,
-                               attn_update=attn_update, mlp_update=mlp_update, mix=mix)
+                               attn_update=attn_update, mlp_update=mlp_update, mix=mix, aggregation=aggregation)
         # How attention also averages E (None: it doesn't, when the post-attention update is ablated).
         self.aggregation = aggregation if attn_update else None
         self.state_dtype = state_dtype

@@ -1,0 +1,233 @@
+"""Exact attention on the CPU, one chunk of queries at a time through torch's fused CPU flash kernel.
+
+    out = chunked_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale)     # [B, H, Tq, dv]
+
+q [B, H, Tq, d] are the last Tq of Tk = past + Tq tokens; k, v [B, G, Tk, d] with G dividing H (the kernel groups
+query heads itself); dv == d (the kernel's rule). Query i sees key j when j <= past + i and j is not padding
+(`key_mask` [B, Tk], False for padding; a padded query still sees itself, so its row stays finite). `bias`
+(a `ScoreBias` or None) is added to the logits.
+
+Each chunk of C queries is one call of `_scaled_dot_product_flash_attention_for_cpu` over the keys it can see, with
+the chunk's bias and mask as `attn_mask` [B|1, H|1, C, keys]. The kernel stores only the output and one
+log-sum-exp per row; the backward (a custom autograd Function) rebuilds each chunk's mask and calls the kernel's
+backward with them. So memory is O(C x Tk) for the chunk's mask, never [Tq, Tk] per head, and nothing of that size
+is kept between forward and backward.
+
+The chunk's mask costs nothing when the bias depends on the distance only (`ScoreBias.table`) and positions are
+consecutive (no padding): with the chunk's queries in reverse order, entry (c, j) of the mask is entry c + j +
+offset of one reversed table per head (distances Tk-1 .. 0, then -inf for the future), so the mask is a strided
+view of that table (`as_strided`, no copy). Otherwise (padding, positions that are not consecutive, FIRE) each
+chunk's mask is built from `ScoreBias.pairs` on the chunk's positions.
+
+Gradients of the bias: for a table (T5's learned buckets) only distances below its last entry need the score
+gradient dS = P (dP - rowsum(dO * O)), on a band of keys per chunk; the last entry, which stands for every longer
+distance, gets minus the band's sum (each row of dS sums to zero: softmax is shift-invariant). Any other learned
+bias (FIRE) gets dS on all visible keys of the chunk, pulled back through `pairs` by autograd.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tapecli.model.attention.needs import ScoreBias
+
+CHUNK_ELEMENTS = 1 << 23  # mask / score elements per chunk (B x H x C x Tk): 32 MiB in fp32
+PAIRS_ELEMENTS = 1 << 21  # the same when each chunk's bias is built from pairs (several temporaries of that size)
+
+
+def kernel_available() -> bool:
+    """torch's fused CPU flash-attention kernel (private aten ops, present in torch >= 2.2)."""
+    return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+
+
+def chunk_rows(batch: int, heads: int, q_len: int, k_len: int, elements: int = CHUNK_ELEMENTS) -> int:
+    """Queries per chunk: a power of two between 16 and 1024 keeping a chunk's mask near `elements`."""
+    rows = 1024
+    while rows > 16 and batch * heads * rows * k_len > elements:
+        rows //= 2
+    return max(1, min(rows, q_len))
+
+
+def mask_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The kernel adds masks in their own precision: fp32 for half-precision queries, else the query dtype."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def consecutive(q_pos: Tensor, k_pos: Tensor) -> bool:
+    """Whether each row's key positions step by one and the queries are the last of them (no padding gaps, no
+    random positions), so distances are index differences. Not decided while compiling (a data-dependent branch):
+    the general per-chunk masks are exact too."""
+    if torch.compiler.is_compiling():
+        return False
+    q_len = q_pos.shape[-1]
+    steps = k_pos[..., 1:] - k_pos[..., :-1]
+    return bool((steps == 1).all()) and bool((q_pos == k_pos[..., k_pos.shape[-1] - q_len:]).all())
+
+
+class ChunkMasks:
+    """Builds the mask of each chunk (queries in reverse order): a view of one reversed table, or built per chunk."""
+
+    def __init__(self, bias: ScoreBias | None, values: Tensor | None, q_pos: Tensor, k_pos: Tensor,
+                 key_mask: Tensor | None, q_len: int, k_len: int, rows: int, dtype: torch.dtype) -> None:
+        self.bias, self.q_pos, self.k_pos, self.key_mask = bias, q_pos, k_pos, key_mask
+        self.q_len, self.k_len, self.past, self.dtype = q_len, k_len, k_len - q_len, dtype
+        self.reversed = None
+        if values is not None:
+            # reversed[h, n]: the bias at distance k_len - 1 - n (clamped to the table), then -inf for the future.
+            distance = torch.arange(k_len - 1, -1, -1, device=values.device).clamp(max=values.shape[-1] - 1)
+            self.reversed = torch.cat((values.detach().to(dtype)[:, distance],
+                                       values.new_full((values.shape[0], rows - 1), float("-inf"), dtype=dtype)), -1)
+
+    def view(self, i0: int, i1: int, k0: int, k1: int) -> Tensor:
+        """Mask [1, H, i1 - i0, k1 - k0] for queries i1-1 .. i0 (reversed) and keys k0..k1-1, from the table."""
+        table = self.reversed
+        return table.as_strided((1, table.shape[0], i1 - i0, k1 - k0), (0, table.stride(0), 1, 1),
+                                table.storage_offset() + self.q_len - i1 + k0)
+
+    def pairs(self, i0: int, i1: int, k0: int, k1: int) -> Tensor:
+        """The bias [B|1, H, i1 - i0, k1 - k0] of queries i1-1 .. i0 and keys k0..k1-1, unmasked."""
+        return self.bias.pairs(self.q_pos[..., i0:i1].flip(-1), self.k_pos[..., k0:k1])
+
+    def build(self, i0: int, i1: int, k0: int, k1: int, bias: Tensor | None = None) -> Tensor:
+        """Mask [B|1, H|1, i1 - i0, k1 - k0] built from positions (padding, general positions, pair biases);
+        `bias`: this chunk's bias when the caller has it already."""
+        q_pos = self.q_pos[..., i0:i1].flip(-1)
+        rows = torch.arange(self.past + i1 - 1, self.past + i0 - 1, -1, device=q_pos.device)  # key index of itself
+        keys = torch.arange(k0, k1, device=q_pos.device)
+        allowed = keys <= rows[:, None]  # [C, K]
+        if self.key_mask is not None:
+            allowed = allowed & (self.key_mask[:, None, k0:k1] | (keys == rows[:, None]))  # [B, C, K]
+        allowed = allowed.unsqueeze(-3) if allowed.dim() == 3 else allowed[None, None]
+        if self.bias is None:
+            zeros = torch.zeros(allowed.shape, dtype=self.dtype, device=q_pos.device)
+            return zeros.masked_fill(~allowed, float("-inf"))
+        bias = self.pairs(i0, i1, k0, k1) if bias is None else bias
+        return bias.to(self.dtype).masked_fill(~allowed, float("-inf"))
+
+    def chunk(self, i0: int, i1: int, k0: int, k1: int) -> Tensor:
+        return self.view(i0, i1, k0, k1) if self.reversed is not None else self.build(i0, i1, k0, k1)
+
+
+def score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
+               scale: float) -> Tensor:
+    """dS = P (dP - rowsum(dO * O)) [B, H, C, K] for queries q [B, H, C, d] and keys k, v [B, G, K, d]."""
+    B, H, C, d = q.shape
+    G = k.shape[1]
+    compute = torch.promote_types(q.dtype, torch.float32)
+    q, k, v, do, out = (t.to(compute) for t in (q, k, v, do, out))
+    grouped = (B, G, H // G)
+    scores = (q.view(*grouped, C, d) @ k.unsqueeze(2).transpose(-1, -2)).view(B, H, C, -1) * scale + mask
+    probs = (scores - lse.to(compute)[..., None]).exp_()
+    dp = (do.view(*grouped, C, -1) @ v.unsqueeze(2).transpose(-1, -2)).view(B, H, C, -1)
+    return probs.mul_(dp.sub_((do * out).sum(-1, keepdim=True)))
+
+
+class ChunkedAttention(torch.autograd.Function):
+    """forward(q, k, v, values, scale, plan, *parameters) -> out; `plan` holds the bias and positions (no tensors
+    that need gradients); `values` is the bias table (or None), `parameters` what `pairs` reads (FIRE)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, values: Tensor | None, scale: float, plan: dict,
+                *parameters: Tensor) -> Tensor:
+        B, H, Tq, _ = q.shape
+        Tk = k.shape[2]
+        rows = chunk_rows(B, H, Tq, Tk, CHUNK_ELEMENTS if values is not None or plan["bias"] is None
+                          else PAIRS_ELEMENTS)
+        masks = ChunkMasks(plan["bias"], values, plan["q_pos"], plan["k_pos"], plan["key_mask"], Tq, Tk, rows,
+                           mask_dtype(q.dtype))
+        out = q.new_empty(B, H, Tq, v.shape[-1])
+        lse = q.new_empty(B, H, Tq, dtype=torch.promote_types(q.dtype, torch.float32))
+        past = Tk - Tq
+        for i0 in range(0, Tq, rows):
+            i1 = min(i0 + rows, Tq)
+            kend = past + i1
+            o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q[:, :, i0:i1].flip(2), k[:, :, :kend], v[:, :, :kend], attn_mask=masks.chunk(i0, i1, 0, kend),
+                scale=scale)
+            out[:, :, i0:i1] = o.flip(2)
+            lse[:, :, i0:i1] = m.flip(-1)
+        ctx.save_for_backward(q, k, v, out, lse, values, *parameters)
+        ctx.scale, ctx.rows, ctx.masks = scale, rows, masks
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, out, lse, values, *parameters = ctx.saved_tensors
+        scale, rows, masks = ctx.scale, ctx.rows, ctx.masks
+        Tq, Tk = q.shape[2], k.shape[2]
+        past = Tk - Tq
+        dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        table_grad = values is not None and ctx.needs_input_grad[3]
+        pairs_grad = any(ctx.needs_input_grad[6:])
+        d_values = torch.zeros_like(values) if table_grad else None
+        d_parameters = [torch.zeros_like(p) if ctx.needs_input_grad[6 + i] else None for i, p in enumerate(parameters)]
+        for i0 in range(0, Tq, rows):
+            i1 = min(i0 + rows, Tq)
+            kend = past + i1
+            q_c, do_c, o_c, l_c = (t[:, :, i0:i1].flip(2).contiguous() for t in (q, grad_out, out, lse))
+            if pairs_grad:  # the chunk's bias, with its graph to the parameters, serves the mask too
+                with torch.enable_grad():
+                    bias = masks.pairs(i0, i1, 0, kend)
+                mask = masks.build(i0, i1, 0, kend, bias.detach())
+            else:
+                mask = masks.chunk(i0, i1, 0, kend)
+            g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                do_c, q_c, k[:, :, :kend], v[:, :, :kend], o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
+            dq[:, :, i0:i1] = g_q.flip(2)
+            dk[:, :, :kend] += g_k
+            dv[:, :, :kend] += g_v
+            if table_grad:
+                band_grad(d_values, q_c, k, v, do_c, o_c, l_c, masks, i0, i1, scale)
+            if pairs_grad:
+                ds = score_grad(q_c, k[:, :, :kend], v[:, :, :kend], mask, do_c, o_c, l_c, scale)
+                pairs_grads(d_parameters, parameters, bias, ds)
+        return dq, dk, dv, d_values, None, None, *d_parameters
+
+
+def band_grad(d_values: Tensor, q_c: Tensor, k: Tensor, v: Tensor, do_c: Tensor, o_c: Tensor, l_c: Tensor,
+              masks: ChunkMasks, i0: int, i1: int, scale: float) -> None:
+    """Add this chunk's gradient of a distance table [H, m]: dS summed per distance 0..m-2 over the band of keys
+    that close, and minus that total to entry m-1 (every row of dS sums to zero)."""
+    m = d_values.shape[-1]
+    past = masks.past
+    k0, k1 = max(0, past + i0 - (m - 2)), past + i1
+    ds = score_grad(q_c, k[:, :, k0:k1], v[:, :, k0:k1], masks.view(i0, i1, k0, k1), do_c, o_c, l_c, scale)
+    # Row c (reversed) is query past + i1 - 1 - c; the key at distance t sits at column past + i1 - 1 - c - t - k0.
+    rows = torch.arange(ds.shape[2], device=ds.device)[:, None]
+    column = (past + i1 - 1 - k0) - rows - torch.arange(m - 1, device=ds.device)
+    band = ds.gather(-1, column.clamp(min=0).expand(*ds.shape[:2], -1, -1)) * (column >= 0)
+    per_distance = band.sum((0, 2)).to(d_values.dtype)  # [H, m - 1]
+    d_values[:, :-1] += per_distance
+    d_values[:, -1] -= per_distance.sum(-1)
+
+
+def pairs_grads(d_parameters: list[Tensor | None], parameters: list[Tensor], bias: Tensor, ds: Tensor) -> None:
+    """Pull dS of one chunk back through its bias (built by `ScoreBias.pairs` with autograd) to the tensors it
+    reads."""
+    wanted = [i for i, g in enumerate(d_parameters) if g is not None]
+    ds = ds.sum(0, keepdim=True) if bias.shape[0] == 1 else ds
+    grads = torch.autograd.grad(bias, [parameters[i] for i in wanted], ds.to(bias.dtype), allow_unused=True)
+    for i, g in zip(wanted, grads, strict=True):
+        if g is not None:
+            d_parameters[i] += g
+
+
+def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor, k_pos: Tensor,
+                      key_mask: Tensor | None, scale: float) -> Tensor:
+    """Exact causal attention (module docstring); differentiable in q, k, v and the bias's table / parameters."""
+    values = None
+    if bias is not None and bias.table is not None and key_mask is None and consecutive(q_pos, k_pos):
+        values = bias.table(k.shape[2])
+    plan = {"bias": bias, "q_pos": q_pos, "k_pos": k_pos, "key_mask": key_mask}
+    parameters = () if bias is None or values is not None else bias.parameters
+    apply = eager_apply if parameters else ChunkedAttention.apply
+    return apply(q, k, v, values, scale, plan, *parameters)
+
+
+@torch.compiler.disable
+def eager_apply(*args) -> Tensor:
+    """ChunkedAttention with a learned pair bias (FIRE; T5 while compiling, when positions cannot be checked):
+    its backward pulls dS back through the bias with torch.autograd.grad, which torch.compile cannot trace, so under
+    torch.compile this one call runs eagerly (a clean graph break; the fused kernels it calls are eager anyway)."""
+    return ChunkedAttention.apply(*args)

@@ -1,0 +1,80 @@
+"""Attention over whole [Tq, Tk] score matrices: SDPA's fused kernels when there is no mask, flash-attn on GPUs,
+a materialised mask otherwise (the reference path, decoding steps, non-causal analysis models).
+
+    mask, is_causal = dense_mask(bias, key_mask, q_len, k_len, dtype, device, causal)
+    out = sdpa(q, k, v, mask, is_causal)          # softmax(q k^T / sqrt(d) + mask) v
+
+Without bias, padding and cache the mask stays implicit (`is_causal`) and SDPA's fused kernels keep memory linear in
+T; anything else costs a [B|1, H|1, Tq, Tk] mask, which is why the dispatcher (`tapecli.model.attention`) sends
+long sequences with a bias or padding to the chunked or FlexAttention paths instead.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+try:  # optional GPU kernel; a broken build can raise more than ImportError
+    from flash_attn import flash_attn_func
+except Exception:  # noqa: BLE001
+    flash_attn_func = None
+
+
+def flash_attn_applies(device_type: str, dtype: torch.dtype) -> bool:
+    """flash-attn is installed and takes this device and dtype (CUDA, fp16 / bf16)."""
+    return flash_attn_func is not None and device_type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+    """softmax(q k^T / sqrt(d_qk) + mask) v over [B, H, T, d] tensors; flash-attn on GPU when it is installed and
+    usable. Values may be wider than queries and keys (TAPE's [V | E]): fused kernels want equal widths, so for more
+    than one query q and k are zero-padded (q.k unchanged, memory stays linear); a single query (a decoding step)
+    computes its [1 x L] weights directly, reading the cached keys once instead of copying them padded."""
+    scale = q.shape[-1] ** -0.5
+    if v.shape[-1] != q.shape[-1] and q.shape[2] == 1:
+        if k.shape[1] != q.shape[1]:
+            k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+            v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+        scores = (q * scale) @ k.transpose(-1, -2)  # [B, H, 1, L]: cheap, and the keys are read once
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        return scores.softmax(-1).to(v.dtype) @ v
+    if v.shape[-1] != q.shape[-1]:
+        pad = (0, v.shape[-1] - q.shape[-1])
+        q, k = F.pad(q, pad), F.pad(k, pad)
+    if flash_attn_applies(q.device.type, q.dtype) and mask is None and v.shape[-1] == q.shape[-1]:
+        # flash-attn aligns the causal mask bottom-right, which is what a KV cache needs.
+        out = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=is_causal,
+                              softmax_scale=scale)
+        return out.transpose(1, 2)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                          enable_gqa=k.shape[1] != q.shape[1])
+
+
+def dense_mask(bias: Tensor | None, key_mask: Tensor | None, q_len: int, k_len: int, dtype: torch.dtype,
+               device: torch.device, causal: bool = True) -> tuple[Tensor | None, bool]:
+    """The causal mask (queries are the last q_len of k_len tokens), minus padded keys (`key_mask` [B, k_len],
+    False for padding; a padded query still sees itself, so its row stays finite), plus an optional logit bias.
+
+    Returns (mask, is_causal): without bias, padding and cache the mask stays implicit so SDPA picks its fused
+    kernels; otherwise it is [B or 1, 1 or H, q_len, k_len] (bool without bias, else float with -inf).
+    """
+    past = k_len - q_len
+    if bias is None and key_mask is None and causal:
+        if q_len == 1:
+            return None, False  # one new token may see everything before it
+        if past == 0:
+            return None, True
+    if bias is None and key_mask is None:
+        return None, False  # not causal: everything sees everything
+    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    if causal:
+        allowed = allowed.tril(past)
+    if key_mask is not None:
+        itself = torch.arange(k_len, device=device) == torch.arange(past, k_len, device=device)[:, None]
+        allowed = allowed & (key_mask[:, None, :] | itself)  # [B, q_len, k_len]
+    allowed = allowed.unsqueeze(-3) if allowed.dim() == 3 else allowed
+    if bias is None:
+        return allowed, False
+    return bias.to(dtype).masked_fill(~allowed, float("-inf")), False

@@ -1,0 +1,65 @@
+"""What a positional encoding needs from attention, declared by the PE in its own file (`LayerPE.need`).
+
+Attention computes softmax_j(q_i . k_j / sqrt(d) + bias_ij) v_j over the visible keys (causal, not padding). A PE
+changes that in one of three ways, and says which by returning one of these objects (None: plain q.k, e.g. RoPE,
+whose work is all in `rotate`):
+
+- `ScoreBias`: an additive logit bias per head and (query position, key position) pair (ALiBi, T5, FIRE). Given
+  three ways, each exact wherever it is used: `pairs` for any positions (always), `table` when the bias depends on
+  the distance only (ALiBi, T5: lets the CPU path pass the bias as a strided view of one small table, and T5's
+  gradients come from a band of distances), `score_mod` for FlexAttention (CUDA).
+- `WideValue`: extra value columns averaged with the same attention weights (TAPE's state E: the values are
+  [V | E]); attention returns [B, H, Tq, d + extra width] and the caller splits it.
+- `OwnAttention`: the PE computes attention itself because its logits are not q.k plus a bias (CoPE, PaTH); it
+  also names the path it takes (`plan`), so `tape doctor` and `tape bench` can print it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class ScoreBias:
+    """logit_ij += f_h(pos_i, pos_j).
+
+    pairs(q_pos [B|1, Tq], k_pos [B|1, Tk]) -> [B|1, H, Tq, Tk]: the bias for any positions (float, not masked).
+    table(n) -> [H, m], m <= n: f_h as a function of the distance pos_i - pos_j >= 0 only, for distances
+        0..m-1, the last entry standing for every longer distance too (T5's clamp); None when f is not a function of
+        the distance alone (FIRE). It may require gradients (T5's learned buckets).
+    score_mod(h, q_pos, k_pos) -> bias, on 0-d tensors inside FlexAttention (pointwise torch ops only); None: the
+        PE has no FlexAttention form.
+    parameters: the tensors `pairs` reads that may need gradients and that `table` does not carry (FIRE's MLP).
+    """
+
+    pairs: Callable[[Tensor, Tensor], Tensor]
+    table: Callable[[int], Tensor] | None = None
+    score_mod: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
+    parameters: tuple[Tensor, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class WideValue:
+    """values [B|1, H, Tq, e] of the current tokens, appended to each value head and averaged with the same weights.
+
+    mode: concat (one attention over [V | E]) | separate (a second attention with E as the values): both exact; the
+    dispatcher honours it where both paths exist."""
+
+    values: Tensor
+    mode: str = "concat"
+
+
+@dataclass(frozen=True)
+class OwnAttention:
+    """attend(x, q, k, v, mask, is_causal, key_mask, cache) -> [B, H, Tq, d], the `LayerPE.attend` contract.
+
+    plan(device_type, dtype, q_len, k_len, grad, cached) -> str: the path `attend` will take (a short name)."""
+
+    attend: Callable[..., Tensor]
+    plan: Callable[..., str]
+
+
+Need = ScoreBias | WideValue | OwnAttention | None

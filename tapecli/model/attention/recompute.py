@@ -1,0 +1,42 @@
+"""Query chunks for PEs that compute attention themselves (CoPE, PaTH): memory linear in the sequence length.
+
+    out = by_query_chunks(fn, q_len, rows)      # = torch.cat([fn(i0, i1) for each chunk], dim=-2)
+
+`fn(i0, i1)` returns the attention output [..., i1 - i0, dv] of queries i0..i1-1 (every row of attention only
+needs its own query, so chunks are independent). While gradients are recorded each chunk runs under
+`torch.utils.checkpoint` (non-reentrant): its [chunk, keys] intermediates are dropped after the forward and
+rebuilt, one chunk at a time, in the backward, so nothing of size [Tq, Tk] per head ever exists. Without
+gradients the chunks simply run one after another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+SCORE_ELEMENTS = 1 << 21  # [B, H, chunk, Tk] elements per chunk: each of a chunk's few temporaries is 8 MiB in fp32
+
+
+def rows_for(batch: int, heads: int, k_len: int, q_len: int, elements: int = SCORE_ELEMENTS,
+             multiple: int = 1) -> int:
+    """Queries per chunk: a multiple of `multiple` keeping [batch, heads, rows, k_len] near `elements` (at least
+    one multiple, at most every query)."""
+    rows = max(multiple, (elements // max(1, batch * heads * k_len)) // multiple * multiple)
+    return min(rows, max(q_len, 1))
+
+
+def by_query_chunks(fn: Callable[[int, int], Tensor], q_len: int, rows: int) -> Tensor:
+    """torch.cat([fn(i0, min(i0 + rows, q_len)) for i0 in range(0, q_len, rows)], dim=-2), recomputing each chunk
+    in the backward when gradients are recorded."""
+    grad = torch.is_grad_enabled()
+    outputs = []
+    for i0 in range(0, q_len, rows):
+        i1 = min(i0 + rows, q_len)
+        if grad and q_len > rows:
+            outputs.append(checkpoint(fn, i0, i1, use_reentrant=False, preserve_rng_state=False))
+        else:
+            outputs.append(fn(i0, i1))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
