@@ -335,7 +335,7 @@ def eval_harness(
 
 @eval_app.command("ruler")
 def eval_ruler(
-    model: list[str] = typer.Option(..., "--model", "-m", help=_MODELS_HELP),
+    model: list[str] = MODELS_OPTION,
     tasks: str = typer.Option("all", "--tasks", "-t", help="all, or comma-separated tasks: niah_single_1..3, "
                               "niah_multikey_1..3, niah_multivalue, niah_multiquery, vt, cwe, fwe, qa_1 (SQuAD), "
                               "qa_2 (HotpotQA); lm-eval's names (ruler_vt, ruler_qa_squad, ...) work too."),
@@ -351,9 +351,9 @@ def eval_ruler(
     threshold: float = typer.Option(85.6, "--threshold", help="Effective length: the longest length up to which "
                                     "the average score exceeds this (RULER: Llama-2-7B's 4K score)."),
     seed: int = typer.Option(42, "--seed", help="Seeds the generators (RULER: 42)."),
-    batch_size: int = typer.Option(1, "--batch-size", help="Prompts decoded together; changes speed, not results."),
-    out: str = typer.Option(..., "--out", help="Output directory: results.json, samples.jsonl, ruler.png, "
-                            "heat-maps."),
+    batch_size: int = batch_size_option(1, "Prompts decoded together"),
+    out: str | None = out_option("RUN/eval-ruler/<checkpoint name>; several models share one folder, "
+                                 "./eval-ruler-comparison"),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
@@ -368,17 +368,8 @@ def eval_ruler(
 
     Example: tape eval ruler --model runs/rope --model runs/alibi --tasks niah_single_1,vt --lengths 1024,2048,4096 --samples 50 --out eval/ruler
     """
-    from tapecli.eval.ruler import evaluate_ruler
+    from tapecli.eval.ruler import Ruler
 
-    results = evaluate_ruler(model, out, tasks=tasks, lengths=_numbers(lengths, "--lengths"), samples=samples,
-                             seed=seed, threshold=threshold, haystack=haystack, qa_data=qa_data, dtype=dtype,
-                             device=device, pe_args=_pe_args(pe_arg), batch_size=batch_size, notify=typer.echo)
-    lengths_run = results["settings"]["lengths"]
-    for entry in results["models"]:
-        typer.echo(f"\n{entry['name']}: effective length {entry['effective_length'] or 'none'} "
-                   f"(threshold {results['threshold']})")
-        for cells in [["task", *map(str, lengths_run)], ["---"] * (len(lengths_run) + 1),
-                      *[[t, *(f"{entry['scores'][t][str(n)]:.1f}" for n in lengths_run)] for t in entry["scores"]],
-                      ["average", *(f"{entry['average'][str(n)]:.1f}" for n in lengths_run)]]:
-            typer.echo("| " + " | ".join(cells) + " |")
-    typer.echo(f"wrote results.json, samples.jsonl, ruler.png and the heat-maps to {out}")
+    evaluation = Ruler(tasks, _numbers(lengths, "--lengths"), samples, seed, threshold, haystack, qa_data,
+                       notify=typer.echo)
+    _run(evaluation, model, out, dtype, device, pe_arg, batch_size)

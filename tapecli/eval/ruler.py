@@ -14,24 +14,26 @@ HotpotQA files (`--qa-data`) for qa_1 / qa_2. With `--tasks all`, a task whose s
 line; named explicitly, it is an error. Essay sentences are split with NLTK's English Punkt model when installed (as
 RULER), otherwise NLTK's untrained Punkt (settings.json names which).
 
-Files in the output directory (the layout of `tapecli.eval.common`): settings.json, samples.jsonl (one row per
-model, task, length and sample: the resume log), results.json, ruler.png (average score vs length, one line per
-model, the threshold dashed) and one task x length heat-map per model (heatmap.png, or heatmap-<n>-<model>.png).
+`Ruler` is the protocol (`tapecli.eval.protocol`: a unit is one sample, (task, length, index); all models share one
+folder, `together`). The runner writes, to --out (or RUN/eval-ruler/<checkpoint> for one model, else
+./eval-ruler-comparison): settings.json, samples.jsonl (one row per model, task, length and sample: the resume log),
+results.json, ruler.png (average score vs length, one line per model, the threshold dashed) and one task x length
+heat-map per model (heatmap.png, or heatmap-<n>-<model>.png).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SamplesLog, generate_batch, progress_bar
-from tapecli.files import write_json
-from tapecli.store.door import find_source, open_model
+from tapecli.eval.common import generate_batch
+from tapecli.eval.protocol import Evaluation, Opening, run, source_of
+from tapecli.store.door import OpenedModel
 
 THRESHOLD = 85.6
 PLOT_FILE = "ruler.png"
@@ -113,9 +115,76 @@ def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int], 
             "effective_length": effective_length(averages, threshold), "mean_prompt_tokens": tokens}
 
 
+@dataclass
+class Ruler(Evaluation):
+    """RULER on one model or several, with `tape eval ruler`'s options; the models share one folder, one
+    settings.json and one results.json (`together`), each row naming its model by index. `notify` receives the
+    lines saying which tasks `--tasks all` skips (before any model is opened)."""
+
+    name = "ruler"
+    unit = "samples"
+    plot_file = PLOT_FILE
+    files = ("heatmap*.png",)
+    together = True
+    tasks: str = "all"
+    lengths: list[int] = field(default_factory=lambda: [4096])
+    samples: int = 500
+    seed: int = 42
+    threshold: float = THRESHOLD
+    haystack: str | None = None
+    qa_data: list[str] | None = None
+    notify: Callable[[str], None] | None = field(default=None, repr=False)
+    chosen: Plan | None = field(default=None, init=False, repr=False)  # the tasks that run, their sources
+    cache: dict[tuple[str, str, int], list] = field(default_factory=dict, init=False, repr=False)  # see _samples
+
+    def check(self, models: list[str]) -> None:
+        for name, value in (("--lengths", min(self.lengths, default=0)), ("--samples", self.samples)):
+            if value < 1:
+                raise TapeError(f"{name} must be a positive integer, got {value}")
+        self.chosen = plan(self.tasks, self.haystack, self.qa_data)
+        for line in self.chosen.skipped:
+            (self.notify or (lambda _: None))(line)
+
+    def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
+        return {"task": "ruler", "models": [source_of(m)[1] for m in models], "tasks": self.chosen.tasks,
+                "lengths": sorted(set(self.lengths)), "samples": self.samples, "seed": self.seed,
+                **self.chosen.described, "dtype": opening.dtype_name(), "pe_args": opening.pe_args}
+
+    def units(self, opened: OpenedModel) -> list[tuple[str, int, int]]:
+        return [(task, length, i) for task in self.chosen.tasks for length in sorted(set(self.lengths))
+                for i in range(self.samples)]
+
+    def key(self, row: dict[str, Any]) -> tuple[str, int, int]:
+        return row["task"], row["length"], row["index"]
+
+    def batches(self, todo: list[tuple[str, int, int]], batch_size: int) -> Iterator[list[tuple[str, int, int]]]:
+        """`batch_size` samples of one (task, length) at a time."""
+        for _, cell in itertools.groupby(todo, key=lambda unit: unit[:2]):
+            yield from super().batches(list(cell), batch_size)
+
+    def evaluate(self, opened: OpenedModel, units: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
+        task, length, _ = units[0]
+        cell = _samples(self.cache, opened.tokenizer, task, length, self.samples, self.chosen.sources, self.seed)
+        return _answer(opened, [cell[i] for _, _, i in units], len(units))
+
+    def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**opened.record(), **summarise(rows, self.chosen.tasks, settings["lengths"], self.threshold)}
+
+    def combine(self, settings: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"task": "ruler", "protocol": PROTOCOL, "threshold": self.threshold, "skipped": self.chosen.skipped,
+                "settings": settings, "models": entries}
+
+    def plot(self, results: dict[str, Any], path: Path, label: str) -> None:
+        _plot(results, path.parent)
+
+    def summary(self, results: dict[str, dict[str, Any]]) -> str:
+        return "\n".join(_table(entry, folder["threshold"], folder["settings"]["lengths"])
+                         for folder in results.values() for entry in folder["models"])
+
+
 def evaluate_ruler(
     models: list[str],
-    out_dir: str | Path,
+    out_dir: str | Path | None,
     tasks: str = "all",
     lengths: list[int] | None = None,
     samples: int = 500,
@@ -130,51 +199,22 @@ def evaluate_ruler(
     show_progress: bool = True,
     notify: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) RULER for every model into `out_dir`; returns what results.json holds."""
-    from tapecli.runtime import resolve_device, resolve_dtype
+    """Run (or resume) RULER for every model into `out_dir` (None: the runner's default folder); returns what
+    results.json holds."""
+    evaluation = Ruler(tasks, lengths or [4096], samples, seed, threshold, haystack, qa_data, notify)
+    report = run(evaluation, models, out_dir, dtype=dtype, device=device, pe_args=pe_args, batch_size=batch_size,
+                 show_progress=show_progress)
+    return report.results[evaluation.name]
 
-    lengths = sorted(set(lengths or [4096]))
-    if not models:
-        raise TapeError("--model: pass at least one model")
-    for name, value in (("--lengths", min(lengths)), ("--samples", samples), ("--batch-size", batch_size)):
-        if value < 1:
-            raise TapeError(f"{name} must be a positive integer, got {value}")
-    chosen = plan(tasks, haystack, qa_data)
-    for line in chosen.skipped:
-        (notify or (lambda _: None))(line)
-    settings = {"task": "ruler", "models": [find_source(m).location for m in models], "tasks": chosen.tasks,
-                "lengths": lengths, "samples": samples, "seed": seed, **chosen.described,
-                "dtype": resolve_dtype(dtype, resolve_device(device))[0], "pe_args": pe_args or {}}
-    started = time.perf_counter()
-    model_results = []
-    with SamplesLog(out_dir, settings) as log, progress_bar("samples", show_progress) as progress:
-        done = {(r["model"], r["task"], r["length"], r["index"]) for r in log.rows}
-        cache: dict[tuple[str, str, int], list] = {}
-        for index, spec in enumerate(models):
-            opened = open_model(spec, dtype=dtype, device=device, pe_args=pe_args)
-            total = len(chosen.tasks) * len(lengths) * samples
-            bar = progress.add_task(f"ruler {opened.name}", total=total,
-                                    completed=sum(1 for key in done if key[0] == index))
-            for task in chosen.tasks:
-                for length in lengths:
-                    todo = [i for i in range(samples) if (index, task, length, i) not in done]
-                    if not todo:
-                        continue
-                    cell = _samples(cache, opened.tokenizer, task, length, samples, chosen.sources, seed)
-                    for start in range(0, len(todo), batch_size):
-                        batch = [cell[i] for i in todo[start : start + batch_size]]
-                        log.append([{"model": index, **row} for row in _answer(opened, batch, batch_size)])
-                        progress.advance(bar, len(batch))
-            rows = [r for r in log.rows if r["model"] == index]
-            model_results.append({**opened.record(), **summarise(rows, chosen.tasks, lengths, threshold)})
-            del opened
-    results = {"task": "ruler", "protocol": PROTOCOL, "threshold": threshold, "skipped": chosen.skipped,
-               "settings": settings, "models": model_results,
-               "seconds_this_session": round(time.perf_counter() - started, 2)}
-    out = Path(out_dir)
-    write_json(out / RESULTS_FILE, results)
-    _plot(results, out)
-    return results
+
+def _table(entry: dict[str, Any], threshold: float, lengths: list[int]) -> str:
+    """One model's scores as a Markdown table, after a line with its effective length."""
+    lines = [f"\n{entry['name']}: effective length {entry['effective_length'] or 'none'} (threshold {threshold})"]
+    for cells in [["task", *map(str, lengths)], ["---"] * (len(lengths) + 1),
+                  *[[t, *(f"{entry['scores'][t][str(n)]:.1f}" for n in lengths)] for t in entry["scores"]],
+                  ["average", *(f"{entry['average'][str(n)]:.1f}" for n in lengths)]]:
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _samples(cache: dict, tokenizer: Any, task: str, length: int, samples: int, sources: Any, seed: int) -> list:
