@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,3 +59,16 @@ def subprocess_env() -> dict[str, str]:
 def cli(*args: str) -> list[str]:
     """argv running the tape CLI with this interpreter."""
     return [sys.executable, "-m", "tapecli.cli", *args]
+
+
+def kill_after_first_checkpoint(args: list[str], out: Path, env: dict[str, str], last_step: int) -> None:
+    """Start `tape ARGS` (a run into `out`), SIGKILL it as soon as its first checkpoint exists, and check that the
+    kill came before the run's last step (`last_step`)."""
+    proc = subprocess.Popen(cli(*args), cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list((out / "checkpoints").glob("step-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    assert proc.wait() == -signal.SIGKILL
+    assert not (out / "checkpoints" / f"step-{last_step:08d}").exists(), "the kill came too late to test anything"

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from train_helpers import REPO, assert_same_weights, cli, subprocess_env, weights, write_recipe
+from train_helpers import (
+    REPO,
+    assert_same_weights,
+    cli,
+    kill_after_first_checkpoint,
+    subprocess_env,
+    weights,
+    write_recipe,
+)
 
 from tapecli.errors import TapeError
 from tapecli.recipe import load_recipe
@@ -66,15 +71,7 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path, tiny_
                    capture_output=True, timeout=300)
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(cli("pretrain", "--recipe", str(recipe), "--out", str(killed)), cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not list((killed / "checkpoints").glob("step-*")):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL
-    assert not (killed / "checkpoints" / "step-00000200").exists(), "the kill came too late to test anything"
+    kill_after_first_checkpoint(["pretrain", "--recipe", str(recipe), "--out", str(killed)], killed, env, 200)
 
     subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(killed), "--resume", "auto"), cwd=REPO,
                    env=env, check=True, capture_output=True, timeout=300)

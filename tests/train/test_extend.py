@@ -5,10 +5,7 @@ the trained tensors, and exact resume after SIGKILL."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +27,14 @@ from tapecli.train.freeze import apply_plan
 
 transformers = pytest.importorskip("transformers")
 from hf_helpers import make_hf_llama, sample_text  # noqa: E402
-from train_helpers import REPO, assert_same_weights, cli, subprocess_env, weights  # noqa: E402
+from train_helpers import (  # noqa: E402
+    REPO,
+    assert_same_weights,
+    cli,
+    kill_after_first_checkpoint,
+    subprocess_env,
+    weights,
+)
 
 runner = CliRunner()
 BASE_LEN, TARGET = 32, 64
@@ -206,15 +210,7 @@ def test_sigkill_then_resume_matches_uninterrupted(base, tmp_path):
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     subprocess.run(cli(*extend_args(base, whole, "longlora", "pi", *extra)), cwd=REPO, env=env, check=True,
                    capture_output=True, timeout=300)
-    proc = subprocess.Popen(cli(*extend_args(base, killed, "longlora", "pi", *extra)), cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while not list((killed / "checkpoints").glob("step-*")):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its first checkpoint"
-        time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    assert proc.wait() == -signal.SIGKILL
-    assert not (killed / "checkpoints" / "step-00000030").exists(), "the kill came too late to test anything"
+    kill_after_first_checkpoint(extend_args(base, killed, "longlora", "pi", *extra), killed, env, 30)
     subprocess.run(cli(*extend_args(base, killed, "longlora", "pi", *extra)), cwd=REPO, env=env, check=True,
                    capture_output=True, timeout=300)
     assert_same_weights(weights(whole), weights(killed))
