@@ -22,7 +22,8 @@ chunk's mask is built from `ScoreBias.pairs` on the chunk's positions.
 Gradients of the bias: for a table (T5's learned buckets) only distances below its last entry need the score
 gradient dS = P (dP - rowsum(dO * O)), on a band of keys per chunk; the last entry, which stands for every longer
 distance, gets minus the band's sum (each row of dS sums to zero: softmax is shift-invariant). Any other learned
-bias (FIRE) gets dS on all visible keys of the chunk, pulled back through `pairs` by autograd.
+bias (FIRE) gets dS on all visible keys of the chunk, pulled back through `pairs` by autograd; those chunks take dq,
+dk and dv from the same P and dS (`input_grads`) instead of also running the kernel's backward.
 """
 
 from __future__ import annotations
@@ -112,6 +113,12 @@ class ChunkMasks:
 def score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
                scale: float) -> Tensor:
     """dS = P (dP - rowsum(dO * O)) [B, H, C, K] for queries q [B, H, C, d] and keys k, v [B, G, K, d]."""
+    return probs_and_score_grad(q, k, v, mask, do, out, lse, scale)[1]
+
+
+def probs_and_score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
+                         scale: float) -> tuple[Tensor, Tensor]:
+    """The chunk's attention weights P and dS (`score_grad`), fp32 at least."""
     B, H, C, d = q.shape
     G = k.shape[1]
     compute = torch.promote_types(q.dtype, torch.float32)
@@ -120,7 +127,21 @@ def score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: T
     scores = (q.view(*grouped, C, d) @ k.unsqueeze(2).transpose(-1, -2)).view(B, H, C, -1) * scale + mask
     probs = (scores - lse.to(compute)[..., None]).exp_()
     dp = (do.view(*grouped, C, -1) @ v.unsqueeze(2).transpose(-1, -2)).view(B, H, C, -1)
-    return probs.mul_(dp.sub_((do * out).sum(-1, keepdim=True)))
+    return probs, probs * dp.sub_((do * out).sum(-1, keepdim=True))
+
+
+def input_grads(q: Tensor, k: Tensor, v: Tensor, do: Tensor, probs: Tensor, ds: Tensor,
+                scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The chunk's dq [B, H, C, d], dk, dv [B, G, K, d] from its P and dS: the kernel's backward by hand, for chunks
+    whose P and dS exist anyway (a learned pair bias needs dS)."""
+    B, H, C, d = q.shape
+    G, K = k.shape[1], k.shape[2]
+    grouped = (B, G, H // G, C)
+    ds, probs = ds.view(*grouped, K), probs.view(*grouped, K)
+    dq = (ds @ k.to(ds.dtype).unsqueeze(2)).view(B, H, C, d) * scale
+    dk = (ds.transpose(-1, -2) @ q.to(ds.dtype).view(*grouped, d)).sum(2) * scale
+    dv = (probs.transpose(-1, -2) @ do.to(ds.dtype).view(*grouped, -1)).sum(2)
+    return dq, dk, dv
 
 
 class ChunkedAttention(torch.autograd.Function):
@@ -172,16 +193,19 @@ class ChunkedAttention(torch.autograd.Function):
                 mask = masks.build(i0, i1, 0, kend, bias.detach())
             else:
                 mask = masks.chunk(i0, i1, 0, kend)
-            g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                do_c, q_c, k[:, :, :kend], v[:, :, :kend], o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
+            if pairs_grad:  # dS is needed for the bias: P and dS give dq, dk, dv too
+                probs, ds = probs_and_score_grad(q_c, k[:, :, :kend], v[:, :, :kend], mask, do_c, o_c, l_c, scale)
+                g_q, g_k, g_v = input_grads(q_c, k[:, :, :kend], v[:, :, :kend], do_c, probs, ds, scale)
+                del probs
+                pairs_grads(d_parameters, parameters, bias, ds)
+            else:
+                g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    do_c, q_c, k[:, :, :kend], v[:, :, :kend], o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
             dq[:, :, i0:i1] = g_q.flip(2)
             dk[:, :, :kend] += g_k
             dv[:, :, :kend] += g_v
             if table_grad:
                 band_grad(d_values, q_c, k, v, do_c, o_c, l_c, masks, i0, i1, scale)
-            if pairs_grad:
-                ds = score_grad(q_c, k[:, :, :kend], v[:, :, :kend], mask, do_c, o_c, l_c, scale)
-                pairs_grads(d_parameters, parameters, bias, ds)
         return dq, dk, dv, d_values, None, None, *d_parameters
 
 

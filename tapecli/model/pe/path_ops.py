@@ -95,7 +95,8 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
             mask = torch.cat((F.pad(mask, (0, pad), value=False),
                               mask.new_ones(*mask.shape[:2], pad, N * C)), dim=-2)
     r = H // G
-    q = q.view(B, G, r, N, C, d)  # the heads of a group share its keys and maps
+    # Every logit is linear in its query: scale the queries once instead of every logit (forward and backward).
+    q = (q * d ** -0.5).view(B, G, r, N, C, d)  # the heads of a group share its keys and maps
     k, w, beta = k.view(B, G, N, C, d), w.view(B, G, N, C, d), beta.view(B, G, N, C)
     AD, corr, wk = chunk_factors(q, k, w, beta)
     q_own = q - corr @ w.unsqueeze(2)  # each query after its own chunk's maps up to itself
@@ -109,7 +110,8 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
     # Per-chunk pieces as separate tensors: each step's gradient lands in its own piece (slicing one big tensor
     # would allocate and add a full-size gradient at every step).
     q_own, own = q_own.unbind(3), own.unbind(3)  # [B, G, r, C, d], [B, G, r, C, C]
-    k_end, maps_t = k_end.transpose(-1, -2).unbind(2), maps_t.unbind(2)  # [B, G, d, C], [B, G, d, d]
+    key_maps = torch.cat((k_end.transpose(-1, -2), maps_t), dim=-1).unbind(2)  # [B, G, d, C + d]: keys | map
+    k_end = k_end.transpose(-1, -2).unbind(2)  # [B, G, d, C]
 
     def group(i0: int, i1: int) -> Tensor:
         a, b = i0 // C, i1 // C  # query chunks a..b-1 against key chunks 0..b-1
@@ -117,19 +119,19 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
         blocks, carried = [], None  # carried [B, G, r, n, C, d]: the queries of the n chunks after m, carried back
         for m in range(b - 1, -1, -1):
             block = None
-            if carried is not None:  # rows flattened: one batched matmul over (B, G)
-                block = (carried.reshape(B, G, -1, d) @ k_end[m]).view(*carried.shape[:-1], C)
+            if carried is not None:  # one batched matmul over (B, G): the block of key chunk m, and the rows
+                both = carried.reshape(B, G, -1, d) @ (key_maps[m] if m > 0 else k_end[m])  # carried through m
+                block = both[..., :C].unflatten(2, carried.shape[2:-1])
+                if m > 0:
+                    carried = both[..., C:].unflatten(2, carried.shape[2:-1])
             if m >= a:  # the group's chunks before m cannot see key chunk m; chunk m sees it causally
                 block = torch.cat([hidden[:, :, :, :m - a], own[m].unsqueeze(3)] + ([] if block is None else [block]),
                                   dim=3)
             blocks.append(block)
-            if m > 0:  # on to key chunk m - 1: through chunk m's maps, and chunk m's own queries join
-                if carried is not None:
-                    carried = (carried.reshape(B, G, -1, d) @ maps_t[m]).view(carried.shape)
-                if m >= a:
-                    joined = q_own[m].unsqueeze(3)
-                    carried = joined if carried is None else torch.cat((joined, carried), dim=3)
-        logits = torch.cat(blocks[::-1], dim=-1).flatten(3, 4) * d ** -0.5  # [B, G, r, rows, b C]
+            if m > 0 and m >= a:  # on to key chunk m - 1: chunk m's own queries join
+                joined = q_own[m].unsqueeze(3)
+                carried = joined if carried is None else torch.cat((joined, carried), dim=3)
+        logits = torch.cat(blocks[::-1], dim=-1).flatten(3, 4)  # [B, G, r, rows, b C]
         if mask is not None:
             logits = logits.masked_fill(~mask[..., i0:i1, :b * C], float("-inf"))
         return logits.softmax(-1) @ v[..., :b * C, :]
