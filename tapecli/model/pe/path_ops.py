@@ -119,8 +119,8 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
         blocks, carried = [], None  # carried [B, G, r, n, C, d]: the queries of the n chunks after m, carried back
         for m in range(b - 1, -1, -1):
             block = None
-            if carried is not None:  # one batched matmul over (B, G): the block of key chunk m, and the rows
-                both = carried.reshape(B, G, -1, d) @ (key_maps[m] if m > 0 else k_end[m])  # carried through m
+            if carried is not None:  # one batched matmul over (B, G): key chunk m's logits and, for m > 0, the
+                both = carried.reshape(B, G, -1, d) @ (key_maps[m] if m > 0 else k_end[m])  # rows through its maps
                 block = both[..., :C].unflatten(2, carried.shape[2:-1])
                 if m > 0:
                     carried = both[..., C:].unflatten(2, carried.shape[2:-1])
