@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tapecli.model.attention.dense import visible
 from tapecli.model.attention.needs import ScoreBias
 
 CHUNK_ELEMENTS = 1 << 23  # mask / score elements per chunk (B x H x C x Tk): 32 MiB in fp32
@@ -95,11 +96,7 @@ class ChunkMasks:
         `bias`: this chunk's bias when the caller has it already."""
         q_pos = self.q_pos[..., i0:i1].flip(-1)
         rows = torch.arange(self.past + i1 - 1, self.past + i0 - 1, -1, device=q_pos.device)  # key index of itself
-        keys = torch.arange(k0, k1, device=q_pos.device)
-        allowed = keys <= rows[:, None]  # [C, K]
-        if self.key_mask is not None:
-            allowed = allowed & (self.key_mask[:, None, k0:k1] | (keys == rows[:, None]))  # [B, C, K]
-        allowed = allowed.unsqueeze(-3) if allowed.dim() == 3 else allowed[None, None]
+        allowed = visible(rows, torch.arange(k0, k1, device=q_pos.device), self.key_mask)
         if self.bias is None:
             zeros = torch.zeros(allowed.shape, dtype=self.dtype, device=q_pos.device)
             return zeros.masked_fill(~allowed, float("-inf"))

@@ -68,13 +68,19 @@ def dense_mask(bias: Tensor | None, key_mask: Tensor | None, q_len: int, k_len: 
             return None, True
     if bias is None and key_mask is None:
         return None, False  # not causal: everything sees everything
-    allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
-    if causal:
-        allowed = allowed.tril(past)
-    if key_mask is not None:
-        itself = torch.arange(k_len, device=device) == torch.arange(past, k_len, device=device)[:, None]
-        allowed = allowed & (key_mask[:, None, :] | itself)  # [B, q_len, k_len]
-    allowed = allowed.unsqueeze(-3) if allowed.dim() == 3 else allowed
+    allowed = visible(torch.arange(past, k_len, device=device), torch.arange(k_len, device=device), key_mask, causal)
     if bias is None:
         return allowed, False
     return bias.to(dtype).masked_fill(~allowed, float("-inf")), False
+
+
+def visible(rows: Tensor, keys: Tensor, key_mask: Tensor | None, causal: bool = True) -> Tensor:
+    """Which keys each query sees: query r (its own key index rows[r]) sees key keys[c] when keys[c] <= rows[r]
+    (causal) and the key is not padding (`key_mask` [B, >= max(keys) + 1], False for padding), except itself, so a
+    padded query's row stays finite. [1, 1, R, K] bool, or [B, 1, R, K] with a key mask."""
+    allowed = keys <= rows[:, None] if causal else torch.ones(len(rows), len(keys), dtype=torch.bool,
+                                                                   device=keys.device)
+    if key_mask is not None:
+        allowed = allowed & (key_mask[:, None, keys] | (keys == rows[:, None]))  # [B, R, K]
+        return allowed.unsqueeze(-3)
+    return allowed[None, None]
