@@ -21,6 +21,7 @@ from tapecli.model.attention import chunked, flex, recompute
 
 BIAS_PES = ("alibi", "t5", "fire")
 TOL = 1e-10  # fp64
+PATH_CHUNKS = {"path": {"pe_args": {"chunk_size": 4}}}  # PaTH: several chunks at test lengths, then merged
 
 
 @pytest.fixture
@@ -159,7 +160,7 @@ def test_model_training_paths_equal_the_dense_reference(small_chunks, pe, paddin
     """Every PE's training step (the default paths, several chunks) equals the same model with every score
     materialised (attention.forced("dense"); CoPE: one chunk; PaTH: its key-carrying path, neither recomputed),
     logits and gradients, with grouped-query heads and padding on either side."""
-    model = randomize_tape(tiny(pe, n_kv_heads=2), std=0.3).double().train()
+    model = randomize_tape(tiny(pe, n_kv_heads=2, **PATH_CHUNKS.get(pe, {})), std=0.3).double().train()
     x = torch.randint(0, VOCAB, (2, 22), generator=torch.Generator().manual_seed(4))
     mask = None
     if padding:
@@ -221,7 +222,7 @@ def test_cached_chunked_prefill_equals_recomputation(small_chunks, pe, overrides
 def test_own_attention_recompute_gradients_equal_one_chunk(small_chunks, pe):
     """CoPE's and PaTH's training paths (several recomputed query groups) give the gradients of one unchunked
     pass (whose forward test_contextual_pe checks against naive loops)."""
-    model = randomize_tape(tiny(pe, n_kv_heads=2), std=0.3).double().train()
+    model = randomize_tape(tiny(pe, n_kv_heads=2, **PATH_CHUNKS.get(pe, {})), std=0.3).double().train()
     x = torch.randint(0, VOCAB, (2, 21), generator=torch.Generator().manual_seed(2))
     params = [p for p in model.parameters() if p.requires_grad]
     with attention.recording() as taken:

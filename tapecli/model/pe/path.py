@@ -34,9 +34,10 @@ chunk too). The cached keys of past tokens are exactly these advanced keys: the 
 least, in place; raw keys are never kept) holds them, and its `state["path_conv"]` the short convolution's last
 inputs, so cached decoding gives the logits of recomputation. Tested against a naive fp64 loop over all (i, j).
 Training (gradients, no past) computes the same logits carrying each query backwards through the chunks' maps
-instead (`path_ops.path_attention_by_queries`), so groups of query chunks are independent and are recomputed in
-the backward: memory stays O(T d) per head instead of keeping every chunk's logits and keys. (The plan names:
-path-recompute for training, path-chunked otherwise, fla for fla's kernel.)
+instead (`path_ops.path_attention_by_queries`: chunks merged up to eight at a time, then one merged chunk of
+queries after another, whose logits the hand-written backward recomputes), so memory stays linear in T instead of
+keeping every chunk's logits and keys. (The plan names: path-recompute for training, path-chunked otherwise, fla
+for fla's kernel.)
 
 Padding (`attention_mask`): a padded token gets beta = 0 and u = 0 (H = I, and later tokens' short convolution
 sees zeros there, as before a sequence's first token), and attention hides its key, so with left padding (or right
@@ -135,7 +136,7 @@ class PaTHLayer(LayerPE):
     def plan(self, device_type: str, dtype: torch.dtype, q_len: int, k_len: int, grad: bool, cached: bool,
              padded: bool = False) -> str:
         """fla: fla's fused kernel (CUDA, half precision, no past, no padding); path-recompute: training without a
-        past, groups of query chunks recomputed in the backward (path_ops.path_attention_by_queries);
+        past, query chunks recomputed in the backward (path_ops.path_attention_by_queries);
         path-chunked: chunk by chunk carrying the transformed keys (a KV cache, no gradients, or the reference under
         attention.forced("dense"))."""
         if forced_path() == "dense":

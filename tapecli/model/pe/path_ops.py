@@ -12,9 +12,12 @@ is independent of the others: a query is carried backwards through the chunks' m
   a_ij = (q'_i M_{c-1}^T ... M_{c'+1}^T) . k^_j     (i in chunk c, j in an earlier chunk c')
 
 with q'_i the query after its own chunk's maps up to itself, k^_j the key after its own chunk's maps from itself
-to the chunk's end, and M_b = I - W_b^T (A D)_b^T W_b the d x d map of chunk b (keys <- keys M_b). Each group of
-queries then runs under `tapecli.model.attention.recompute` (recomputed in the backward), so training keeps only
-O(T d) per head. Both are tested against a naive fp64 loop over all (i, j).
+to the chunk's end, and M_b = I - W_b^T (A D)_b^T W_b the d x d map of chunk b (keys <- keys M_b). For training,
+`training_pieces` first merges S consecutive chunks into one (`merge_chunks`: each merged chunk's keys carried to
+its end, its map the product of its chunks', its own logits; linear in T), so the walk over earlier chunks pays
+one d x d map per S C keys instead of per C; those pieces are recomputed in the backward (a checkpoint). Then
+`path_groups.QueryGroups` runs the walk one merged chunk of queries at a time, with its backward written out, so
+training keeps O(T (d + S C)) per head. Both arrangements are tested against a naive fp64 loop over all (i, j).
 """
 
 from __future__ import annotations
@@ -22,8 +25,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from tapecli.model.attention import recompute
+from tapecli.model.pe.path_groups import QueryGroups
+
+MERGE = 8  # chunks per merged chunk of the training arrangement (`merge_chunks`)
 
 
 def chunk_factors(q: Tensor, k: Tensor, w: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -80,23 +87,41 @@ def path_attention(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, beta: Tensor, 
     return torch.cat(outputs, dim=-2).reshape(B, H, T, d), keys if keep_keys else None
 
 
-def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, mask: Tensor | None,
-                              chunk_size: int) -> Tensor:
-    """`path_attention` of T tokens with no earlier ones (same arguments; k, v [B, G, T, d]), arranged by groups
-    of query chunks, each recomputed in the backward: memory O(T d) per head plus one group's [rows, T] logits."""
+def merge_chunks(q_own: Tensor, own: Tensor, keys: Tensor, maps: Tensor,
+                 S: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`QueryGroups`'s inputs for chunks of S C tokens from those for chunks of C (N a multiple of S), every merged
+    chunk at once: its keys carried to its end and its map (the product of its chunks' maps), and, walking its
+    chunks back as `QueryGroups` walks key chunks, its queries carried to its start (q_own) and its own logits."""
+    B, G, r, N, C, d = q_own.shape
+    n = N // S
+    # Unbound once: the gradient of each chunk's piece lands in its own tensor (slicing would allocate a full-size
+    # gradient per slice).
+    q_own, own = q_own.unflatten(3, (n, S)).unbind(4), own.unflatten(3, (n, S)).unbind(4)  # [B, G, r, n, C, .]
+    keys, maps = keys.unflatten(2, (n, S)).unbind(3), maps.unflatten(2, (n, S)).unbind(3)  # [B, G, n, d, .]
+    merged_keys, merged_map = keys[0], maps[0]
+    for j in range(1, S):  # keys <- keys M_j, and the map M_0 ... M_j (transposed: maps of row vectors)
+        merged_keys = torch.cat((maps[j] @ merged_keys, keys[j]), dim=-1)
+        merged_map = maps[j] @ merged_map
+    columns: list[Tensor] = []  # columns[j]: every chunk's logits against chunk j, [B, G, r, n, S C, C]
+    x = None  # the queries of chunks j+1..S-1 carried to the end of chunk j, [B, G, r, n, rows, d]
+    for j in range(S - 1, -1, -1):
+        column = [own[j].new_full((B, G, r, n, j * C, C), float("-inf")), own[j]]
+        if x is not None:  # one map for the r query heads of a key head
+            column.append(x @ keys[j].unsqueeze(2))
+            x = x @ maps[j].unsqueeze(2)
+        columns.insert(0, torch.cat(column, dim=-2))
+        x = q_own[j] if x is None else torch.cat((q_own[j], x), dim=-2)
+    return x, torch.cat(columns, dim=-1), merged_keys, merged_map
+
+
+def training_pieces(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, C: int,
+                    S: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`QueryGroups`'s inputs (q_own, own, keys, maps) for chunks of S C tokens, from q [B, H, N C, d] and k, w
+    [B, G, N C, d], beta [B, G, N C] (N a multiple of S)."""
     B, H, T, d = q.shape
-    G, C = k.shape[1], chunk_size
-    N = -(-T // C)
-    if N * C != T:  # pad to whole chunks: H = I there (w = 0, beta = 0), and real queries never see those keys
-        pad = N * C - T
-        q, k, v, w = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, w))
-        beta = F.pad(beta, (0, pad))
-        if mask is not None:
-            mask = torch.cat((F.pad(mask, (0, pad), value=False),
-                              mask.new_ones(*mask.shape[:2], pad, N * C)), dim=-2)
-    r = H // G
+    G, N = k.shape[1], T // C
     # Every logit is linear in its query: scale the queries once instead of every logit (forward and backward).
-    q = (q * d ** -0.5).view(B, G, r, N, C, d)  # the heads of a group share its keys and maps
+    q = (q * d ** -0.5).view(B, G, H // G, N, C, d)  # the heads of a group share its keys and maps
     k, w, beta = k.view(B, G, N, C, d), w.view(B, G, N, C, d), beta.view(B, G, N, C)
     AD, corr, wk = chunk_factors(q, k, w, beta)
     q_own = q - corr @ w.unsqueeze(2)  # each query after its own chunk's maps up to itself
@@ -104,40 +129,32 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
     own = (q @ k.unsqueeze(2).transpose(-1, -2) - corr @ wk.unsqueeze(2)).masked_fill(~causal, float("-inf"))
     k_end = k - (AD @ wk).transpose(-1, -2) @ w  # each key after its own chunk's maps, to the chunk's end
     maps_t = torch.eye(d, dtype=q.dtype, device=q.device) - (AD.transpose(-1, -2) @ w).transpose(-1, -2) @ w
-    v = v.unsqueeze(2)
-    if mask is not None:
-        mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (G, r))
-    # Per-chunk pieces as separate tensors: each step's gradient lands in its own piece (slicing one big tensor
-    # would allocate and add a full-size gradient at every step).
-    q_own, own = q_own.unbind(3), own.unbind(3)  # [B, G, r, C, d], [B, G, r, C, C]
-    key_maps = torch.cat((k_end.transpose(-1, -2), maps_t), dim=-1).unbind(2)  # [B, G, d, C + d]: keys | map
-    k_end = k_end.transpose(-1, -2).unbind(2)  # [B, G, d, C]
+    if S == 1:
+        return q_own, own, k_end.transpose(-1, -2), maps_t
+    return merge_chunks(q_own, own, k_end.transpose(-1, -2), maps_t, S)
 
-    def group(i0: int, i1: int) -> Tensor:
-        a, b = i0 // C, i1 // C  # query chunks a..b-1 against key chunks 0..b-1
-        hidden = q.new_full((B, G, r, b - a, C, C), float("-inf"))
-        blocks, carried = [], None  # carried [B, G, r, n, C, d]: the queries of the n chunks after m, carried back
-        for m in range(b - 1, -1, -1):
-            block = None
-            if carried is not None:  # one batched matmul over (B, G): key chunk m's logits and, for m > 0, the
-                both = carried.reshape(B, G, -1, d) @ (key_maps[m] if m > 0 else k_end[m])  # rows through its maps
-                block = both[..., :C].unflatten(2, carried.shape[2:-1])
-                if m > 0:
-                    carried = both[..., C:].unflatten(2, carried.shape[2:-1])
-            if m >= a:  # the group's chunks before m cannot see key chunk m; chunk m sees it causally
-                block = torch.cat([hidden[:, :, :, :m - a], own[m].unsqueeze(3)] + ([] if block is None else [block]),
-                                  dim=3)
-            blocks.append(block)
-            if m > 0 and m >= a:  # on to key chunk m - 1: chunk m's own queries join
-                joined = q_own[m].unsqueeze(3)
-                carried = joined if carried is None else torch.cat((joined, carried), dim=3)
-        logits = torch.cat(blocks[::-1], dim=-1).flatten(3, 4)  # [B, G, r, rows, b C]
+
+def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, mask: Tensor | None,
+                              chunk_size: int) -> Tensor:
+    """`path_attention` of T tokens with no earlier ones (same arguments; k, v [B, G, T, d]), by merged chunks of
+    queries carried back (module docstring): memory O(T (d + S C)) per head plus one merged chunk's [S C, T]
+    logits. T is padded to whole merged chunks."""
+    B, H, T, d = q.shape
+    G, C = k.shape[1], chunk_size
+    N = -(-T // C)
+    # Chunks per merged chunk: up to MERGE, as many as keep one merged chunk's logits [B, H, S C, T] in budget.
+    S = max(1, min(MERGE, N, recompute.rows_for(B, H, N * C, N * C, 4 * recompute.SCORE_ELEMENTS) // C))
+    N = -(-N // S) * S
+    if N * C != T:  # pad to whole chunks: H = I there (w = 0, beta = 0), and real queries never see those keys
+        pad = N * C - T
+        q, k, v, w = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v, w))
+        beta = F.pad(beta, (0, pad))
         if mask is not None:
-            logits = logits.masked_fill(~mask[..., i0:i1, :b * C], float("-inf"))
-        return logits.softmax(-1) @ v[..., :b * C, :]
-
-    # Groups 4x the usual query chunk: every step of a group is a batched matmul over its rows, and fewer, larger
-    # steps cost less than many small ones.
-    rows = recompute.rows_for(B, H, N * C, N * C, 4 * recompute.SCORE_ELEMENTS, multiple=C)
-    out = recompute.by_query_chunks(group, N * C, rows)
+            mask = torch.cat((F.pad(mask, (0, pad), value=False),
+                              mask.new_ones(*mask.shape[:2], pad, N * C)), dim=-2)
+    if mask is not None:
+        mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (G, H // G))
+    # The pieces are linear in T (T x S C logits per head at most): recomputed in the backward rather than kept.
+    pieces = checkpoint(training_pieces, q, k, w, beta, C, S, use_reentrant=False, preserve_rng_state=False)
+    out = QueryGroups.apply(*pieces, v, mask)
     return out[..., :T, :].reshape(B, H, T, d)
