@@ -30,14 +30,14 @@ def chunk_logits(q_own: Tensor, keys: Tensor, maps: Tensor, a: int) -> tuple[Ten
     """L [a, B, G, r C, C]: chunk a's queries against the key chunks before it, and X_m [B, G, r C, d], m < a."""
     B, G, r, N, C, d = q_own.shape
     logits = q_own.new_empty(a, B, G, r * C, C)
-    carried: list[Tensor] = [q_own.new_empty(0)] * a
+    carried: list[Tensor] = []  # X_{a-1}, ..., X_0
     x = q_own[:, :, :, a].reshape(B, G, r * C, d)
     for m in range(a - 1, -1, -1):
-        carried[m] = x
+        carried.append(x)
         torch.matmul(x, keys[:, :, m], out=logits[m])
         if m > 0:
             x = x @ maps[:, :, m]
-    return logits, carried
+    return logits, carried[::-1]
 
 
 def hide(logits: Tensor, own: Tensor, mask: Tensor | None, a: int) -> None:
