@@ -52,6 +52,22 @@ def hide(logits: Tensor, own: Tensor, mask: Tensor | None, a: int) -> None:
         logits.view(a, *own.shape).masked_fill_(~earlier, float("-inf"))
 
 
+def chunk_scores(q_own: Tensor, own: Tensor, keys: Tensor, maps: Tensor, mask: Tensor | None,
+                 a: int) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """Chunk a's masked logits: L [a, B, G, r C, C] against the earlier key chunks, its own block [B, G, r C, C] (a
+    copy), and the carried queries X_m (`chunk_logits`)."""
+    B, G, r, N, C, d = q_own.shape
+    logits, carried = chunk_logits(q_own, keys, maps, a)
+    block = own[:, :, :, a].clone()
+    hide(logits, block, mask, a)
+    return logits, block.view(B, G, r * C, C), carried
+
+
+def by_chunk(t: Tensor, C: int) -> Tensor:
+    """[B, G, N C, d] viewed as [N, B, G, C, d]."""
+    return t.unflatten(2, (-1, C)).permute(2, 0, 1, 3, 4)
+
+
 class QueryGroups(torch.autograd.Function):
     """Exact PaTH attention from its per-chunk pieces (module docstring); differentiable in q_own, own, keys, maps
     and v."""
@@ -62,12 +78,9 @@ class QueryGroups(torch.autograd.Function):
         B, G, r, N, C, d = q_own.shape
         out = q_own.new_empty(B, G, r, N * C, d)
         lse = q_own.new_empty(B, G, r, N * C, 1)
-        values = v.view(B, G, N, C, d).transpose(1, 2).transpose(0, 1)  # [N, B, G, C, d]
+        values = by_chunk(v, C)
         for a in range(N):
-            logits, _ = chunk_logits(q_own, keys, maps, a)
-            block = own[:, :, :, a].clone()
-            hide(logits, block, mask, a)
-            block = block.view(B, G, r * C, C)
+            logits, block, _ = chunk_scores(q_own, own, keys, maps, mask, a)
             top = torch.maximum(logits.amax((0, -1)), block.amax(-1)) if a else block.amax(-1)
             top = top.unsqueeze(-1)
             block = block.sub_(top).exp_()
@@ -88,18 +101,15 @@ class QueryGroups(torch.autograd.Function):
         B, G, r, N, C, d = q_own.shape
         d_q_own, d_own = torch.zeros_like(q_own), torch.zeros_like(own)
         d_keys, d_maps, dv = torch.zeros_like(keys), torch.zeros_like(maps), torch.zeros_like(v)
-        values = v.view(B, G, N, C, d).transpose(1, 2).transpose(0, 1)  # [N, B, G, C, d]
-        d_values = dv.view(B, G, N, C, d).transpose(1, 2).transpose(0, 1)
+        values, d_values = by_chunk(v, C), by_chunk(dv, C)
         delta = (grad_out * out).sum(-1, keepdim=True)
         for a in range(N):
             rows = slice(a * C, (a + 1) * C)
             do = grad_out[..., rows, :].reshape(B, G, r * C, d)
             row_lse = lse[..., rows, :].reshape(B, G, r * C, 1)
             row_delta = delta[..., rows, :].reshape(B, G, r * C, 1)
-            logits, carried = chunk_logits(q_own, keys, maps, a)
-            block = own[:, :, :, a].clone()
-            hide(logits, block, mask, a)
-            block = block.view(B, G, r * C, C).sub_(row_lse).exp_()
+            logits, block, carried = chunk_scores(q_own, own, keys, maps, mask, a)
+            block = block.sub_(row_lse).exp_()
             d_values[a] += block.transpose(-1, -2) @ do
             d_own[:, :, :, a] = ((do @ values[a].transpose(-1, -2)).sub_(row_delta).mul_(block)).view(B, G, r, C, C)
             if not a:
