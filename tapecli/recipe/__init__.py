@@ -3,7 +3,8 @@
     tapecli/recipe/schema.py   the sections and their checks (`Recipe`, `load_recipe`)
     tapecli/recipe/values.py   type-checking values and applying `key=value` overrides
     tapecli/recipe/files.py    where recipe YAML comes from (a path, or a shipped name)
-    tapecli/recipe/shipped/    the shipped recipes (package data), `tape recipes` lists them
+    recipes/ (repository top)  the shipped recipes (a wheel carries them as tapecli/recipe/shipped/); `tape recipes`
+                               lists them
 """
 
 from tapecli.recipe.files import list_recipes, recipe_text

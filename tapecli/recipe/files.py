@@ -1,4 +1,8 @@
-"""Where recipe YAML comes from: a file path, or a recipe shipped with tape (package data `tapecli/recipe/shipped/`)."""
+"""Where recipe YAML comes from: a file path, or a recipe shipped with tape.
+
+The shipped recipes live in `recipes/` at the top of the repository; a built wheel carries a copy as package data
+`tapecli/recipe/shipped/` (setup.py). The packaged copy wins when there is one (an installed wheel), else the
+checkout's `recipes/` (a source checkout or an editable install)."""
 
 from __future__ import annotations
 
@@ -11,13 +15,16 @@ from tapecli.errors import TapeError
 from tapecli.faults import reading
 
 
-def _shipped_dir() -> Traversable:
-    """The folder of shipped recipes (package data of `tapecli.recipe`)."""
-    return resources.files("tapecli.recipe") / "shipped"
+def shipped_dir() -> Traversable:
+    """The folder of shipped recipes: the wheel's package data, else the checkout's `recipes/`."""
+    packaged = resources.files("tapecli.recipe") / "shipped"
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parents[2] / "recipes"
 
 
 def _shipped() -> dict[str, Traversable]:
-    return {p.name[: -len(".yaml")]: p for p in _shipped_dir().iterdir() if p.name.endswith(".yaml")}
+    return {p.name[: -len(".yaml")]: p for p in shipped_dir().iterdir() if p.name.endswith(".yaml")}
 
 
 def list_recipes() -> list[tuple[str, str]]:
@@ -38,6 +45,8 @@ def locate(recipe: str) -> tuple[str, str]:
             return str(path), path.read_text(encoding="utf-8")
     shipped = _shipped()
     name = recipe[: -len(".yaml")] if recipe.endswith(".yaml") else recipe
+    if path.parent.name == "recipes" and path.name.endswith(".yaml"):
+        name = path.name[: -len(".yaml")]  # `recipes/c4.yaml` outside a checkout: the shipped copy
     if name in shipped:
         return f"{name}.yaml", shipped[name].read_text(encoding="utf-8")
     close = difflib.get_close_matches(name, list(shipped), n=1)

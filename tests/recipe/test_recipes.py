@@ -229,13 +229,24 @@ def test_shipped_model_sections_build_a_valid_model_config(name):
 
 
 def test_shipped_recipes_are_package_data_of_the_wheel(tmp_path):
-    """`--recipe c4.yaml` must work after a non-editable `pip install .`: the YAML files ship in the wheel."""
+    """`--recipe c4` and `--recipe recipes/c4.yaml` must work after a non-editable `pip install .`: the YAML files of
+    the top-level recipes/ ship in the wheel as tapecli/recipe/shipped/ (setup.py), and the installed package finds
+    them there, away from any checkout."""
     repo = Path(__file__).resolve().parents[2]
+    assert {name for name, _ in list_recipes()} == {p.stem for p in (repo / "recipes").glob("*.yaml")}
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(tmp_path), str(repo)], check=True, capture_output=True, timeout=300)
     wheel = next(tmp_path.glob("tapecli-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {f"tapecli/recipe/shipped/{name}.yaml" for name, _ in list_recipes()} <= names
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)  # what pip install puts in site-packages
+    probe = ("from tapecli.recipe.files import locate, shipped_dir; import tapecli; "
+             "print(tapecli.__file__); print(shipped_dir()); "
+             "print(locate('c4')[1] == locate('recipes/c4.yaml')[1] == locate('c4.yaml')[1])")
+    out = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(site)!r}); {probe}"],
+                         cwd=tmp_path, check=True, capture_output=True, text=True, timeout=120).stdout.split("\n")
+    assert out[0].startswith(str(site)) and out[1] == str(site / "tapecli" / "recipe" / "shipped") and out[2] == "True"
 
 
 def test_extend_exists_only_for_context_extensions():
