@@ -115,7 +115,7 @@ def _acquire(directory: Path, what: str, command: str, beside: bool) -> _Held:
     lock, info = claim_files(directory, beside)
     with writing(lock):
         lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         host = socket.gethostname()

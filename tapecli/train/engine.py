@@ -44,7 +44,14 @@ from tapecli.store.checkpoint import (
     save_checkpoint,
 )
 from tapecli.store.claim import claim
-from tapecli.store.run import CHECKPOINTS, removed_on_failure, run_recipe_path, write_run_files
+from tapecli.store.run import (
+    CHECKPOINTS,
+    check_no_links,
+    removed_on_failure,
+    run_entries,
+    run_recipe_path,
+    write_run_files,
+)
 from tapecli.train import distributed, fsdp, memory
 from tapecli.train.build import build_model
 from tapecli.train.continuation import check_continuation
@@ -119,6 +126,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     The caller's recipe is left as it is: the job holds a resolved copy (`resolve_recipe`), which RUN/recipe.yaml
     records."""
     faults.check_output_dir(out)
+    check_no_links(out, run_entries(out), "a run directory")
     check_loggers(recipe.train.loggers)
     precision = _check_hardware(recipe, env)
     resume_from = find_resume(out, resume)
