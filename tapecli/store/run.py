@@ -68,16 +68,17 @@ def write_run_files(run_dir: Path, recipe_yaml: str, seed: int, command: list[st
 
 @contextmanager
 def removed_on_failure(run_dir: Path) -> Iterator[None]:
-    """Undo what a failed setup created in `run_dir`: the directory itself if it is new, else new cache entries
-    (a too-small corpus must not leave a tokenized `cache/` behind)."""
-    existed = run_dir.exists()
+    """Undo what a failed setup created in `run_dir`: the directory itself if it is new (and the parents it needed),
+    else new cache entries (a too-small corpus must not leave a tokenized `cache/` behind)."""
+    run_dir = Path(run_dir)
+    created = next((p for p in (*reversed(run_dir.absolute().parents), run_dir.absolute()) if not p.exists()), None)
     cache = run_dir / "cache"
     before = set(cache.iterdir()) if cache.is_dir() else None
     try:
         yield
     except BaseException:
-        if not existed:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         elif before is None:
             shutil.rmtree(cache, ignore_errors=True)
         elif cache.is_dir():
