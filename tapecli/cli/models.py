@@ -25,13 +25,15 @@ def export(
     import torch
 
     from tapecli.model.hf_export import export_hf
+    from tapecli.store.claim import claim
     from tapecli.store.door import open_model
 
     if dtype not in ("float32", "bfloat16"):
         raise TapeError(f"--dtype: expected float32 or bfloat16, got {dtype!r}")
     opened = open_model(checkpoint, device="cpu", dtype="fp32", what="--checkpoint")
     model, tokenizer = opened.model, opened.tokenizer
-    wrote_tokenizer = export_hf(model, tokenizer, out, dtype=getattr(torch, dtype))
+    with claim(out, beside=True):  # --out must stay empty until it is renamed into place: the claim sits beside it
+        wrote_tokenizer = export_hf(model, tokenizer, out, dtype=getattr(torch, dtype))
     note = "" if wrote_tokenizer else f" (no tokenizer: the {tokenizer.kind} tokenizer has no Hugging Face form)"
     typer.echo(f"wrote a Hugging Face Llama to {out}{note}")
 

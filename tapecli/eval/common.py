@@ -19,6 +19,7 @@ Output directory layout shared by all evaluations:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from tapecli.errors import TapeError
 from tapecli.faults import reading
 from tapecli.files import JsonlLog, write_atomic
+from tapecli.store.claim import claim
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -97,11 +99,22 @@ class SamplesLog(JsonlLog):
                  keep: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None) -> None:
         self.out = Path(out_dir)
         self._created = next((f for f in (*reversed(self.out.parents), self.out) if not f.exists()), None)
-        self.out.mkdir(parents=True, exist_ok=True)
-        path = self.out / SAMPLES_FILE
-        started = path.is_file() and path.stat().st_size > 0
-        claim_settings(self.out, settings, started=started, stale=[SAMPLES_FILE])
-        super().__init__(path, keep)
+        self._held = contextlib.ExitStack()
+        self._held.enter_context(claim(self.out))  # one writer per folder (tapecli.store.claim); creates it
+        try:
+            path = self.out / SAMPLES_FILE
+            started = path.is_file() and path.stat().st_size > 0
+            claim_settings(self.out, settings, started=started, stale=[SAMPLES_FILE])
+            super().__init__(path, keep)
+        except BaseException:
+            self._held.close()
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._held.close()
 
     def __exit__(self, kind: type | None, *exc: object) -> None:
         self.close()

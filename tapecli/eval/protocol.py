@@ -65,6 +65,7 @@ from tapecli.errors import TapeError
 from tapecli.eval.common import RESULTS_FILE, SAMPLES_FILE, SamplesLog, progress_bar
 from tapecli.faults import check_output_dir
 from tapecli.files import write_atomic, write_json
+from tapecli.store.claim import claim
 from tapecli.store.door import OpenedModel, find_source, open_model
 from tapecli.store.run import eval_dir
 
@@ -223,9 +224,9 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
         free_memory()
     if len(models) > 1:
         report.comparison = Path(out) if out is not None else Path(f"eval-{evaluation.name}-comparison")
-        report.comparison.mkdir(parents=True, exist_ok=True)
-        write_json(report.comparison / COMPARISON_FILE, report.results)
-        evaluation.compare(report.results, report.comparison)
+        with claim(report.comparison):
+            write_json(report.comparison / COMPARISON_FILE, report.results)
+            evaluation.compare(report.results, report.comparison)
     return report
 
 

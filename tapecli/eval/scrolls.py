@@ -39,6 +39,7 @@ from tapecli.eval.common import RESULTS_FILE, generate_batch
 from tapecli.eval.protocol import Evaluation, Opening, default_folder, evaluate_one, free_memory
 from tapecli.faults import check_output_dir
 from tapecli.files import write_json
+from tapecli.store.claim import claim
 from tapecli.store.door import OpenedModel
 from tapecli.store.run import safe_name
 
@@ -266,8 +267,8 @@ def score_predictions_file(task: str, predictions: str, split: str = "validation
     scores = metric.score_predictions(task, loaded, data.references_by_id(examples), where=str(predictions))
     result = {"task": task, "split": split, "predictions": str(path.resolve()), **scores}
     if out is not None:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        write_json(Path(out) / RESULTS_FILE, result)
+        with claim(out):
+            write_json(Path(out) / RESULTS_FILE, result)
     return result
 
 

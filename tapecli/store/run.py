@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import tapecli
+from tapecli.errors import TapeError
 from tapecli.faults import reading
 from tapecli.files import JsonlLog, read_jsonl, write_atomic
 
@@ -66,16 +68,17 @@ def write_run_files(run_dir: Path, recipe_yaml: str, seed: int, command: list[st
 
 @contextmanager
 def removed_on_failure(run_dir: Path) -> Iterator[None]:
-    """Undo what a failed setup created in `run_dir`: the directory itself if it is new, else new cache entries
-    (a too-small corpus must not leave a tokenized `cache/` behind)."""
-    existed = run_dir.exists()
+    """Undo what a failed setup created in `run_dir`: the directory itself if it is new (and the parents it needed),
+    else new cache entries (a too-small corpus must not leave a tokenized `cache/` behind)."""
+    run_dir = Path(run_dir)
+    created = next((p for p in (*reversed(run_dir.absolute().parents), run_dir.absolute()) if not p.exists()), None)
     cache = run_dir / "cache"
     before = set(cache.iterdir()) if cache.is_dir() else None
     try:
         yield
     except BaseException:
-        if not existed:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         elif before is None:
             shutil.rmtree(cache, ignore_errors=True)
         elif cache.is_dir():
@@ -114,6 +117,30 @@ def run_of(checkpoint: Path) -> Path | None:
     return checkpoint.parent.parent if checkpoint.parent.name == CHECKPOINTS else None
 
 
+def check_no_links(root: Path, entries: list[Path], what: str) -> None:
+    """Refuse to write through a symbolic link inside a directory someone else may have made: each of `entries`
+    (paths under `root` that tape is about to write into or below) and every folder between it and `root` must be
+    a real file or folder, so that a run directory handed over with `checkpoints -> ~/` cannot make tape write or
+    prune outside it. `root` itself may be a link: the user named it."""
+    root = Path(root)
+    for entry in entries:
+        path = Path(entry)
+        while path != root and root in path.parents:
+            if path.is_symlink():
+                raise TapeError(f"{path} is a symbolic link (to {os.readlink(path)}); tape does not write through "
+                                f"links inside {what}: replace it with a real folder or file")
+            path = path.parent
+
+
+def run_entries(run_dir: Path) -> list[Path]:
+    """What training writes into a run directory: its files, the checkpoints folder and every checkpoint in it, the
+    data cache."""
+    run_dir = Path(run_dir)
+    checkpoints = run_dir / CHECKPOINTS
+    inside = sorted(checkpoints.iterdir()) if checkpoints.is_dir() and not checkpoints.is_symlink() else []
+    return [run_dir / name for name in (RECIPE, RUN_INFO, METRICS, CHECKPOINTS, "cache")] + inside
+
+
 def eval_dir(evaluation: str, kind: str, source: str, per_checkpoint: bool = True) -> Path:
     """Where `tape eval <evaluation>` writes for one model when no --out is given; the one rule of every evaluation.
 
@@ -127,8 +154,11 @@ def eval_dir(evaluation: str, kind: str, source: str, per_checkpoint: bool = Tru
     checkpoint = Path(source)
     run = run_of(checkpoint)
     if run is None:
+        check_no_links(checkpoint, [checkpoint / folder], "a checkpoint directory")
         return checkpoint / folder
-    return run / folder / checkpoint.name if per_checkpoint else run / folder
+    out = run / folder / checkpoint.name if per_checkpoint else run / folder
+    check_no_links(run, [out], "a run directory")
+    return out
 
 
 def safe_name(name: str) -> str:

@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import hashlib
 import math
+import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,15 @@ from tapecli.store.checkpoint import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from tapecli.store.run import CHECKPOINTS, removed_on_failure, run_recipe_path, write_run_files
+from tapecli.store.claim import claim
+from tapecli.store.run import (
+    CHECKPOINTS,
+    check_no_links,
+    removed_on_failure,
+    run_entries,
+    run_recipe_path,
+    write_run_files,
+)
 from tapecli.train import distributed, fsdp, memory
 from tapecli.train.build import build_model
 from tapecli.train.continuation import check_continuation
@@ -94,11 +103,14 @@ def finetune(recipe: Recipe, checkpoint: str | Path, out: str | Path, resume: st
 def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str]) -> Path:
     env = distributed.setup()
     try:
-        with removed_on_failure(out):  # a failed setup leaves no run directory or cache behind
-            job = setup(recipe, out, resume, init_from, command, env)
-        with job.stop:
-            fit(job)
-        distributed.barrier(env)
+        with contextlib.ExitStack() as held:
+            with removed_on_failure(out):  # a failed setup leaves no run directory or cache behind
+                if env.is_main:  # one writer per run directory; rank 0 holds it for every rank
+                    held.enter_context(claim(out, command=shlex.join(command) if command else None))
+                job = setup(recipe, out, resume, init_from, command, env)
+            with job.stop:
+                fit(job)
+            distributed.barrier(env)
     finally:
         distributed.teardown()
     return out
@@ -114,6 +126,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     The caller's recipe is left as it is: the job holds a resolved copy (`resolve_recipe`), which RUN/recipe.yaml
     records."""
     faults.check_output_dir(out)
+    check_no_links(out, run_entries(out), "a run directory")
     check_loggers(recipe.train.loggers)
     precision = _check_hardware(recipe, env)
     resume_from = find_resume(out, resume)

@@ -73,8 +73,9 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path, tiny_
     killed = tmp_path / "killed"
     kill_after_first_checkpoint(["pretrain", "--recipe", str(recipe), "--out", str(killed)], killed, env, 200)
 
-    subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(killed), "--resume", "auto"), cwd=REPO,
-                   env=env, check=True, capture_output=True, timeout=300)
+    resumed = subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(killed), "--resume", "auto"),
+                             cwd=REPO, env=env, check=True, capture_output=True, text=True, timeout=300)
+    assert "which is no longer running; taking it over" in resumed.stderr  # the killed run's claim (store.claim)
     assert_same_weights(weights(whole), weights(killed))
     def losses(run: Path) -> list[tuple[int, float]]:
         return [(r["step"], r.get("loss", r.get("val_loss"))) for r in read_metrics(run)]

@@ -17,6 +17,7 @@ from tapecli.experiments.sweep.cells import Cell, SweepSpec, cell_state, check_c
 from tapecli.experiments.sweep.evaluations import Evaluation, evaluation_for
 from tapecli.experiments.sweep.report import aggregate, table
 from tapecli.files import write_json
+from tapecli.store.claim import claim
 
 SWEEP_FILE = "sweep.json"
 
@@ -70,13 +71,14 @@ def run_sweep(spec: SweepSpec, executor: Any, command: list[str], dry_run: bool 
                          else f"(evaluation: {evaluation.name}, read from {cell.run_dir}/metrics.jsonl)"):
                 console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
         return None
-    _claim(spec)
-    todo = [cell for cell in cells if not states[cell.name].finished]
-    counts = Counter(state.todo for state in states.values())
-    console.print(f"{len(cells)} cells in {spec.out} (evaluation: {evaluation.name}): "
-                  + ", ".join(f"{n} {key}" for key, n in counts.items()), markup=False, highlight=False)
-    failures = executor.run(todo)
-    results = aggregate(spec, cells, recipes, evaluation)
+    with claim(spec.out):  # one sweep per DIR; each cell's run directory is claimed by its own training
+        _claim(spec)
+        todo = [cell for cell in cells if not states[cell.name].finished]
+        counts = Counter(state.todo for state in states.values())
+        console.print(f"{len(cells)} cells in {spec.out} (evaluation: {evaluation.name}): "
+                      + ", ".join(f"{n} {key}" for key, n in counts.items()), markup=False, highlight=False)
+        failures = executor.run(todo)
+        results = aggregate(spec, cells, recipes, evaluation)
     console.print(table(results, evaluation, title, caption))
     console.print(f"wrote {spec.out / 'results.json'} and {spec.out / evaluation.chart}"
                   + (f" and {spec.out / 'heatmaps.png'}" if evaluation.heatmaps else "")
@@ -100,6 +102,7 @@ def report_sweep(out: Path) -> dict[str, Any]:
     with reading(path):
         spec = SweepSpec.from_json(json.loads(path.read_text(encoding="utf-8")), Path(out))
     cells, recipes, evaluation = _prepare(spec, [])
-    results = aggregate(spec, cells, recipes, evaluation)
+    with claim(out):  # it rewrites DIR/results.json and the charts
+        results = aggregate(spec, cells, recipes, evaluation)
     Console().print(table(results, evaluation))
     return results
