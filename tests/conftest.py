@@ -1,4 +1,14 @@
-"""Shared fixtures: every test runs offline with a private Hugging Face cache; `tiny_corpus` is a few KB of text."""
+"""Shared fixtures: every test runs offline with a private Hugging Face cache.
+
+- `tiny_corpus`: a few KB of text in the test's own folder; `shared_corpus`: the same documents, once per session
+  (read-only).
+- `trained`: tiny runs trained once per session and shared (tests/shared_runs.py): `trained()` is the TINY recipe of
+  train_helpers trained 2 steps (one checkpoint, step-00000002) on `shared_corpus`; `trained(recipe, *overrides)`
+  any other; `trained.copy(dest, ...)` a private copy for tests that write into a run.
+- `hf_llama`: a tiny Hugging Face Llama directory (hf_helpers.make_hf_llama with 2 KV heads, 32 positions,
+  byte-level BPE tokenizer.json, 40 KB shards), made once per session (read-only).
+- `one_thread`: torch on one thread for a module.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from shared_runs import TrainedRuns
 
 
 @pytest.fixture(autouse=True)
@@ -28,12 +39,10 @@ _WORDS = ("the model reads a long sequence of tokens and learns where each one s
           "slowly quickly river mountain city garden window paper number letter question answer").split()
 
 
-@pytest.fixture
-def tiny_corpus(tmp_path: Path) -> Path:
-    """A directory of 8 `.txt` documents (~6 KB): sentences, digits, tabs, double spaces, blank lines, unicode."""
+def write_corpus(root: Path) -> Path:
+    """ROOT holding 8 `.txt` documents (~6 KB): sentences, digits, tabs, double spaces, blank lines, unicode."""
     rng = random.Random(0)
-    root = tmp_path / "corpus"
-    root.mkdir()
+    root.mkdir(parents=True)
     for d in range(8):
         paragraphs = []
         for _ in range(rng.randint(3, 6)):
@@ -46,6 +55,38 @@ def tiny_corpus(tmp_path: Path) -> Path:
         extras = "\tTabbed  line with  double spaces.\nCafé naïve — 東京 🙂\n"
         (root / f"doc{d:02d}.txt").write_text("\n\n".join(paragraphs) + "\n" + extras, encoding="utf-8")
     return root
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path: Path) -> Path:
+    """A directory of 8 `.txt` documents (~6 KB): sentences, digits, tabs, double spaces, blank lines, unicode."""
+    return write_corpus(tmp_path / "corpus")
+
+
+@pytest.fixture(scope="session")
+def shared_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documents of `tiny_corpus`, written once per session; read-only."""
+    return write_corpus(tmp_path_factory.mktemp("shared") / "corpus")
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, shared_corpus: Path) -> Iterator[TrainedRuns]:
+    """Tiny runs trained once per session (tests/shared_runs.py); the session fails if a test changed one."""
+    runs = TrainedRuns(tmp_path_factory.mktemp("trained"), shared_corpus)
+    yield runs
+    changed = runs.changed()
+    assert not changed, f"a test wrote into shared runs (use trained.copy): {changed}"
+
+
+@pytest.fixture(scope="session")
+def hf_llama(tmp_path_factory: pytest.TempPathFactory, trained: TrainedRuns) -> Path:
+    """A tiny Hugging Face Llama directory, saved once per session by transformers' save_pretrained; read-only."""
+    pytest.importorskip("transformers")
+    from hf_helpers import make_hf_llama
+
+    directory = tmp_path_factory.mktemp("hf_llama") / "hf"
+    make_hf_llama(directory, n_kv_heads=2, max_position_embeddings=32)
+    return trained.keep(directory)
 
 
 @pytest.fixture(scope="module")

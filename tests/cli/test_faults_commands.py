@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import one_line_error
+from shared_runs import ADDITION_RUN
 from train_helpers import REPO, subprocess_env, write_recipe
 from typer.testing import CliRunner
 
 from tapecli.cli import app
-from tapecli.recipe import load_recipe
-from tapecli.train import engine
 
 runner = CliRunner()
 HELPER = str(REPO / "tests" / "interrupt_helpers.py")
@@ -36,8 +35,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A corpus, a tiny byte-level run, an addition run, a selective-copy run, SCROLLS files, an lm-eval task."""
+def inputs(tmp_path_factory: pytest.TempPathFactory, trained) -> dict[str, Path]:
+    """A corpus, a tiny byte-level run, an addition run, a selective-copy run (TAPE), SCROLLS files, an lm-eval
+    task. The runs are shared (`trained`): read-only."""
     from scrolls_helpers import write_scrolls_zip
 
     root = tmp_path_factory.mktemp("inputs")
@@ -46,12 +46,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for i in range(4):
         (corpus / f"doc{i}.txt").write_text(" ".join(f"word{(i * 7 + j) % 31} at {j};" for j in range(120)))
     recipe = write_recipe(root / "r.yaml", corpus, train={"max_steps": 2, "save_every": 2, "eval_every": 0})
-    found = {"corpus": corpus, "recipe": recipe, "run": engine.pretrain(load_recipe(str(recipe)), root / "run")}
-    found["addition"] = engine.pretrain(load_recipe("arithmetic-smoke", [
-        "train.max_steps=1", "train.save_every=1", "train.warmup=0", "data.max_digits=2", "data.seq_len=12"]),
-        root / "addition")
-    found["copy"] = engine.pretrain(load_recipe("selective-copy-smoke", [
-        "train.max_steps=1", "train.save_every=1", "train.warmup=0"]), root / "copy")
+    found = {"corpus": corpus, "recipe": recipe, "run": trained()}
+    found["addition"] = trained(*ADDITION_RUN)
+    found["copy"] = trained("selective-copy-smoke", "train.max_steps=2")
     found["scrolls"] = write_scrolls_zip(root / "scrolls").parent
     tasks = root / "tasks"
     tasks.mkdir()
