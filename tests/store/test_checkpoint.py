@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from train_helpers import (
-    REPO,
     assert_same_weights,
-    cli,
     kill_after_first_checkpoint,
     subprocess_env,
     weights,
@@ -61,20 +58,20 @@ def _timing(row: dict) -> dict:
     return {k: row[k] for k in ("tokens_per_s", "elapsed") if k in row}
 
 
+@pytest.mark.usefixtures("one_thread")  # in this process as in the killed one (OMP_NUM_THREADS=1): the same floats
 def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path, tiny_corpus: Path) -> None:
+    """A real `tape pretrain` process killed at some step after its first checkpoint, resumed (here, in this
+    process) to the weights and metrics of an uninterrupted run."""
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus,
                           train={"max_steps": 200, "save_every": 10, "keep_last": 2, "eval_every": 0,
                                  "log_every": 10})
-    env = subprocess_env()
-    whole = tmp_path / "whole"
-    subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(whole)), cwd=REPO, env=env, check=True,
-                   capture_output=True, timeout=300)
+    whole = engine.pretrain(load_recipe(str(recipe)), tmp_path / "whole")
 
     killed = tmp_path / "killed"
-    kill_after_first_checkpoint(["pretrain", "--recipe", str(recipe), "--out", str(killed)], killed, env, 200)
+    kill_after_first_checkpoint(["pretrain", "--recipe", str(recipe), "--out", str(killed)], killed, subprocess_env(),
+                                200)
 
-    subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(killed), "--resume", "auto"), cwd=REPO,
-                   env=env, check=True, capture_output=True, timeout=300)
+    engine.pretrain(load_recipe(str(recipe)), killed, resume="auto")
     assert_same_weights(weights(whole), weights(killed))
     def losses(run: Path) -> list[tuple[int, float]]:
         return [(r["step"], r.get("loss", r.get("val_loss"))) for r in read_metrics(run)]
