@@ -5,7 +5,7 @@
 - `trained`: tiny runs trained once per session and shared (tests/shared_runs.py): `trained()` is the TINY recipe of
   train_helpers trained 2 steps (one checkpoint, step-00000002) on `shared_corpus`; `trained(recipe, *overrides)`
   any other; `trained.copy(dest, ...)` a private copy for tests that write into a run.
-- `hf_llama`: a tiny Hugging Face Llama directory (hf_helpers.make_hf_llama with 2 KV heads, 32 positions,
+- `tiny_hf_llama`: a tiny Hugging Face Llama directory (hf_helpers.make_hf_llama with 2 KV heads, 32 positions,
   byte-level BPE tokenizer.json, 40 KB shards), made once per session (read-only).
 - `one_thread`: torch on one thread for a module.
 """
@@ -79,7 +79,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory, shared_corpus: Path) -> It
 
 
 @pytest.fixture(scope="session")
-def hf_llama(tmp_path_factory: pytest.TempPathFactory, trained: TrainedRuns) -> Path:
+def tiny_hf_llama(tmp_path_factory: pytest.TempPathFactory, trained: TrainedRuns) -> Path:
     """A tiny Hugging Face Llama directory, saved once per session by transformers' save_pretrained; read-only."""
     pytest.importorskip("transformers")
     from hf_helpers import make_hf_llama

@@ -228,13 +228,12 @@ def test_demo_after_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.slow
-def test_extend_context_after_sigterm(tmp_path: Path) -> None:
-    from hf_helpers import make_hf_llama, sample_text
+def test_extend_context_after_sigterm(tmp_path: Path, tiny_hf_llama: Path) -> None:
+    from hf_helpers import sample_text
 
-    make_hf_llama(tmp_path / "hf", n_kv_heads=2, max_position_embeddings=32)
     (tmp_path / "corpus.txt").write_text(sample_text(200, seed=1))
     out = tmp_path / "ext"
-    args = ["extend-context", "--base", str(tmp_path / "hf"), "--method", "tape", "--recipe",
+    args = ["extend-context", "--base", str(tiny_hf_llama), "--method", "tape", "--recipe",
             "context-extension-smoke", "--out", str(out), "model.max_seq_len=64", f"data.source={tmp_path}/corpus.txt",
             "train.max_steps=4", "train.save_every=1", "train.eval_every=0", "train.keep_last=0"]
     check_resumes_exactly(args, out, signal.SIGTERM, CHECKPOINT, unfinished="step-00000004")

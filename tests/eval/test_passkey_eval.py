@@ -219,8 +219,8 @@ def test_a_briefly_trained_model_retrieves_keys_at_its_training_length(tmp_path)
 
 
 def train(model: Transformer, tok, budget: int, steps: int, batch: int = 16) -> None:
-    """Next-token loss over prompt + answer, batches of 16 prompts drawn with trials >= 1000 (never evaluated). (700 steps of
-    32, more prompts and more time, retrieved only 18 of the evaluation's 20 keys; 1000 steps of 16 retrieve all.)"""
+    """Next-token loss over prompt + answer, batches of 16 prompts drawn with trials >= 1000 (never evaluated).
+    (700 steps of 32, more prompts and more time, retrieved 18 of the evaluation's 20 keys; 1000 of 16 retrieve all.)"""
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.98))
     rng = np.random.default_rng(0)
     for _ in range(steps):

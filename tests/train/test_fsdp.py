@@ -67,16 +67,12 @@ def test_sharded_run_matches_one_process_and_resumes_exactly(tmp_path: Path, tin
 
 
 @pytest.mark.slow
-def test_sharded_context_extension_over_a_bf16_base(tmp_path: Path, tiny_corpus: Path) -> None:
+def test_sharded_context_extension_over_a_bf16_base(tmp_path: Path, tiny_corpus: Path, tiny_hf_llama: Path) -> None:
     """A frozen bf16 base under fp32 adapters (mixed dtypes, which FSDP2 stores as one), bf16 compute."""
-    pytest.importorskip("transformers")
-    from hf_helpers import make_hf_llama
-
     from tapecli.store.door import open_model
 
-    make_hf_llama(tmp_path / "hf", n_kv_heads=2, max_position_embeddings=32)
     run = tmp_path / "run"
-    out = torchrun("-m", "tapecli.cli", "extend-context", "--base", str(tmp_path / "hf"), "--method", "lora",
+    out = torchrun("-m", "tapecli.cli", "extend-context", "--base", str(tiny_hf_llama), "--method", "lora",
                    "--recipe", "context-extension-smoke", "--out", str(run), "model.max_seq_len=64",
                    f"data.source={tiny_corpus}", "train.parallel=fsdp", "train.precision=bf16", "train.max_steps=2",
                    "train.save_every=2").stdout
