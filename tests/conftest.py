@@ -8,17 +8,51 @@
 - `tiny_hf_llama`: a tiny Hugging Face Llama directory (hf_helpers.make_hf_llama with 2 KV heads, 32 positions,
   byte-level BPE tokenizer.json, 40 KB shards), made once per session (read-only).
 - `one_thread`: torch on one thread for a module.
+
+`pytest --cpu-durations=N` prints the N tests that took the most CPU time (this process and the subprocesses it
+waited for, setup to teardown): on a shared machine, where `--durations` measures the load as much as the tests.
 """
 
 from __future__ import annotations
 
 import random
+import resource
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from shared_runs import TrainedRuns
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
+                     help="show the N tests that used the most CPU time (with the subprocesses they waited for)")
+
+
+_CPU_SECONDS: dict[str, float] = {}
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    start = _cpu_seconds()
+    yield
+    _CPU_SECONDS[item.nodeid] = _cpu_seconds() - start
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    n = config.getoption("--cpu-durations")
+    if n is None:
+        return
+    terminalreporter.section(f"most CPU time: {n} of {len(_CPU_SECONDS)} tests, {sum(_CPU_SECONDS.values()):.1f} s "
+                             "in all")
+    for nodeid, seconds in sorted(_CPU_SECONDS.items(), key=lambda kv: -kv[1])[:n]:
+        terminalreporter.write_line(f"{seconds:8.2f}s  {nodeid}")
 
 
 @pytest.fixture(autouse=True)
