@@ -139,6 +139,7 @@ EVALS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "sig", "args"), EVALS, ids=[f"{c}-{signal.Signals(s).name}" for c, s, _ in EVALS])
 def test_evaluation_resumes_exactly_after_a_stop(inputs: dict[str, Path], tmp_path: Path, command: str, sig: int,
                                                  args: list[str]) -> None:
@@ -148,6 +149,7 @@ def test_evaluation_resumes_exactly_after_a_stop(inputs: dict[str, Path], tmp_pa
                           out, sig, SAMPLES_ROW)
 
 
+@pytest.mark.slow
 def test_eval_harness_after_ctrl_c(inputs: dict[str, Path], tmp_path: Path) -> None:
     """lm-eval's request cache keeps every answer as it is computed; samples and scores come out the same."""
     out = tmp_path / "out"
@@ -172,6 +174,7 @@ def test_eval_harness_after_ctrl_c(inputs: dict[str, Path], tmp_path: Path) -> N
 # Training commands, export
 
 
+@pytest.mark.slow
 def test_finetune_after_ctrl_c(inputs: dict[str, Path], tmp_path: Path) -> None:
     """The first Ctrl-C saves a checkpoint after the step and stops; the same command continues it exactly."""
     out = tmp_path / "ft"
@@ -180,6 +183,7 @@ def test_finetune_after_ctrl_c(inputs: dict[str, Path], tmp_path: Path) -> None:
     check_resumes_exactly(args, out, signal.SIGINT, CHECKPOINT, unfinished="step-00000004")
 
 
+@pytest.mark.slow
 def test_pretrain_with_tensorboard_after_sigkill(inputs: dict[str, Path], tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -239,6 +243,7 @@ def test_extend_context_after_sigterm(tmp_path: Path, tiny_hf_llama: Path) -> No
     check_resumes_exactly(args, out, signal.SIGTERM, CHECKPOINT, unfinished="step-00000004")
 
 
+@pytest.mark.slow
 def test_export_after_sigkill(inputs: dict[str, Path], tmp_path: Path) -> None:
     """Killed between two weight shards: nothing at --out; the same command writes what an uninterrupted one does."""
     out = tmp_path / "hf"

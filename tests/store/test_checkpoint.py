@@ -58,6 +58,7 @@ def _timing(row: dict) -> dict:
     return {k: row[k] for k in ("tokens_per_s", "elapsed") if k in row}
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")  # in this process as in the killed one (OMP_NUM_THREADS=1): the same floats
 def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path, tiny_corpus: Path) -> None:
     """A real `tape pretrain` process killed at some step after its first checkpoint, resumed (here, in this

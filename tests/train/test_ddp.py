@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from train_helpers import REPO, assert_same_weights, subprocess_env, weights, write_recipe
 
 from tapecli.recipe import load_recipe
@@ -13,6 +14,7 @@ from tapecli.store.run import read_metrics
 from tapecli.train.engine import pretrain
 
 
+@pytest.mark.slow
 def test_two_processes_match_one(tmp_path: Path, tiny_corpus: Path) -> None:
     # Global batch 8: one process does 2 micro-batches of 4; each of 2 ranks does 2 micro-batches of 2. TAPE: besides
     # what every model has, its last layer's inert state maps (parameters without gradients) must not upset DDP.

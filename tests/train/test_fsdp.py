@@ -32,13 +32,13 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_two_sharded_processes_give_the_gradients_of_one(tmp_path: Path, tiny_corpus: Path) -> None:
+    from fsdp_worker import gradients
+
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, model=MODEL, train=TRAIN)
-    worker = str(REPO / "tests" / "fsdp_worker.py")
-    subprocess.run([sys.executable, worker, str(recipe), str(tmp_path / "one"), str(tmp_path / "one.pt"),
-                    "train.micro_batch_size=4"], cwd=REPO, env=subprocess_env(), check=True, capture_output=True,
-                   timeout=300)
-    torchrun(worker, str(recipe), str(tmp_path / "two"), str(tmp_path / "two.pt"), "train.micro_batch_size=2")
-    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    one = gradients(str(recipe), str(tmp_path / "one"), ["train.micro_batch_size=4"])  # one process: this one
+    torchrun(str(REPO / "tests" / "fsdp_worker.py"), str(recipe), str(tmp_path / "two"), str(tmp_path / "two.pt"),
+             "train.micro_batch_size=2")
+    two = torch.load(tmp_path / "two.pt")
     assert not one["sharded"] and two["sharded"]
     assert one["grads"].keys() == two["grads"].keys() and any(".pe." in k for k in one["grads"])
     for name, grad in one["grads"].items():  # a sum instead of a mean over ranks would be off by a factor of 2

@@ -198,6 +198,7 @@ def test_missing_checkpoint_is_one_line_exit_2(tmp_path: Path, tiny_corpus: Path
     assert not (tmp_path / "ft").exists()
 
 
+@pytest.mark.slow
 def test_real_process_prints_no_traceback(tmp_path: Path, tiny_corpus: Path) -> None:
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus)
     proc = subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(tmp_path / "run"), "model.depth=3"),
