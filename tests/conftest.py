@@ -7,7 +7,8 @@
   any other; `trained.copy(dest, ...)` a private copy for tests that write into a run.
 - `tiny_hf_llama`: a tiny Hugging Face Llama directory (hf_helpers.make_hf_llama with 2 KV heads, 32 positions,
   byte-level BPE tokenizer.json, 40 KB shards), made once per session (read-only).
-- `one_thread`: torch on one thread for a module.
+- `torch_on_one_thread` (automatic): torch runs on one thread in every test; `one_thread`: the same for a module,
+  stated where a test depends on it (in-process results equal to a subprocess's bit for bit).
 
 `pytest --cpu-durations=N` prints the N tests that took the most CPU time (this process and the subprocesses it
 waited for, setup to teardown): on a shared machine, where `--durations` measures the load as much as the tests.
@@ -53,6 +54,19 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
                              "in all")
     for nodeid, seconds in sorted(_CPU_SECONDS.items(), key=lambda kv: -kv[1])[:n]:
         terminalreporter.write_line(f"{seconds:8.2f}s  {nodeid}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_on_one_thread() -> Iterator[None]:
+    """Every test runs torch on one thread, as the CLI's subprocesses do (train_helpers.subprocess_env): the models
+    are tiny, so a second thread gains little on an idle machine, and on a shared one a process's threads wait for
+    each other at every operation (the SCROLLS end-to-end tests took 9x the CPU time on two threads at load 40)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)
