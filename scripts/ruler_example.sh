@@ -4,9 +4,11 @@
 #
 #   bash scripts/ruler_example.sh [OUT]      (default OUT: runs/ruler-example; STEPS=3000 PES="rope alibi")
 #
-# 1. scripts/ruler_example.py: a 600-piece SentencePiece tokenizer whose pieces include RULER's fixed phrases, and
-#    27,000 prompt/answer rows from the official generator (seeds 1000-1002; the evaluation uses 42).
-# 2. `tape pretrain` with scripts/ruler_example.yaml (data kind `pairs`: the loss on the answer only) per PE.
+# 1. scripts/ruler_example.py (tapecli/data/ruler/example.py): a 600-piece SentencePiece tokenizer whose pieces
+#    include RULER's fixed phrases, and 27,000 prompt/answer rows from the official generator (seeds 1000-1002; the
+#    evaluation uses 42).
+# 2. `tape pretrain --recipe ruler-example` (recipes/ruler-example.yaml; data kind `pairs`: the loss on the answer
+#    only) per PE.
 # 3. `tape eval ruler` on both models; results.json, samples.jsonl, ruler.png and the heat-maps in OUT/ruler.
 # About 15 minutes on an idle 2-core CPU. Everything runs under `nice`, one thread per training; a killed run
 # resumes where it stopped when the script is run again.
@@ -23,7 +25,7 @@ if [ ! -f "$OUT/data/train.jsonl" ]; then
 fi
 models=()
 for pe in $PES; do  # one after the other (run them side by side on a free machine)
-  OMP_NUM_THREADS=1 nice "$BIN/tape" pretrain --recipe scripts/ruler_example.yaml --out "$OUT/$pe" \
+  OMP_NUM_THREADS=1 nice "$BIN/tape" pretrain --recipe ruler-example --out "$OUT/$pe" \
     data.source="$OUT/data/train.jsonl" data.tokenizer="$OUT/data/tokenizer.model" model.pe="$pe" \
     train.max_steps="$STEPS"
   models+=(--model "$OUT/$pe")

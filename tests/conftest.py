@@ -1,13 +1,72 @@
-"""Shared fixtures: every test runs offline with a private Hugging Face cache; `tiny_corpus` is a few KB of text."""
+"""Shared fixtures: every test runs offline with a private Hugging Face cache.
+
+- `tiny_corpus`: a few KB of text in the test's own folder; `shared_corpus`: the same documents, once per session
+  (read-only).
+- `trained`: tiny runs trained once per session and shared (tests/shared_runs.py): `trained()` is the TINY recipe of
+  train_helpers trained 2 steps (one checkpoint, step-00000002) on `shared_corpus`; `trained(recipe, *overrides)`
+  any other; `trained.copy(dest, ...)` a private copy for tests that write into a run.
+- `tiny_hf_llama`: a tiny Hugging Face Llama directory (hf_helpers.make_hf_llama with 2 KV heads, 32 positions,
+  byte-level BPE tokenizer.json, 40 KB shards), made once per session (read-only).
+- `torch_on_one_thread` (automatic): torch runs on one thread in every test; `one_thread`: the same for a module,
+  stated where a test depends on it (in-process results equal to a subprocess's bit for bit).
+
+`pytest --cpu-durations=N` prints the N tests that took the most CPU time (this process and the subprocesses it
+waited for, setup to teardown): on a shared machine, where `--durations` measures the load as much as the tests.
+"""
 
 from __future__ import annotations
 
 import random
+import resource
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from shared_runs import TrainedRuns
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cpu-durations", type=int, default=None, metavar="N",
+                     help="show the N tests that used the most CPU time (with the subprocesses they waited for)")
+
+
+_CPU_SECONDS: dict[str, float] = {}
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    start = _cpu_seconds()
+    yield
+    _CPU_SECONDS[item.nodeid] = _cpu_seconds() - start
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    n = config.getoption("--cpu-durations")
+    if n is None:
+        return
+    terminalreporter.section(f"most CPU time: {n} of {len(_CPU_SECONDS)} tests, {sum(_CPU_SECONDS.values()):.1f} s "
+                             "in all")
+    for nodeid, seconds in sorted(_CPU_SECONDS.items(), key=lambda kv: -kv[1])[:n]:
+        terminalreporter.write_line(f"{seconds:8.2f}s  {nodeid}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_on_one_thread() -> Iterator[None]:
+    """Every test runs torch on one thread, as the CLI's subprocesses do (train_helpers.subprocess_env): the models
+    are tiny, so a second thread gains little on an idle machine, and on a shared one a process's threads wait for
+    each other at every operation (the SCROLLS end-to-end tests took 9x the CPU time on two threads at load 40)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)
@@ -28,12 +87,10 @@ _WORDS = ("the model reads a long sequence of tokens and learns where each one s
           "slowly quickly river mountain city garden window paper number letter question answer").split()
 
 
-@pytest.fixture
-def tiny_corpus(tmp_path: Path) -> Path:
-    """A directory of 8 `.txt` documents (~6 KB): sentences, digits, tabs, double spaces, blank lines, unicode."""
+def write_corpus(root: Path) -> Path:
+    """ROOT holding 8 `.txt` documents (~6 KB): sentences, digits, tabs, double spaces, blank lines, unicode."""
     rng = random.Random(0)
-    root = tmp_path / "corpus"
-    root.mkdir()
+    root.mkdir(parents=True)
     for d in range(8):
         paragraphs = []
         for _ in range(rng.randint(3, 6)):
@@ -46,6 +103,38 @@ def tiny_corpus(tmp_path: Path) -> Path:
         extras = "\tTabbed  line with  double spaces.\nCafé naïve — 東京 🙂\n"
         (root / f"doc{d:02d}.txt").write_text("\n\n".join(paragraphs) + "\n" + extras, encoding="utf-8")
     return root
+
+
+@pytest.fixture
+def tiny_corpus(tmp_path: Path) -> Path:
+    """A directory of 8 `.txt` documents (~6 KB): sentences, digits, tabs, double spaces, blank lines, unicode."""
+    return write_corpus(tmp_path / "corpus")
+
+
+@pytest.fixture(scope="session")
+def shared_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documents of `tiny_corpus`, written once per session; read-only."""
+    return write_corpus(tmp_path_factory.mktemp("shared") / "corpus")
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory: pytest.TempPathFactory, shared_corpus: Path) -> Iterator[TrainedRuns]:
+    """Tiny runs trained once per session (tests/shared_runs.py); the session fails if a test changed one."""
+    runs = TrainedRuns(tmp_path_factory.mktemp("trained"), shared_corpus)
+    yield runs
+    changed = runs.changed()
+    assert not changed, f"a test wrote into shared runs (use trained.copy): {changed}"
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_llama(tmp_path_factory: pytest.TempPathFactory, trained: TrainedRuns) -> Path:
+    """A tiny Hugging Face Llama directory, saved once per session by transformers' save_pretrained; read-only."""
+    pytest.importorskip("transformers")
+    from hf_helpers import make_hf_llama
+
+    directory = tmp_path_factory.mktemp("hf_llama") / "hf"
+    make_hf_llama(directory, n_kv_heads=2, max_position_embeddings=32)
+    return trained.keep(directory)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ def recipes(name: str = typer.Argument(None, help="Show this recipe's YAML (with
             ) -> None:
     """List the shipped recipes, or print one.
 
-    Use a name with `--recipe` from any directory, e.g. `tape pretrain --recipe arithmetic-smoke --out runs/x`.
+    The shipped recipes are the YAML files in `recipes/` at the top of tape's repository (an installed tape carries a
+    copy). Use a name with `--recipe` from any directory, e.g. `tape pretrain --recipe arithmetic-smoke --out runs/x`.
 
     Copy one to edit it: `tape recipes c4 > my.yaml`.
     """

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from tapecli.cli import app
@@ -26,6 +27,7 @@ def test_help_lists_the_commands_and_imports_nothing_heavy():
         assert command in result.output
 
 
+@pytest.mark.slow
 def test_bench_runs_and_reports_ratios(tmp_path):
     """Times from this process, peak memory from one child process per PE and length (RoPE's and ALiBi's here),
     the attention path each PE took."""
@@ -45,6 +47,7 @@ def test_bench_runs_and_reports_ratios(tmp_path):
     assert at["paths"] == {"rope": ["sdpa"], "alibi": ["chunked"]}
 
 
+@pytest.mark.slow
 def test_bench_several_lengths_in_bf16(tmp_path):
     """One table per length; --no-memory skips the child processes. TAPE's last layer does not average its state
     (plain SDPA there)."""
@@ -63,6 +66,7 @@ def test_bench_several_lengths_in_bf16(tmp_path):
                                "tape (separate)": ["sdpa", "sdpa-separate"], "tape (concat)": ["sdpa", "sdpa-concat"]}
 
 
+@pytest.mark.slow
 def test_doctor_reports_the_machine_and_checks_each_pe():
     """The environment lines, then one line per PE with its paths and three passed checks; exit 0."""
     result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "rope,alibi,cope"])
@@ -79,6 +83,7 @@ def test_doctor_reports_the_machine_and_checks_each_pe():
     assert "all checks passed" in result.output
 
 
+@pytest.mark.slow
 def test_doctor_fails_loudly(monkeypatch):
     """A check that fails marks its line and makes the command exit with 1; an unknown PE is a usage error."""
     monkeypatch.setattr("tapecli.experiments.doctor.LOGIT_TOLERANCE", {"cpu": 0.0})  # fp32 never equals fp64

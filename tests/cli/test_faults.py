@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import one_line_error
+from shared_runs import ADDITION_RUN
 from train_helpers import REPO, assert_same_weights, cli, subprocess_env, weights, write_recipe
 from typer.testing import CliRunner
 
@@ -51,11 +52,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def base_run(tmp_path_factory: pytest.TempPathFactory, corpus: Path) -> Path:
-    """A finished 2-step run (one checkpoint, step-00000002) of the tiny recipe; tests work on copies."""
-    folder = tmp_path_factory.mktemp("base")
-    recipe = write_recipe(folder / "r.yaml", corpus, train={"max_steps": 2})
-    return engine.pretrain(load_recipe(str(recipe)), folder / "run")
+def base_run(trained) -> Path:
+    """A finished 2-step run (one checkpoint, step-00000002) of the tiny recipe, shared; tests work on copies."""
+    return trained()
 
 
 @pytest.fixture
@@ -135,10 +134,8 @@ def test_truncated_sentencepiece_model_in_a_checkpoint(tmp_path: Path, corpus: P
     one_line_error(result, 2, str(saved.parent), "corrupt or truncated")
 
 
-def test_corrupt_evaluation_settings(tmp_path: Path) -> None:
-    run = tmp_path / "add"
-    engine.pretrain(load_recipe("arithmetic-smoke", ["train.max_steps=1", "train.save_every=1", "train.warmup=0",
-                                                     "data.max_digits=2", "data.seq_len=12"]), run)
+def test_corrupt_evaluation_settings(tmp_path: Path, trained) -> None:
+    run = trained(*ADDITION_RUN)
     args = ["eval", "addition", "--checkpoint", str(run), "--max-len", "2", "--samples", "1",
             "--out", str(tmp_path / "eval")]
     assert runner.invoke(app, args).exit_code == 0

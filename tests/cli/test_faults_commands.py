@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import one_line_error
+from shared_runs import ADDITION_RUN
 from train_helpers import REPO, subprocess_env, write_recipe
 from typer.testing import CliRunner
 
 from tapecli.cli import app
-from tapecli.recipe import load_recipe
-from tapecli.train import engine
 
 runner = CliRunner()
 HELPER = str(REPO / "tests" / "interrupt_helpers.py")
@@ -36,8 +35,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A corpus, a tiny byte-level run, an addition run, a selective-copy run, SCROLLS files, an lm-eval task."""
+def inputs(tmp_path_factory: pytest.TempPathFactory, trained) -> dict[str, Path]:
+    """A corpus, a tiny byte-level run, an addition run, a selective-copy run (TAPE), SCROLLS files, an lm-eval
+    task. The runs are shared (`trained`): read-only."""
     from scrolls_helpers import write_scrolls_zip
 
     root = tmp_path_factory.mktemp("inputs")
@@ -46,12 +46,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for i in range(4):
         (corpus / f"doc{i}.txt").write_text(" ".join(f"word{(i * 7 + j) % 31} at {j};" for j in range(120)))
     recipe = write_recipe(root / "r.yaml", corpus, train={"max_steps": 2, "save_every": 2, "eval_every": 0})
-    found = {"corpus": corpus, "recipe": recipe, "run": engine.pretrain(load_recipe(str(recipe)), root / "run")}
-    found["addition"] = engine.pretrain(load_recipe("arithmetic-smoke", [
-        "train.max_steps=1", "train.save_every=1", "train.warmup=0", "data.max_digits=2", "data.seq_len=12"]),
-        root / "addition")
-    found["copy"] = engine.pretrain(load_recipe("selective-copy-smoke", [
-        "train.max_steps=1", "train.save_every=1", "train.warmup=0"]), root / "copy")
+    found = {"corpus": corpus, "recipe": recipe, "run": trained()}
+    found["addition"] = trained(*ADDITION_RUN)
+    found["copy"] = trained("selective-copy-smoke", "train.max_steps=2")
     found["scrolls"] = write_scrolls_zip(root / "scrolls").parent
     tasks = root / "tasks"
     tasks.mkdir()
@@ -142,6 +139,7 @@ EVALS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("command", "sig", "args"), EVALS, ids=[f"{c}-{signal.Signals(s).name}" for c, s, _ in EVALS])
 def test_evaluation_resumes_exactly_after_a_stop(inputs: dict[str, Path], tmp_path: Path, command: str, sig: int,
                                                  args: list[str]) -> None:
@@ -151,6 +149,7 @@ def test_evaluation_resumes_exactly_after_a_stop(inputs: dict[str, Path], tmp_pa
                           out, sig, SAMPLES_ROW)
 
 
+@pytest.mark.slow
 def test_eval_harness_after_ctrl_c(inputs: dict[str, Path], tmp_path: Path) -> None:
     """lm-eval's request cache keeps every answer as it is computed; samples and scores come out the same."""
     out = tmp_path / "out"
@@ -175,6 +174,7 @@ def test_eval_harness_after_ctrl_c(inputs: dict[str, Path], tmp_path: Path) -> N
 # Training commands, export
 
 
+@pytest.mark.slow
 def test_finetune_after_ctrl_c(inputs: dict[str, Path], tmp_path: Path) -> None:
     """The first Ctrl-C saves a checkpoint after the step and stops; the same command continues it exactly."""
     out = tmp_path / "ft"
@@ -183,6 +183,7 @@ def test_finetune_after_ctrl_c(inputs: dict[str, Path], tmp_path: Path) -> None:
     check_resumes_exactly(args, out, signal.SIGINT, CHECKPOINT, unfinished="step-00000004")
 
 
+@pytest.mark.slow
 def test_pretrain_with_tensorboard_after_sigkill(inputs: dict[str, Path], tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -231,18 +232,18 @@ def test_demo_after_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.slow
-def test_extend_context_after_sigterm(tmp_path: Path) -> None:
-    from hf_helpers import make_hf_llama, sample_text
+def test_extend_context_after_sigterm(tmp_path: Path, tiny_hf_llama: Path) -> None:
+    from hf_helpers import sample_text
 
-    make_hf_llama(tmp_path / "hf", n_kv_heads=2, max_position_embeddings=32)
     (tmp_path / "corpus.txt").write_text(sample_text(200, seed=1))
     out = tmp_path / "ext"
-    args = ["extend-context", "--base", str(tmp_path / "hf"), "--method", "tape", "--recipe",
+    args = ["extend-context", "--base", str(tiny_hf_llama), "--method", "tape", "--recipe",
             "context-extension-smoke", "--out", str(out), "model.max_seq_len=64", f"data.source={tmp_path}/corpus.txt",
             "train.max_steps=4", "train.save_every=1", "train.eval_every=0", "train.keep_last=0"]
     check_resumes_exactly(args, out, signal.SIGTERM, CHECKPOINT, unfinished="step-00000004")
 
 
+@pytest.mark.slow
 def test_export_after_sigkill(inputs: dict[str, Path], tmp_path: Path) -> None:
     """Killed between two weight shards: nothing at --out; the same command writes what an uninterrupted one does."""
     out = tmp_path / "hf"

@@ -266,10 +266,9 @@ def test_train_then_evaluate_through_the_cli(tmp_path, task):
     assert (out / "accuracy.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_eval_synthetic_opens_models_the_shared_way(tmp_path):
+def test_eval_synthetic_opens_models_the_shared_way(tmp_path, trained):
     """--dtype and --pe-arg work as in every `tape eval`, and the settings record what was evaluated."""
-    run = tmp_path / "run"
-    invoke("pretrain", "--recipe", "selective-copy-smoke", "--out", str(run), "model.pe=rope", "train.max_steps=2")
+    run = trained("selective-copy-smoke", "model.pe=rope", "train.max_steps=2")
     out = tmp_path / "eval"
     invoke("eval", "synthetic", "--model", str(run), "--splits", "iid", "--samples", "2", "--dtype", "fp32",
            "--pe-arg", "theta=500", "--out", str(out))
@@ -281,12 +280,9 @@ def test_eval_synthetic_opens_models_the_shared_way(tmp_path):
     assert result.exit_code == 2 and "bogus" in result.output
 
 
-def test_several_models_give_one_comparison(tmp_path):
-    runs = []
-    for pe in ("rope", "tape"):
-        runs.append(tmp_path / pe)
-        invoke("pretrain", "--recipe", "selective-copy-smoke", "--out", str(runs[-1]), f"model.pe={pe}",
-               "train.max_steps=2")
+def test_several_models_give_one_comparison(tmp_path, trained):
+    runs = [trained.copy(tmp_path / pe, "selective-copy-smoke", f"model.pe={pe}", "train.max_steps=2")
+            for pe in ("rope", "tape")]  # named by their folders
     output = invoke("eval", "synthetic", "--model", str(runs[0]), "--model", str(runs[1]), "--samples", "3",
                     "--out", str(tmp_path / "cmp"))
     assert "rope" in output and "tape" in output
@@ -295,15 +291,15 @@ def test_several_models_give_one_comparison(tmp_path):
     assert comparison["tape"] == json.loads((tmp_path / "cmp" / "tape" / "results.json").read_text())
     assert (tmp_path / "cmp" / "accuracy.png").is_file()
 
-    invoke("pretrain", "--recipe", "grid-1d-smoke", "--out", str(tmp_path / "grid"), "train.max_steps=2")
-    result = runner.invoke(app, ["eval", "synthetic", "-m", str(runs[0]), "-m", str(tmp_path / "grid")])
+    grid = trained("grid-1d-smoke", "train.max_steps=2")
+    result = runner.invoke(app, ["eval", "synthetic", "-m", str(runs[0]), "-m", str(grid)])
     assert result.exit_code == 2 and "different tasks" in result.output
     result = runner.invoke(app, ["eval", "synthetic", "-m", str(runs[0]), "--splits", "iid,odd"])
     assert result.exit_code == 2 and "odd" in result.output
 
 
-@pytest.mark.parametrize("pes", [["rope", "nope"], ["cope", "path"]])  # the contextual PEs attend by themselves
-def test_synthetic_demo_trains_evaluates_and_compares(tmp_path, pes):
+def test_synthetic_demo_trains_evaluates_and_compares(tmp_path):
+    pes = ["rope", "cope"]  # a rotation and a contextual PE that attends by itself (every PE trains: test_train.py)
     from tapecli.experiments.demo_synthetic import BUDGETS, SyntheticBudget, run_synthetic_demo
 
     shipped = BUDGETS["selective-copy"]  # its model and data, trained for 2 steps

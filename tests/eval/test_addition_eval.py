@@ -112,6 +112,7 @@ def test_interrupted_evaluation_resumes_without_redoing_cells(tmp_path, monkeypa
         evaluate_addition(model, TOK, AdditionEvalSettings(max_len=4, samples=4), out, show_progress=False)
 
 
+@pytest.mark.slow
 def test_train_then_evaluate_from_the_command_line(tmp_path):
     from tapecli.recipe import load_recipe
     from tapecli.train.engine import pretrain

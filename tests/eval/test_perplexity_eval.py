@@ -185,15 +185,22 @@ def save_tiny_llama(directory, vocab_size: int = 300):
     return model
 
 
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory):
+    """(the directory, the transformers model) of `save_tiny_llama`, once for the three protocols."""
+    directory = tmp_path_factory.mktemp("llama")
+    return directory, save_tiny_llama(directory)
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_each_protocol_equals_transformers_on_a_hugging_face_llama(tmp_path, protocol):
+def test_each_protocol_equals_transformers_on_a_hugging_face_llama(tmp_path, protocol, llama):
     pytest.importorskip("tapecli.model.hf")  # the importer (issue 8)
-    hf_model = save_tiny_llama(tmp_path / "llama")
+    directory, hf_model = llama
     vocab = hf_model.config.vocab_size
     data = tmp_path / "test.bin"
     tokens = np.random.default_rng(1).integers(0, vocab, size=150).astype(np.uint16)
     tokens.tofile(data)
-    results = evaluate_perplexity([str(tmp_path / "llama")], str(data), [24, 48], tmp_path / "out",
+    results = evaluate_perplexity([str(directory)], str(data), [24, 48], tmp_path / "out",
                                   protocol=protocol, stride=16, device="cpu", dtype="fp32", show_progress=False)
     ids = torch.tensor(tokens.astype(np.int64))[None]
     for seq_len in (24, 48):

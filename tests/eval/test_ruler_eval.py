@@ -136,6 +136,7 @@ def test_scores_and_effective_length_with_a_stand_in_model(tmp_path, monkeypatch
         assert model["effective_length"] == (2048 if right else None)
 
 
+@pytest.mark.slow
 def test_the_command_on_a_tape_model_and_a_hugging_face_model(tmp_path, monkeypatch):
     """Two real models (a tape ALiBi checkpoint, a saved HF Llama), every source-free task family plus SQuAD and the
     essay haystack, resumed after an interruption; files, plots, table; skipped tasks and bad input are one line."""

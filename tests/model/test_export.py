@@ -24,10 +24,8 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("export")
-    make_hf_llama(root / "hf", n_kv_heads=2, max_position_embeddings=32)
-    return root / "hf"
+def base(tiny_hf_llama) -> Path:
+    return tiny_hf_llama  # 2 KV heads, 32 positions; shared, read-only
 
 
 def hf_logits(directory: Path, x: torch.Tensor) -> torch.Tensor:

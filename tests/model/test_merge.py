@@ -15,7 +15,6 @@ from tapecli.errors import TapeError
 from tapecli.model import ModelConfig
 from tapecli.model.merge import merge_model_config
 from tapecli.recipe import load_recipe
-from tapecli.train.engine import pretrain
 
 runner = CliRunner()
 SAVED = ModelConfig(vocab_size=259, dim=32, n_layers=2, n_heads=2, max_seq_len=64, pe="rope",
@@ -54,12 +53,11 @@ def test_shape_changes_are_errors_naming_the_key(requested, key):
         merge_model_config(SAVED, requested, "ckpt")
 
 
-def test_regression_finetune_recipe_keys_equal_to_defaults_are_not_ignored(tmp_path: Path, tiny_corpus: Path):
+def test_regression_finetune_recipe_keys_equal_to_defaults_are_not_ignored(tmp_path: Path, tiny_corpus: Path,
+                                                                            trained):
     """The bug: `tie_embeddings: false` and `pe: tape` equal the schema defaults, so a RoPE checkpoint with tied
     weights used to be fine-tuned as RoPE with tied weights, silently."""
-    base_recipe = write_recipe(tmp_path / "base.yaml", tiny_corpus,
-                               model={"tie_embeddings": True}, train={"max_steps": 1, "save_every": 1, "warmup": 0})
-    base = pretrain(load_recipe(str(base_recipe)), tmp_path / "base")
+    base = trained("tiny", "model.tie_embeddings=true")  # RoPE, 2 steps
     ft = write_recipe(tmp_path / "ft.yaml", tiny_corpus, model={"pe": "tape", "tie_embeddings": False},
                       train={"max_steps": 1, "freeze": ["*"], "unfreeze": ["*.pe.*"], "warmup": 0})
     result = runner.invoke(app, ["finetune", "--checkpoint", str(base), "--recipe", str(ft), "--out",

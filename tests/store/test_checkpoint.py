@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from train_helpers import (
-    REPO,
     assert_same_weights,
-    cli,
     kill_after_first_checkpoint,
     subprocess_env,
     weights,
@@ -61,21 +58,22 @@ def _timing(row: dict) -> dict:
     return {k: row[k] for k in ("tokens_per_s", "elapsed") if k in row}
 
 
-def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path, tiny_corpus: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")  # in this process as in the killed one (OMP_NUM_THREADS=1): the same floats
+def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path, tiny_corpus: Path, capsys) -> None:
+    """A real `tape pretrain` process killed at some step after its first checkpoint, resumed (here, in this
+    process) to the weights and metrics of an uninterrupted run."""
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus,
                           train={"max_steps": 200, "save_every": 10, "keep_last": 2, "eval_every": 0,
                                  "log_every": 10})
-    env = subprocess_env()
-    whole = tmp_path / "whole"
-    subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(whole)), cwd=REPO, env=env, check=True,
-                   capture_output=True, timeout=300)
+    whole = engine.pretrain(load_recipe(str(recipe)), tmp_path / "whole")
 
     killed = tmp_path / "killed"
-    kill_after_first_checkpoint(["pretrain", "--recipe", str(recipe), "--out", str(killed)], killed, env, 200)
+    kill_after_first_checkpoint(["pretrain", "--recipe", str(recipe), "--out", str(killed)], killed, subprocess_env(),
+                                200)
 
-    resumed = subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(killed), "--resume", "auto"),
-                             cwd=REPO, env=env, check=True, capture_output=True, text=True, timeout=300)
-    assert "which is no longer running; taking it over" in resumed.stderr  # the killed run's claim (store.claim)
+    engine.pretrain(load_recipe(str(recipe)), killed, resume="auto")
+    assert "which is no longer running; taking it over" in capsys.readouterr().err  # the killed run's claim
     assert_same_weights(weights(whole), weights(killed))
     def losses(run: Path) -> list[tuple[int, float]]:
         return [(r["step"], r.get("loss", r.get("val_loss"))) for r in read_metrics(run)]
@@ -90,30 +88,25 @@ def test_keep_last_prunes_old_checkpoints(tmp_path: Path, tiny_corpus: Path) -> 
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-00000003", "step-00000004"]
 
 
-def test_leftover_temp_dir_is_ignored_then_removed(tmp_path: Path, tiny_corpus: Path) -> None:
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 2})
-    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+def test_leftover_temp_dir_is_ignored_then_removed(tmp_path: Path, trained) -> None:
+    run = trained.copy(tmp_path / "run")  # 2 steps
     # What a save killed half-way leaves behind: a temp dir with a truncated weights file.
     partial = run / "checkpoints" / ".tmp-step-00000009-4242"
     partial.mkdir()
     (partial / "model.safetensors").write_bytes(b"\x00" * 10)
     assert resolve_checkpoint(run).name == "step-00000002"
 
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 3})
-    engine.pretrain(load_recipe(str(recipe)), run, resume="auto")
+    engine.pretrain(load_recipe(trained.recipe(), ["train.max_steps=3"]), run, resume="auto")
     assert resolve_checkpoint(run).name == "step-00000003" and not partial.exists()
 
 
-def test_resume_never_refuses_to_mix_runs(tmp_path: Path, tiny_corpus: Path) -> None:
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 2})
-    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
-    with pytest.raises(TapeError, match="already holds checkpoints"):
-        engine.pretrain(load_recipe(str(recipe)), run, resume="never")
+def test_resume_never_refuses_to_mix_runs(trained) -> None:
+    with pytest.raises(TapeError, match="already holds checkpoints"):  # and writes nothing (trained's check)
+        engine.pretrain(load_recipe(trained.recipe()), trained(), resume="never")
 
 
-def test_tied_embeddings_are_saved_once_and_reloaded_tied(tmp_path: Path, tiny_corpus: Path) -> None:
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, model={"tie_embeddings": True}, train={"max_steps": 2})
-    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+def test_tied_embeddings_are_saved_once_and_reloaded_tied(trained) -> None:
+    run = trained("tiny", "model.tie_embeddings=true")
     saved = load_file(str(resolve_checkpoint(run) / "model.safetensors"))
     assert "lm_head.weight" not in saved and "model.embed_tokens.weight" in saved
     model = open_model(str(run), device="cpu").model
@@ -121,9 +114,8 @@ def test_tied_embeddings_are_saved_once_and_reloaded_tied(tmp_path: Path, tiny_c
     assert torch.equal(model.lm_head.weight, saved["model.embed_tokens.weight"])
 
 
-def test_save_model_open_model_round_trip(tmp_path: Path, tiny_corpus: Path) -> None:
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 1, "save_every": 1, "warmup": 0})
-    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+def test_save_model_open_model_round_trip(tmp_path: Path, trained) -> None:
+    run = trained()
     opened = open_model(str(run), device="cpu")
     model, tokenizer = opened.model, opened.tokenizer
     export = save_model(model, tokenizer, tmp_path / "export")

@@ -14,10 +14,12 @@ from tapecli.store.run import read_metrics
 from tapecli.train.engine import pretrain
 
 
-@pytest.mark.parametrize("pe", ["rope", "tape"])  # TAPE: its last layer's inert state maps must not upset DDP
-def test_two_processes_match_one(tmp_path: Path, tiny_corpus: Path, pe: str) -> None:
-    # Global batch 8: one process does 2 micro-batches of 4; each of 2 ranks does 2 micro-batches of 2.
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, model={"pe": pe}, train={"batch_size": 8, "max_steps": 3})
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path: Path, tiny_corpus: Path) -> None:
+    # Global batch 8: one process does 2 micro-batches of 4; each of 2 ranks does 2 micro-batches of 2. TAPE: besides
+    # what every model has, its last layer's inert state maps (parameters without gradients) must not upset DDP.
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, model={"pe": "tape"},
+                          train={"batch_size": 8, "max_steps": 3})
     single = pretrain(load_recipe(str(recipe), ["train.micro_batch_size=4"]), tmp_path / "single")
 
     torchrun = Path(sys.executable).parent / "torchrun"

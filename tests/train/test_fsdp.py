@@ -3,6 +3,7 @@ one process, and a sharded run's checkpoint resumes exactly."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,13 +32,13 @@ def torchrun(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_two_sharded_processes_give_the_gradients_of_one(tmp_path: Path, tiny_corpus: Path) -> None:
+    from fsdp_worker import gradients
+
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, model=MODEL, train=TRAIN)
-    worker = str(REPO / "tests" / "fsdp_worker.py")
-    subprocess.run([sys.executable, worker, str(recipe), str(tmp_path / "one"), str(tmp_path / "one.pt"),
-                    "train.micro_batch_size=4"], cwd=REPO, env=subprocess_env(), check=True, capture_output=True,
-                   timeout=300)
-    torchrun(worker, str(recipe), str(tmp_path / "two"), str(tmp_path / "two.pt"), "train.micro_batch_size=2")
-    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    one = gradients(str(recipe), str(tmp_path / "one"), ["train.micro_batch_size=4"])  # one process: this one
+    torchrun(str(REPO / "tests" / "fsdp_worker.py"), str(recipe), str(tmp_path / "two"), str(tmp_path / "two.pt"),
+             "train.micro_batch_size=2")
+    two = torch.load(tmp_path / "two.pt")
     assert not one["sharded"] and two["sharded"]
     assert one["grads"].keys() == two["grads"].keys() and any(".pe." in k for k in one["grads"])
     for name, grad in one["grads"].items():  # a sum instead of a mean over ranks would be off by a factor of 2
@@ -54,26 +55,24 @@ def test_sharded_run_matches_one_process_and_resumes_exactly(tmp_path: Path, tin
     assert "memory per device (estimate)" in out and out.count("done: 4 steps") == 1
     assert_same_weights(weights(single), weights(whole), atol=1e-5)
 
-    split = tmp_path / "split"  # stop after the step-2 checkpoint, then continue it (optimizer state re-sharded)
-    torchrun("-m", "tapecli.cli", "pretrain", "--recipe", str(recipe), "--out", str(split),
-             "train.micro_batch_size=2", "train.max_steps=2")
+    # The run as it stood after its step-2 checkpoint (what a kill after it leaves), continued: the optimizer state
+    # is re-sharded, and the weights come out exactly as the uninterrupted run's.
+    split = tmp_path / "split"
+    shutil.copytree(whole, split)
+    shutil.rmtree(split / "checkpoints" / "step-00000004")
     out = torchrun("-m", "tapecli.cli", "pretrain", "--recipe", str(recipe), "--out", str(split),
                    "train.micro_batch_size=2").stdout
-    assert "resuming from" in out
+    assert f"resuming from {split / 'checkpoints' / 'step-00000002'}" in out
     assert_same_weights(weights(whole), weights(split))
 
 
 @pytest.mark.slow
-def test_sharded_context_extension_over_a_bf16_base(tmp_path: Path, tiny_corpus: Path) -> None:
+def test_sharded_context_extension_over_a_bf16_base(tmp_path: Path, tiny_corpus: Path, tiny_hf_llama: Path) -> None:
     """A frozen bf16 base under fp32 adapters (mixed dtypes, which FSDP2 stores as one), bf16 compute."""
-    pytest.importorskip("transformers")
-    from hf_helpers import make_hf_llama
-
     from tapecli.store.door import open_model
 
-    make_hf_llama(tmp_path / "hf", n_kv_heads=2, max_position_embeddings=32)
     run = tmp_path / "run"
-    out = torchrun("-m", "tapecli.cli", "extend-context", "--base", str(tmp_path / "hf"), "--method", "lora",
+    out = torchrun("-m", "tapecli.cli", "extend-context", "--base", str(tiny_hf_llama), "--method", "lora",
                    "--recipe", "context-extension-smoke", "--out", str(run), "model.max_seq_len=64",
                    f"data.source={tiny_corpus}", "train.parallel=fsdp", "train.precision=bf16", "train.max_steps=2",
                    "train.save_every=2").stdout

@@ -42,8 +42,8 @@ def test_setup_leaves_the_callers_recipe_alone(tmp_path: Path, tiny_corpus: Path
 
 
 @pytest.mark.parametrize("pe", PE_NAMES)
-def test_every_pe_trains_and_checkpoints(tmp_path: Path, tiny_corpus: Path, pe: str) -> None:
-    run = train(tmp_path, tiny_corpus, "run", f"model.pe={pe}", "train.max_steps=2")
+def test_every_pe_trains_and_checkpoints(trained, pe: str) -> None:
+    run = trained("tiny", f"model.pe={pe}")  # 2 steps; shared with the other tests that use a trained model
     rows = read_metrics(run)
     losses = [r["loss"] for r in rows if "loss" in r]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
@@ -52,9 +52,9 @@ def test_every_pe_trains_and_checkpoints(tmp_path: Path, tiny_corpus: Path, pe: 
     assert (run / "checkpoints" / "step-00000002" / "model.safetensors").is_file()
 
 
-def test_pinned_loss(tmp_path: Path, tiny_corpus: Path) -> None:
+def test_pinned_loss(trained) -> None:
     """A fixed tiny config must keep producing the same losses (torchtune-style regression pin)."""
-    run = train(tmp_path, tiny_corpus, "run")
+    run = trained("tiny", "train.max_steps=4")
     losses = [r["loss"] for r in read_metrics(run) if "loss" in r]
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(PINNED_LOSSES), rtol=1e-4, atol=1e-4)
 
@@ -62,22 +62,22 @@ def test_pinned_loss(tmp_path: Path, tiny_corpus: Path) -> None:
 PINNED_LOSSES = [5.55493, 5.47530, 5.38956, 5.34098]  # rope, TINY recipe, seed 1234, fp32 CPU
 
 
-def test_run_directory(tmp_path: Path, tiny_corpus: Path) -> None:
-    run = train(tmp_path, tiny_corpus, "run", "train.max_steps=2")
+def test_run_directory(trained) -> None:
+    run = trained()  # 2 steps
     info = json.loads((run / "run.json").read_text())
     assert info["seed"] == 1234 and info["version"] and "git_revision" in info and "start_time" in info
     resolved = load_recipe(str(run / "recipe.yaml"))  # the resolved recipe loads back, vocab size filled in
     assert resolved.train.max_steps == 2 and resolved.model.vocab_size == 259
 
 
-def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path, tiny_corpus: Path) -> None:
-    accumulated = train(tmp_path, tiny_corpus, "accum", "train.micro_batch_size=2")
+def test_gradient_accumulation_matches_one_big_batch(tmp_path: Path, tiny_corpus: Path, trained) -> None:
+    accumulated = trained("tiny", "train.max_steps=4")  # micro-batches of 2: test_pinned_loss's run
     single = train(tmp_path, tiny_corpus, "single", "train.micro_batch_size=4")
     assert_same_weights(weights(accumulated), weights(single), atol=1e-6)
 
 
-def test_activation_checkpointing_changes_memory_not_results(tmp_path: Path, tiny_corpus: Path) -> None:
-    plain = train(tmp_path, tiny_corpus, "plain", "train.max_steps=2")
+def test_activation_checkpointing_changes_memory_not_results(tmp_path: Path, tiny_corpus: Path, trained) -> None:
+    plain = trained()  # 2 steps
     recomputed = train(tmp_path, tiny_corpus, "recomputed", "train.max_steps=2", "train.activation_checkpointing=true")
     assert_same_weights(weights(plain), weights(recomputed), atol=1e-6)
 
@@ -89,9 +89,10 @@ def test_schedule_warms_up_then_decays_to_min_lr() -> None:
     assert lr_at(5, lr=1.0, min_lr=0.1, warmup_steps=0, max_steps=6, schedule="constant") == 1.0
 
 
-def test_a_zero_learning_rate_leaves_the_weights_exactly_as_they_were(tmp_path: Path, tiny_corpus: Path) -> None:
+def test_a_zero_learning_rate_leaves_the_weights_exactly_as_they_were(tmp_path: Path, tiny_corpus: Path,
+                                                                     trained) -> None:
     """lr 0 is allowed: training from a checkpoint then reproduces it bit for bit (issue 18's sanity check)."""
-    base = train(tmp_path, tiny_corpus, "base", "train.max_steps=2")
+    base = trained()  # 2 steps
     still = train(tmp_path, tiny_corpus, "still", "train.lr=0", "train.min_lr=0", f"train.init_from={base}",
                   "train.max_steps=2")
     assert_same_weights(weights(base), weights(still))
@@ -124,8 +125,8 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path: Path, tiny_corp
     assert all(torch.isfinite(t).all() for t in weights(out / "checkpoints" / saved[-1]).values())
 
 
-def test_finetune_learns_targets_only_and_respects_freezing(tmp_path: Path, tiny_corpus: Path) -> None:
-    base = train(tmp_path, tiny_corpus, "base", "train.max_steps=2")
+def test_finetune_learns_targets_only_and_respects_freezing(tmp_path: Path, tiny_corpus: Path, trained) -> None:
+    base = trained()  # 2 steps
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(json.dumps({"prompt": f"{a} plus {b} is", "target": f" {a + b}"}) + "\n"
                              for a in range(6) for b in range(4)))
@@ -160,8 +161,8 @@ def test_finetune_learns_targets_only_and_respects_freezing(tmp_path: Path, tiny
     assert read_metrics(out)[0]["loss"] == pytest.approx(float(expected), abs=1e-5)
 
 
-def test_finetune_rejects_shape_changes(tmp_path: Path, tiny_corpus: Path) -> None:
-    base = train(tmp_path, tiny_corpus, "base", "train.max_steps=1", "train.save_every=1", "train.warmup=0")
+def test_finetune_rejects_shape_changes(tmp_path: Path, tiny_corpus: Path, trained) -> None:
+    base = trained()
     recipe = write_recipe(tmp_path / "ft.yaml", tiny_corpus)
     out = tmp_path / "ft"
     result = runner.invoke(app, ["finetune", "--checkpoint", str(base), "--recipe", str(recipe), "--out", str(out),
@@ -197,6 +198,7 @@ def test_missing_checkpoint_is_one_line_exit_2(tmp_path: Path, tiny_corpus: Path
     assert not (tmp_path / "ft").exists()
 
 
+@pytest.mark.slow
 def test_real_process_prints_no_traceback(tmp_path: Path, tiny_corpus: Path) -> None:
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus)
     proc = subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(tmp_path / "run"), "model.depth=3"),
