@@ -26,11 +26,14 @@ ALLOW_ENV = "TAPE_ALLOW_PE"
 
 
 def split_code(value: str) -> tuple[str, str] | None:
-    """(target, class name) of a `target:Class` value, None for a plain name (a built-in or an installed plugin)."""
-    if not isinstance(value, str) or ":" not in value:
+    """(target, class name) of a `target:Class` value, None for a plain name (a built-in or an installed plugin).
+    `:key=value` segments are a `--pe` spec's pe_args (`rope:hope=true`, `kerple.py:Kerple:init=0.5`), not code."""
+    if not isinstance(value, str):
         return None
-    target, _, name = value.rpartition(":")
-    return target, name
+    parts = [part for part in value.split(":") if "=" not in part]
+    if len(parts) < 2:
+        return None
+    return ":".join(parts[:-1]), parts[-1]
 
 
 def is_file_target(target: str) -> bool:

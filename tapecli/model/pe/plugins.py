@@ -126,7 +126,8 @@ def _allowed_file(value: str, target: str, recorded: dict | None) -> Path:
                      f"invocation's command line names it; {_named_how(value, target)}")
 
 
-def _from_file(path: Path, cls_name: str, value: str) -> tuple[type[PositionalEncoding], dict]:
+def _import_file(path: Path) -> tuple[Any, str]:
+    """(the module, its SHA-256) of an allowed file, imported once per content."""
     digest = sha256(path)
     module_name = f"tapecli_pe_file_{digest[:16]}"
     module = sys.modules.get(module_name)
@@ -141,6 +142,22 @@ def _from_file(path: Path, cls_name: str, value: str) -> tuple[type[PositionalEn
         except Exception as e:  # noqa: BLE001 - the plugin's own error, in one line
             del sys.modules[module_name]
             raise ValueError(f"model.pe: importing {path} failed: {_first_line(e)}") from None
+    return module, digest
+
+
+def pe_classes(path: Path) -> list[str]:
+    """The PositionalEncoding subclasses a file defines (a file this command line named), in file order."""
+    if not trust.is_allowed_file(path):
+        raise ValueError(f"model.pe: {path} is not named on this command line")
+    if not path.is_file():
+        raise ValueError(f"model.pe: {path} is not a file")
+    module, _ = _import_file(path.resolve())
+    return [name for name, obj in vars(module).items() if isinstance(obj, type) and
+            issubclass(obj, PositionalEncoding) and obj.__module__ == module.__name__]
+
+
+def _from_file(path: Path, cls_name: str, value: str) -> tuple[type[PositionalEncoding], dict]:
+    module, digest = _import_file(path)
     if not hasattr(module, cls_name):
         raise ValueError(f"model.pe: {path} defines no {cls_name} (from {value})")
     cls = _checked(getattr(module, cls_name), f"{path}:{cls_name}")
