@@ -82,6 +82,22 @@ def resolve_option(values: list[str] | tuple[str, ...], option: str = "--pe") ->
     return resolved
 
 
+def available_pes() -> list[tuple[str, ResolvedPE | None, str]]:
+    """(name, how it resolves or None, a problem or "") of every built-in and installed plugin (`tape pe list`);
+    a plugin that fails to import or shares a built-in's name is listed with what is wrong."""
+    found: list[tuple[str, ResolvedPE | None, str]] = [(name, ResolvedPE(cls, name, None), "")
+                                                      for name, cls in BUILTINS.items()]
+    for name in plugins.installed_plugins():
+        if name in BUILTINS:
+            found.append((name, None, f"a plugin's entry point named {name!r}: the built-in takes that name"))
+            continue
+        try:
+            found.append((name, resolve_pe(name), ""))
+        except ValueError as e:
+            found.append((name, None, str(e).removeprefix("model.pe: ")))
+    return found
+
+
 def pe_label(value: str) -> str:
     """A short name for a PE value without importing anything: the name itself, or the class of `target:CLASS`."""
     code = trust.split_code(value)
