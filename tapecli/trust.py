@@ -62,7 +62,10 @@ def allow_named(values: list[str] | tuple[str, ...]) -> None:
     list's items); every other value is left alone."""
     for value in values:
         key, sep, rest = value.partition("=")
-        pe = rest.strip().strip("'\"") if sep and key.strip() == "model.pe" else (value if not sep else None)
+        if sep and ":" not in key:  # an override, key=value
+            pe = rest.strip().strip("'\"") if key.strip() == "model.pe" else None
+        else:  # a --pe item: a name or target:Class, maybe with :key=value pe_args
+            pe = value
         if pe is not None and split_code(pe) is not None:
             allow(pe)
 

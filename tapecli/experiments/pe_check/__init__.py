@@ -45,11 +45,12 @@ def run_pe_check(pe: str, pe_args: dict[str, Any] | None = None, device: str = "
 
     console = console or Console()
     subject = Subject(pe, dict(pe_args or {}), resolve_device(device), compile_backend)
+    names = chosen_checks(subject, compile)  # builds the PE: a bad name or pe_args is one line here
     resolved = resolve_pe(pe)
-    names = chosen_checks(subject, compile)
-    console.print(f"tape pe check {resolved.name} ({describe(resolved.record)}): {SIZE_TEXT}, on {subject.device}; "
-                  f"exact checks in {str(subject.exact_dtype).removeprefix('torch.')}", markup=False,
-                  highlight=False, soft_wrap=True)
+    # Not "tape pe check ...": a line starting "tape " reads as a command line in the docs.
+    console.print(f"PE {resolved.name} ({describe(resolved.record)}): {SIZE_TEXT}, on {subject.device}; exact checks "
+                  f"in {str(subject.exact_dtype).removeprefix('torch.')}", markup=False, highlight=False,
+                  soft_wrap=True)
     outcomes = []
     for name in names:
         start = time.perf_counter()

@@ -101,8 +101,8 @@ def code_plugin(value: str, recorded: dict | None) -> tuple[type[PositionalEncod
 
 
 def _named_how(value: str, target: str) -> str:
-    return (f"name it on this command line (model.pe={value}, or --pe {value}) or allow it with "
-            f"`tape --allow-pe {target} ...` (or {trust.ALLOW_ENV}={target})")
+    return (f"allow it with `tape --allow-pe {target} COMMAND ...` (or {trust.ALLOW_ENV}={target}), or name it as "
+            f"model.pe={value} / --pe {value} where the command takes those")
 
 
 def _allowed_file(value: str, target: str, recorded: dict | None) -> Path:
