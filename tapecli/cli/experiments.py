@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from tapecli import trust
 from tapecli.errors import TapeError
 
 
@@ -26,7 +27,7 @@ def _seeds(text: str) -> Seeds:
 def sweep(
     overrides: list[str] | None = typer.Argument(None, help="Recipe overrides for every cell, as key=value (e.g. train.max_steps=500).", show_default=False),
     recipe: str | None = typer.Option(None, "--recipe", help="A shipped recipe name or a YAML file.", show_default=False),
-    pe: str | None = typer.Option(None, "--pe", help="PEs to compare, comma-separated (e.g. rope,tape,alibi).", show_default=False),
+    pe: str | None = typer.Option(None, "--pe", help="PEs to compare, comma-separated (e.g. rope,tape,alibi; a plugin's name or FILE.py:CLASS too).", show_default=False),
     seeds: Seeds = typer.Option("0", "--seeds", parser=_seeds, metavar="N,N,...", help="Seeds (train.seed), comma-separated, e.g. 0,1,2."),
     grid: list[str] | None = typer.Option(None, "--grid", help="Also vary a recipe key: key=value1,value2 (repeatable; every combination is a cell).", show_default=False),
     out: Path | None = typer.Option(None, "--out", help="Sweep directory: one run directory per cell, sweep.json, results.json, the chart.", show_default=False),
@@ -62,6 +63,7 @@ def sweep(
         if not value:
             raise TapeError(f"{name} is required (or --report DIR to aggregate a finished sweep)")
     spec = SweepSpec(recipe, tuple(overrides or ()), parse_list(pe, "--pe"), tuple(seeds), parse_grid(grid or []), out)
+    trust.allow_named([*spec.overrides, *spec.pes])  # plugin PEs named here may be imported, by the cells too
     runs_on = _executor(executor, jobs, slurm_partition, gpus_per_job, cpus_per_job, time_limit, slurm_arg)
     # What resumes the sweep (recorded in each cell's run.json, printed when it is stopped): this command, with the
     # options that differ from their defaults.
@@ -125,6 +127,7 @@ def demo(
     Example: tape demo --pe nope ; tape demo --seed 0,1,2 ; tape demo --task addition --quick
     """
     extra = [p.strip() for p in pe.split(",") if p.strip()]
+    trust.allow_named(extra)
     seeds = tuple(seed)
     # One directory per setting, so a re-run reuses finished work and never mixes settings.
     suffix = "" if seeds == (0,) else f"-seed{','.join(map(str, seeds))}"
@@ -181,6 +184,7 @@ def bench(
     Example: `tape bench --pe rope,alibi,fire,tape --seq-len 1024,4096,16384 --out bench.json`; `tape bench --decode --out decode.json`.
     """
     pe_list = [p.strip() for p in pes.split(",") if p.strip()]
+    trust.allow_named(pe_list)
     if decode:
         from tapecli.experiments.bench_decode import run_decode_bench
 
@@ -207,11 +211,10 @@ def doctor(
     Example: `tape doctor --device cuda` after installing on a GPU machine.
     """
     from tapecli.experiments.doctor import run_doctor
-    from tapecli.model import PE_NAMES
+    from tapecli.model.pe import resolve_option
 
     chosen = [p.strip() for p in pes.split(",") if p.strip()]
-    unknown = [p for p in chosen if p not in PE_NAMES]
-    if unknown:
-        raise TapeError(f"--pe: unknown positional encoding {unknown[0]!r}; allowed: {', '.join(PE_NAMES)}")
+    trust.allow_named(chosen)
+    resolve_option(chosen)
     if run_doctor(device, chosen)["failed"]:
         raise typer.Exit(1)

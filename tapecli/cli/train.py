@@ -66,8 +66,10 @@ def finetune(
 
 def _load(recipe: str, overrides: list[str]) -> Recipe:
     """The recipe, its notes (an old format read, a shortened warm-up) printed once, by rank 0 under torchrun."""
+    from tapecli import trust
     from tapecli.recipe import load_recipe
 
+    trust.allow_named(overrides)  # a plugin PE named here (model.pe=kerple.py:Kerple) may be imported
     loaded = load_recipe(recipe, overrides)
     if os.environ.get("RANK", "0") == "0":
         for note in loaded.notes:

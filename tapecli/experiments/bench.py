@@ -27,7 +27,8 @@ from tapecli.errors import TapeError
 from tapecli.experiments.bench_step import make_variant, train_step
 from tapecli.faults import check_output_file, note_memory_use
 from tapecli.files import write_atomic
-from tapecli.model import PE_NAMES, attention
+from tapecli.model import attention
+from tapecli.model.pe import pe_label, resolve_option
 from tapecli.runtime import resolve_device
 
 PRECISIONS = ("fp32", "bf16")
@@ -35,10 +36,8 @@ PRECISIONS = ("fp32", "bf16")
 
 def bench_variants(pes: list[str], tape_paths: bool) -> list[tuple[str, str, dict]]:
     """(label, pe, pe_args) for each PE; RoPE always included as the reference."""
-    unknown = [p for p in pes if p not in PE_NAMES]
-    if unknown:
-        raise TapeError(f"--pe: unknown positional encoding {unknown[0]!r}; allowed: {', '.join(PE_NAMES)}")
-    variants = [("rope", "rope", {})] + [(p, p, {}) for p in pes if p not in ("rope", "tape")]
+    resolve_option(pes)
+    variants = [("rope", "rope", {})] + [(pe_label(p), p, {}) for p in pes if p not in ("rope", "tape")]
     if "tape" in pes:
         if tape_paths:
             variants += [("tape (separate)", "tape", {"aggregation": "separate"}),

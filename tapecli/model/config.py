@@ -12,9 +12,13 @@ from typing import Any
 class ModelConfig:
     """A Llama-style decoder: pre-norm RMSNorm, SwiGLU MLP, (grouped-query) attention, one positional encoding.
 
-    `pe` picks the positional encoding (see `tapecli.model.PE_NAMES`); `pe_args` are its hyperparameters
-    (each PE documents its own, e.g. `theta` and `scaling` for rope). `max_seq_len` is the training context:
-    RoPE scalings use it as the original length, and nothing stops a model from running longer sequences.
+    `pe` picks the positional encoding: a built-in name (`tapecli.model.PE_NAMES`), an installed plugin's name or
+    `FILE.py:CLASS` / `MODULE:CLASS` (`tapecli.model.pe.registry.resolve_pe`, the one place that resolves it);
+    `pe_args` are its hyperparameters (each PE documents its own, e.g. `theta` and `scaling` for rope).
+    `pe_plugin` is not set by users: it records where a plugin PE's code came from (name, package and version, or
+    file and content hash), None for a built-in; it is filled in here and saved with the configuration, so a
+    checkpoint names what to install. `max_seq_len` is the training context: RoPE scalings use it as the
+    original length, and nothing stops a model from running longer sequences.
     """
 
     vocab_size: int
@@ -35,9 +39,10 @@ class ModelConfig:
     abacus: bool = False
     abacus_digit_ids: list[int] = field(default_factory=list)  # token ids of the digits 0-9
     abacus_max_offset: int = 100  # random offset added to digit places during training
+    pe_plugin: dict[str, Any] | None = None  # where a plugin PE came from (filled in; see the docstring)
 
     def __post_init__(self) -> None:
-        from tapecli.model.pe import PE_NAMES, build_pe
+        from tapecli.model.pe import build_pe, resolve_pe
 
         for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
             value = getattr(self, key)
@@ -60,15 +65,17 @@ class ModelConfig:
         for key in ("norm_eps", "init_std"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"model.{key}: must be > 0, got {getattr(self, key)!r}")
-        if self.pe not in PE_NAMES:
-            raise ValueError(f"model.pe: unknown positional encoding {self.pe!r}; allowed: {', '.join(PE_NAMES)}")
+        self.pe_plugin = resolve_pe(self.pe, self.pe_plugin).record
         build_pe(self)  # validates pe_args now (names, types, choices), not at the first forward
         if self.abacus and len(set(self.abacus_digit_ids)) != 10:
             raise ValueError("model.abacus: needs model.abacus_digit_ids (the 10 distinct digit token ids of the "
                              "tokenizer)")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if data["pe_plugin"] is None:
+            del data["pe_plugin"]  # built-in PEs: the configuration reads as it always has
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:

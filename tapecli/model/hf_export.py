@@ -5,7 +5,8 @@
 Writes config.json (LlamaForCausalLM, with `rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards
 with model.safetensors.index.json), generation_config.json and the tokenizer (tokenizer.json or tokenizer.model,
 with tokenizer_config.json naming its special tokens), so `AutoModelForCausalLM.from_pretrained(out)` computes the
-same logits as tape. Only PEs transformers' Llama can run are exported: RoPE with any of its scalings. LoRA must be
+same logits as tape. Only PEs transformers' Llama can run are exported: RoPE with any of its scalings, and a
+plugin PE whose class defines `hf_export` (tapecli.pe). LoRA must be
 merged first (`tapecli.store.door.open_model` does). Everything is written to a temporary directory renamed into
 place at the end.
 """
@@ -28,35 +29,20 @@ if TYPE_CHECKING:
 SHARD_BYTES = 5 * 2**30
 
 
-def rope_parameters(model: Transformer) -> tuple[dict[str, Any], int]:
-    """(transformers' rope_parameters, max_position_embeddings) for a RoPE model; see tapecli.model.pe.rope."""
+def pe_entries(model: Transformer) -> dict[str, Any] | None:
+    """The LlamaConfig entries of the model's PE (`PositionalEncoding.hf_export`: RoPE's `rope_parameters` and
+    `max_position_embeddings`), or None when its class defines no export of its own (a subclass of RoPE is not
+    RoPE)."""
     pe = model.model.pe
-    params: dict[str, Any] = {"rope_theta": pe.theta, "rope_type": "default"}
-    max_pos = model.config.max_seq_len
-    if pe.scaling == "none":
-        return params, max_pos
-    params.update(rope_type=pe.scaling, factor=pe.factor)
-    if pe.scaling == "dynamic":
-        max_pos = pe.original_max_len  # transformers' dynamic NTK measures growth from max_position_embeddings
-    else:
-        params["original_max_position_embeddings"] = pe.original_max_len
-    args = model.config.pe_args
-    if pe.scaling == "yarn":
-        params.update(beta_fast=args.get("beta_fast", 32.0), beta_slow=args.get("beta_slow", 1.0),
-                      truncate=args.get("truncate", True), attention_factor=pe.attention_factor)
-    if pe.scaling == "llama3":
-        params.update(low_freq_factor=args.get("low_freq_factor", 1.0),
-                      high_freq_factor=args.get("high_freq_factor", 4.0))
-    if pe.scaling == "linear":
-        params.pop("original_max_position_embeddings")
-    return params, max_pos
+    export = type(pe).__dict__.get("hf_export")
+    return None if export is None else export(pe)
 
 
 def check_exportable(model: Transformer) -> None:
     c = model.config
-    if c.pe != "rope":
-        raise TapeError(f"pe {c.pe!r} has no Hugging Face Llama equivalent (only rope exports); keep the native "
-                        "checkpoint, which every `tape eval` opens")
+    if pe_entries(model) is None:
+        raise TapeError(f"pe {c.pe!r} has no Hugging Face Llama equivalent (only rope, and plugins whose class "
+                        "defines hf_export, export); keep the native checkpoint, which every `tape eval` opens")
     if c.abacus or not c.causal:
         raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
                         "native checkpoint")
@@ -66,14 +52,14 @@ def check_exportable(model: Transformer) -> None:
 
 def _config(model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype) -> dict[str, Any]:
     c = model.config
-    rope, max_pos = rope_parameters(model)
+    entries = pe_entries(model)
     config = {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
         "hidden_size": c.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
-        "max_position_embeddings": max_pos, "rms_norm_eps": c.norm_eps, "tie_word_embeddings": c.tie_embeddings,
+        "max_position_embeddings": c.max_seq_len, "rms_norm_eps": c.norm_eps, "tie_word_embeddings": c.tie_embeddings,
         "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "initializer_range": c.init_std,
-        "rope_parameters": rope, "dtype": str(dtype).removeprefix("torch."),
+        "dtype": str(dtype).removeprefix("torch."), **entries,
     }
     if tokenizer is not None:
         config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from tapecli.errors import TapeError
 from tapecli.faults import reading, writing
-from tapecli.store.run import CHECKPOINTS
+from tapecli.store.run import CHECKPOINTS, MODEL_CONFIG
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from tapecli.model import Transformer
 
 WEIGHTS = "model.safetensors"
-MODEL_CONFIG = "model_config.json"
 TOKENIZER = "tokenizer"
 TRAIN_STATE = "train_state.pt"
 BASE_MODEL = "base_model.json"

@@ -34,6 +34,7 @@ What comes back, in eval mode on `device` (tapecli.runtime: auto is the GPU if t
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -279,7 +280,17 @@ class _Change:
                 raise TapeError(f"{origin}: {e}") from None
         if self.pe_args:
             config = _with_pe_args(config, self.pe_args)
+        _note_plugin_change(saved.get("pe_plugin"), config.pe_plugin, origin)
         return config, grown
+
+
+def _note_plugin_change(saved: dict[str, Any] | None, now: dict[str, Any] | None, origin: str) -> None:
+    """One note when a plugin PE's code is not what the model was saved with (another version or file content)."""
+    if saved and now and saved != now:
+        from tapecli.model.pe.plugins import describe
+
+        print(f"note: {origin} was saved with the PE from {describe(saved)}; it now comes from {describe(now)}",
+              file=sys.stderr)
 
 
 def _with_pe_args(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 RECIPE = "recipe.yaml"
+MODEL_CONFIG = "model_config.json"  # in each checkpoint (tapecli.store.checkpoint)
 RUN_INFO = "run.json"
 
 
@@ -104,11 +105,37 @@ def run_recipe_path(checkpoint: Path) -> Path:
 
 
 def run_recipe(checkpoint: Path) -> Recipe | None:
-    """The resolved recipe of the run a checkpoint belongs to, if any (a run written by tape 0.1 included)."""
+    """The resolved recipe of the run a checkpoint belongs to, if any (a run written by tape 0.1 included). A
+    plugin PE the recipe names that cannot be found is explained by the checkpoint's record of it (which package
+    to install)."""
+    from tapecli.errors import TapeError
     from tapecli.recipe import load_recipe
 
     path = run_recipe_path(checkpoint)
-    return load_recipe(str(path)) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return load_recipe(str(path))
+    except TapeError:
+        _explain_plugin(Path(checkpoint))
+        raise
+
+
+def _explain_plugin(checkpoint: Path) -> None:
+    """Raise the one-line error of the checkpoint's own plugin record when its PE cannot be resolved here."""
+    from tapecli.errors import TapeError
+    from tapecli.model.pe import resolve_pe
+
+    try:
+        config = json.loads((checkpoint / MODEL_CONFIG).read_text(encoding="utf-8"))
+        pe, record = config["pe"], config.get("pe_plugin")
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # no readable record: the recipe's own error stands
+    if record:
+        try:
+            resolve_pe(pe, record)
+        except ValueError as e:
+            raise TapeError(f"{checkpoint / MODEL_CONFIG}: {e}") from None
 
 
 def run_of(checkpoint: Path) -> Path | None:

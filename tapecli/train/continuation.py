@@ -34,7 +34,9 @@ def check_continuation(recipe: Recipe, checkpoint: Path, tokenizer: Any, config:
             raise TapeError(f"data.tokenizer: {recipe.data.tokenizer!r} is not the tokenizer {checkpoint} was "
                             f"trained with; {_INSTEAD}")
     saved, built = read_model_config(checkpoint), config.to_dict()
-    changed = sorted(k for k in saved.keys() | built.keys() if saved.get(k) != built.get(k))
+    # pe_plugin records where a plugin's code came from; a newer version of it may continue the run (the door
+    # notes the change when it opens the checkpoint).
+    changed = sorted(k for k in saved.keys() | built.keys() if saved.get(k) != built.get(k) and k != "pe_plugin")
     if changed:
         key = changed[0]
         raise TapeError(f"model.{key}: the recipe asks for {built.get(key)!r} but {checkpoint} has "

@@ -68,7 +68,8 @@ def test_bench_several_lengths_in_bf16(tmp_path):
 
 @pytest.mark.slow
 def test_doctor_reports_the_machine_and_checks_each_pe():
-    """The environment lines, then one line per PE with its paths and three passed checks; exit 0."""
+    """The environment lines, then one line per PE with its paths and four passed checks of `tape pe check`; exit
+    0."""
     result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "rope,alibi,cope"])
     assert result.exit_code == 0, result.output
     for key in ("torch", "cuda", "bf16", "flash-attn", "fla", "triton", "torch.compile"):
@@ -79,14 +80,14 @@ def test_doctor_reports_the_machine_and_checks_each_pe():
     assert set(lines) == {"rope", "alibi", "cope"}
     assert "train: chunked" in lines["alibi"] and "train: cope-recompute" in lines["cope"]
     for line in lines.values():
-        assert line.count(" ok") == 3 and "FAILED" not in line, line
+        assert line.count(" ok") == 4 and "FAILED" not in line and " kv-cache ok " in line, line
     assert "all checks passed" in result.output
 
 
 @pytest.mark.slow
 def test_doctor_fails_loudly(monkeypatch):
     """A check that fails marks its line and makes the command exit with 1; an unknown PE is a usage error."""
-    monkeypatch.setattr("tapecli.experiments.doctor.LOGIT_TOLERANCE", {"cpu": 0.0})  # fp32 never equals fp64
+    monkeypatch.setattr("tapecli.experiments.pe_check.subject.FP32_TOLERANCE", {"cpu": 0.0})  # fp32 is not fp64
     monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda: "not checked")
     result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi"])
     assert result.exit_code == 1, result.output

@@ -280,3 +280,14 @@ def test_flex_forward_on_cpu_equals_the_reference(tmp_path, monkeypatch):
         want = naive_attention(q, k, v, layer.double().bias, q_pos, k_pos, key_mask)
         real = torch.ones(2, Tq, dtype=torch.bool) if key_mask is None else key_mask[:, -Tq:]
         assert (got.double() - want).transpose(1, 2)[real].abs().max() <= 1e-5
+
+
+def test_the_dense_mask_of_queries_after_cached_keys_is_causal():
+    """A chunk prefilled after cached keys, without padding: query i (of 3, after 2 cached keys) sees keys <= 2 + i
+    (it used to see every key, on the dense path and in an OwnAttention PE's mask)."""
+    from tapecli.model.attention.dense import dense_mask
+
+    mask, is_causal = dense_mask(None, None, 3, 5, torch.float32, torch.device("cpu"))
+    assert not is_causal and mask.shape == (1, 1, 3, 5)
+    assert mask[0, 0].tolist() == [[True] * 3 + [False] * 2, [True] * 4 + [False], [True] * 5]
+    assert dense_mask(None, None, 3, 5, torch.float32, torch.device("cpu"), causal=False) == (None, False)

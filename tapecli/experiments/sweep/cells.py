@@ -1,6 +1,6 @@
 """The cells of a sweep: one run directory per (PE, seed, grid values), what state each is in, and running one.
 
-A cell `DIR/<pe>-seed<k>[-<key>=<value>...]` is trained exactly as
+A cell `DIR/<pe>-seed<k>[-<key>=<value>...]` (<pe>: the PE's name; a plugin file's class name) is trained exactly as
 
     tape pretrain --recipe R --out DIR/<cell> <overrides> model.pe=<pe> train.seed=<k> [<key>=<value> ...]
 
@@ -69,11 +69,12 @@ class Cell:
     overrides: tuple[str, ...]  # the user's, then model.pe, train.seed, then the grid's
     run_dir: Path
     command: tuple[str, ...]  # the sweep command, recorded in run.json: it resumes the whole sweep
+    pe_name: str = ""  # the PE's short name (a plugin file's class name), in cell names and tables; "" = pe
 
     @property
     def label(self) -> str:
         """The cell's group in tables: its PE and grid values (the seed is what is aggregated over)."""
-        return " ".join([self.pe, *(f"{key}={value}" for key, value in self.grid)])
+        return " ".join([self.pe_name or self.pe, *(f"{key}={value}" for key, value in self.grid)])
 
     def load_recipe(self) -> Recipe:
         from tapecli.recipe import load_recipe
@@ -114,11 +115,11 @@ def parse_grid(entries: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def plan(spec: SweepSpec, command: list[str]) -> list[Cell]:
     """The cells in the order they run: seed by seed, so each seed's comparison is complete before the next."""
-    from tapecli.model import PE_NAMES
+    from tapecli.model.pe import pe_label
 
-    unknown = [pe for pe in spec.pes if pe not in PE_NAMES]
-    if unknown:
-        raise TapeError(f"--pe: unknown positional encoding {', '.join(unknown)}; allowed: {', '.join(PE_NAMES)}")
+    labels = [pe_label(pe) for pe in spec.pes]
+    if len(set(labels)) != len(labels):
+        raise TapeError(f"--pe: two PEs would share a cell name ({', '.join(spec.pes)}); give each its own name")
     grid_keys = {key for key, _ in spec.grid}
     for override in spec.overrides:
         key = override.partition("=")[0].strip()
@@ -130,10 +131,11 @@ def plan(spec: SweepSpec, command: list[str]) -> list[Cell]:
     for seed in spec.seeds:
         for values in itertools.product(*(vals for _, vals in spec.grid)):
             grid = tuple(zip((key for key, _ in spec.grid), values, strict=True))
-            for pe in spec.pes:
-                name = "-".join([pe, f"seed{seed}", *(f"{key}={value}" for key, value in grid)])
+            for pe, label in zip(spec.pes, labels, strict=True):
+                name = "-".join([label, f"seed{seed}", *(f"{key}={value}" for key, value in grid)])
                 overrides = (*spec.overrides, f"model.pe={pe}", f"train.seed={seed}", *(f"{k}={v}" for k, v in grid))
-                cells.append(Cell(name, pe, seed, grid, spec.recipe, overrides, spec.out / name, tuple(command)))
+                cells.append(Cell(name, pe, seed, grid, spec.recipe, overrides, spec.out / name, tuple(command),
+                                  label))
     return cells
 
 

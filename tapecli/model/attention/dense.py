@@ -66,8 +66,8 @@ def dense_mask(bias: Tensor | None, key_mask: Tensor | None, q_len: int, k_len: 
             return None, False  # one new token may see everything before it
         if past == 0:
             return None, True
-    if bias is None and key_mask is None:
-        return None, False  # not causal: everything sees everything
+    if bias is None and key_mask is None and not causal:
+        return None, False  # everything sees everything
     allowed = visible(torch.arange(past, k_len, device=device), torch.arange(k_len, device=device), key_mask, causal)
     if bias is None:
         return allowed, False

@@ -21,10 +21,10 @@ from torch.utils.checkpoint import checkpoint
 SCORE_ELEMENTS = 1 << 21  # [B, H, chunk, Tk] elements per chunk: each of a chunk's few temporaries is 8 MiB in fp32
 
 
-def rows_for(batch: int, heads: int, k_len: int, q_len: int, elements: int = SCORE_ELEMENTS,
-             multiple: int = 1) -> int:
-    """Queries per chunk: a multiple of `multiple` keeping [batch, heads, rows, k_len] near `elements` (at least
-    one multiple, at most every query)."""
+def rows_for(batch: int, heads: int, k_len: int, q_len: int, budget: int = 1, multiple: int = 1) -> int:
+    """Queries per chunk: a multiple of `multiple` keeping [batch, heads, rows, k_len] near `budget` x
+    SCORE_ELEMENTS (at least one multiple, at most every query)."""
+    elements = budget * SCORE_ELEMENTS
     rows = max(multiple, (elements // max(1, batch * heads * k_len)) // multiple * multiple)
     return min(rows, max(q_len, 1))
 

@@ -7,8 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from tapecli.model.attention.needs import ScoreBias
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, ScoreBias
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -51,5 +50,7 @@ class ALiBiLayer(LayerPE):
 
 
 class ALiBi(PositionalEncoding):
+    claims = ("shift-invariance",)
+
     def make_layer(self, layer_idx: int) -> LayerPE:
         return ALiBiLayer(torch.tensor(alibi_slopes(self.config.n_heads)))

@@ -1,24 +1,53 @@
-"""The interface every positional encoding implements, and the helpers several of them share.
+"""The positional-encoding API: everything a PE file may use, and the contract of every hook.
+
+This is the one module a PE imports tape from. The ten built-in PEs (this package) use nothing else of tape, and
+`tapecli.pe` re-exports exactly these names as the stable import location for PEs written outside the package
+(plugins: docs/pe-api.md). Shapes: B batch, T current tokens, H query heads, G key/value heads (G divides H),
+d head_dim (even), V vocabulary.
 
 A PE has two parts:
-- a model-level `PositionalEncoding`, run once per forward: it picks the token positions and builds the
-  initial `PositionState` (e.g. RoPE's cos/sin);
-- one `LayerPE` per decoder layer, held by the block as `pe` (so its parameters are named
-  `model.layers.{i}.pe.*`): it rotates queries/keys, declares what else it needs from attention (`need`: a logit
-  bias, wider values, or attention of its own; `tapecli.model.attention.needs`) and, for TAPE, updates the
-  positional state after attention and after the MLP.
-The defaults do nothing, which is exactly NoPE.
+- a model-level `PositionalEncoding`, built once per model from `ModelConfig` and its `pe_args` (keyword-only
+  arguments of `__init__`), held as `model.model.pe`. Once per forward it picks the positions of the current tokens
+  (`positions`) and builds the `PositionState` entering layer 0 (`initial_state`);
+- one `LayerPE` per decoder layer (`make_layer`), held by the block as `pe`, so its parameters are named
+  `model.layers.{i}.pe.*`. In every layer it may rotate queries and keys (`rotate`), declare what else attention
+  must do (`need`: a logit bias, wider values, or attention of its own) and, for PEs that carry a state from layer
+  to layer (TAPE), update that state after attention and after the MLP.
+Every hook has a default that does nothing, which is exactly NoPE.
+
+The KV cache (`tapecli.model.cache`) keeps, per layer, the keys as `rotate` returned them and the values (for a
+`WideValue` need, [V | extra columns]); for the whole model, every past token's position and padding. So a PE is
+cache-correct when a token's rotated key and its bias never change once computed: positions come from `positions`
+(start_pos counts the cached tokens), biases are functions of (query position, key position). A PE whose key
+encoding depends on more than each token's own position says so through `cache_key`. `LayerCache.state` holds
+fixed-size tensors a PE carries from call to call itself (PaTH's convolution tail).
+
+Attention (`tapecli.model.attention`) picks the path for the device: SDPA's fused kernels, the CPU's chunked path,
+FlexAttention on CUDA, or a dense path with every score materialised (decoding steps, and the reference that
+`attention.forced("dense")` selects). Every path is exact, so a PE written against this contract is right on all of
+them; `tape pe check` verifies it.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.attention.needs import Need
+from tapecli.model.attention import forced_path
+from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, WideValue
+from tapecli.model.attention.recompute import by_query_chunks, rows_for
+from tapecli.model.cache import LayerCache
+
+CLAIMS = ("shift-invariance", "rotation-equivariance")
+"""What a PE may declare in `PositionalEncoding.claims`, for `tape pe check` to verify (in eval mode, fp64):
+shift-invariance: the logits do not change when every position moves by the same amount (start_pos 0 vs s), as
+    for relative PEs;
+rotation-equivariance: rotating every rotary pair of the initial state by one angle per pair leaves the token
+    outputs unchanged and rotates the final state the same way (TAPE's equivariance; needs `rotary`)."""
 
 
 @dataclass
@@ -26,10 +55,11 @@ class PositionState:
     """What travels beside the hidden state through the layers.
 
     positions: [B or 1, T] absolute positions of the current tokens (int64).
-    rotary:    [B or 1, H or 1, T, head_dim] or None. The first half holds the cos-part and the second half the
-               sin-part of each rotary pair (i, i + head_dim/2), i.e. Llama's half-split pairing. For RoPE it is
-               fixed; for TAPE it is the positional state E that every layer updates.
-    scale:     [B or 1, 1, T, head_dim] or None; xPos's per-position scale for queries (keys use 1/scale).
+    rotary:    [B or 1, H or 1, T, d] or None. The first half holds the cos-part and the second half the sin-part of
+               each rotary pair (i, i + d/2), i.e. Llama's half-split pairing. For RoPE it is fixed; for TAPE it is
+               the positional state E that every layer updates. Computed in fp32 (fp64 for fp64 models).
+    scale:     [B or 1, 1, T, d] or None; xPos's per-position scale for queries (keys use 1/scale).
+    A subclass may add fields; every field but `positions` is a tensor [..., T, d] (or None), so that `slice` cuts it.
     """
 
     positions: Tensor
@@ -44,11 +74,13 @@ class PositionState:
         def cut(t: Tensor | None) -> Tensor | None:
             return None if t is None else t[..., start:end, :]
 
-        return PositionState(positions=self.positions[..., start:end], rotary=cut(self.rotary), scale=cut(self.scale))
+        changes = {f.name: cut(getattr(self, f.name)) for f in fields(self) if f.name != "positions"}
+        return replace(self, positions=self.positions[..., start:end], **changes)
 
 
 def apply_rotary(x: Tensor, rotary: Tensor) -> Tensor:
-    """Rotate each half-split pair (x_i, x_{i+d/2}) by the 2x2 map [[c, -s], [s, c]] held in `rotary`.
+    """Rotate each half-split pair (x_i, x_{i+d/2}) of x [..., T, d] by the 2x2 map [[c, -s], [s, c]] held in
+    `rotary` [..., T, d] (broadcast over batch and heads); returns x's dtype.
 
     Identical, operation for operation, to Llama's `x * cos + rotate_half(x) * sin`.
     """
@@ -73,29 +105,52 @@ def default_positions(batch: int, seq_len: int, start_pos: int | Tensor, device:
 
 
 class LayerPE(nn.Module):
-    """Per-layer part of a PE. Every hook is optional; the defaults leave attention untouched."""
+    """Per-layer part of a PE. Every hook is optional; the defaults leave attention untouched.
+
+    Calls per layer and forward, in order: rotate -> need -> (attention) -> after_attention (only when the need was
+    a WideValue) -> (MLP) -> after_mlp (only for PEs with `carries_state`). Under bf16 autocast q and k arrive in
+    bf16; the state keeps the dtype `initial_state` gave it unless a hook changes it."""
 
     def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
-        """Encode positions into queries [B, H, T, d] and keys [B, H or H_kv, T, d] of the current tokens."""
+        """Encode positions into queries [B, H, T, d] and keys [B, G, T, d] of the current tokens; return them in
+        the same shapes (keys may come back expanded to H heads, as TAPE's do) and the activation dtype. The KV
+        cache stores the keys returned here: they must not depend on later tokens."""
         return q, k
 
     def need(self, state: PositionState, average_state: bool) -> Need:
         """What attention must do beyond softmax(q.k / sqrt(d)) v for the current tokens (`state`): None (nothing,
-        the default), a `ScoreBias`, a `WideValue` or an `OwnAttention` (tapecli.model.attention.needs).
+        the default), a `ScoreBias`, a `WideValue` or an `OwnAttention` (their docstrings state their contracts).
         `average_state`: the block wants the positional state averaged by attention too (TAPE's update)."""
         return None
 
+    def after_attention(self, state: PositionState, aggregated: Tensor) -> PositionState:
+        """After attention, for a `WideValue` need: `aggregated` [B, H, T, e] is the extra columns averaged with the
+        attention weights, in the columns' dtype; returns the next state (TAPE: E <- E + P(A E))."""
+        return state
+
+    def after_mlp(self, state: PositionState, mlp_in: Tensor, mlp_out: Tensor, hidden: Tensor) -> PositionState:
+        """After the MLP, for PEs with `carries_state`: the MLP's normalised input, its output and the hidden state
+        after the block, each [B, T, dim]; returns the state the next layer receives."""
+        return state
+
     def init_weights(self) -> None:
-        """Called after the model's generic initialisation; PEs with special inits (TAPE's zeros) override it."""
+        """Called after the model's generic initialisation (N(0, init_std) for every nn.Linear and nn.Embedding,
+        this layer's included); PEs with special inits (TAPE's zeros) override it."""
 
 
 class PositionalEncoding(nn.Module):
-    """Model-level part of a PE. Subclasses take their hyperparameters (`pe_args`) as keyword-only arguments."""
+    """Model-level part of a PE. Subclasses take their hyperparameters (`model.pe_args`) as keyword-only arguments
+    of `__init__(self, config, *, ...)` with defaults; `tape pe list` shows them and `check_pe_args` validates a
+    recipe's values against them (numbers coerced to the default's type). Raise ValueError naming
+    `model.pe_args.<key>` for a bad value."""
 
-    # True for PEs whose state changes from layer to layer (TAPE): the blocks update it and the KV cache keeps each
-    # layer's state of past tokens. `aggregation` (concat | separate) says how attention also averages it.
+    # True for PEs whose state changes from layer to layer (TAPE): the blocks call after_attention/after_mlp and the
+    # KV cache keeps each layer's state of past tokens. `aggregation` (concat | separate) says how attention also
+    # averages it. The state is dropped after the last layer, whose updates are skipped and frozen.
     carries_state = False
     aggregation: str | None = None
+    # What `tape pe check` verifies beyond the contract (CLAIMS); set per instance when it depends on pe_args.
+    claims: tuple[str, ...] = ()
 
     def __init__(self, config) -> None:
         super().__init__()
@@ -103,6 +158,8 @@ class PositionalEncoding(nn.Module):
 
     def positions(self, batch: int, seq_len: int, start_pos: int | Tensor, device: torch.device,
                   attention_mask: Tensor | None = None) -> Tensor:
+        """Positions [B or 1, T] (int64) of the current tokens; start_pos is the number of earlier tokens of the
+        sequence (cached ones included), an int or [B]. Training-time randomness must check `self.training`."""
         return default_positions(batch, seq_len, start_pos, device, attention_mask)
 
     def cache_key(self, positions: Tensor) -> object:
@@ -115,7 +172,14 @@ class PositionalEncoding(nn.Module):
         return PositionState(positions=positions)
 
     def make_layer(self, layer_idx: int) -> LayerPE:
+        """The LayerPE of layer `layer_idx` (0-based); a fresh module per layer (parameters are per layer)."""
         return LayerPE()
+
+    def hf_export(self) -> dict[str, Any] | None:
+        """The entries of a Hugging Face LlamaConfig that make transformers' Llama compute exactly this PE
+        (`rope_parameters`, `max_position_embeddings`), or None: `tape export` refuses the model. Only the class
+        that defines it can export: a subclass does not inherit it (xPos is not RoPE)."""
+        return None
 
 
 def check_positive_int(key: str, value: object) -> None:
@@ -124,11 +188,8 @@ def check_positive_int(key: str, value: object) -> None:
         raise ValueError(f"model.pe_args.{key}: must be a positive integer, got {value!r}")
 
 
-def check_pe_args(cls: type, name: str, pe_args: dict) -> dict:
-    """Validate `pe_args` against the keyword-only parameters of `cls.__init__` (and its parents).
-
-    Numbers are coerced to the default's type (an int theta becomes a float), so YAML and CLI values just work.
-    """
+def pe_arguments(cls: type) -> dict[str, inspect.Parameter]:
+    """The `pe_args` a PE class accepts: the keyword-only parameters of `__init__` of the class and its parents."""
     allowed: dict[str, inspect.Parameter] = {}
     for klass in reversed(cls.__mro__):
         init = klass.__dict__.get("__init__")
@@ -137,6 +198,15 @@ def check_pe_args(cls: type, name: str, pe_args: dict) -> dict:
         for p in inspect.signature(init).parameters.values():
             if p.kind is inspect.Parameter.KEYWORD_ONLY:
                 allowed[p.name] = p
+    return allowed
+
+
+def check_pe_args(cls: type, name: str, pe_args: dict) -> dict:
+    """Validate `pe_args` against `pe_arguments(cls)`.
+
+    Numbers are coerced to the default's type (an int theta becomes a float), so YAML and CLI values just work.
+    """
+    allowed = pe_arguments(cls)
     checked = {}
     for key, value in pe_args.items():
         if key not in allowed:
@@ -152,3 +222,8 @@ def check_pe_args(cls: type, name: str, pe_args: dict) -> dict:
                 raise ValueError(f"model.pe_args.{key}: expected a number, got {value!r}")
         checked[key] = value
     return checked
+
+
+__all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding",
+           "ScoreBias", "WideValue", "apply_rotary", "by_query_chunks", "check_pe_args", "check_positive_int",
+           "default_positions", "forced_path", "pe_arguments", "rows_for"]

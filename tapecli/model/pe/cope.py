@@ -34,11 +34,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.attention import forced_path
-from tapecli.model.attention.needs import OwnAttention
-from tapecli.model.attention.recompute import by_query_chunks, rows_for
-from tapecli.model.cache import LayerCache
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState
+from tapecli.model.pe.base import (
+    LayerCache,
+    LayerPE,
+    OwnAttention,
+    PositionalEncoding,
+    PositionState,
+    by_query_chunks,
+    forced_path,
+    rows_for,
+)
 
 
 def visible_keys(mask: Tensor | None, q_len: int, k_len: int, device: torch.device) -> Tensor:
@@ -119,6 +124,8 @@ class CoPELayer(LayerPE):
 
 
 class CoPE(PositionalEncoding):
+    claims = ("shift-invariance",)  # positions are counted from the content, never indexed
+
     def __init__(self, config, *, npos_max: int | None = None) -> None:
         super().__init__(config)
         if not config.causal:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.attention.needs import ScoreBias
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, check_positive_int
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, ScoreBias, check_positive_int
 
 EPS = 1e-6
 

@@ -5,3 +5,5 @@ from tapecli.model.pe.base import PositionalEncoding
 
 class NoPE(PositionalEncoding):
     """The base class already does nothing; NoPE is that, by name."""
+
+    claims = ("shift-invariance",)

@@ -63,10 +63,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tapecli.model.attention import forced_path
-from tapecli.model.attention.needs import OwnAttention
-from tapecli.model.cache import LayerCache
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState
+from tapecli.model.pe.base import LayerCache, LayerPE, OwnAttention, PositionalEncoding, PositionState, forced_path
 from tapecli.model.pe.path_ops import path_attention, path_attention_by_queries
 
 KERNELS = ("auto", "torch")
@@ -177,6 +174,8 @@ class PaTHLayer(LayerPE):
 
 
 class PaTH(PositionalEncoding):
+    claims = ("shift-invariance",)  # no position enters, only the order of the maps
+
     def __init__(self, config, *, w_rank: int = 32, short_conv: bool = True, conv_size: int = 3,
                  chunk_size: int = 64, kernel: str = "auto") -> None:
         super().__init__(config)

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from tapecli.model.attention import recompute
+from tapecli.model.pe.base import rows_for
 from tapecli.model.pe.path_groups import QueryGroups
 
 MERGE = 8  # chunks per merged chunk of the training arrangement (`merge_chunks`)
@@ -143,7 +143,7 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
     G, C = k.shape[1], chunk_size
     N = -(-T // C)
     # Chunks per merged chunk: up to MERGE, as many as keep one merged chunk's logits [B, H, S C, T] in budget.
-    S = max(1, min(MERGE, N, recompute.rows_for(B, H, N * C, N * C, 4 * recompute.SCORE_ELEMENTS) // C))
+    S = max(1, min(MERGE, N, rows_for(B, H, N * C, N * C, budget=4) // C))
     N = -(-N // S) * S
     if N * C != T:  # pad to whole chunks: H = I there (w = 0, beta = 0), and real queries never see those keys
         pad = N * C - T

@@ -13,6 +13,7 @@ pe_args:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -103,6 +104,9 @@ class RoPE(PositionalEncoding):
             inv_freq = default_inv_freq(theta, dim)
         # A plain fp32 tensor, not a buffer: `model.to(torch.bfloat16)` must not round the frequencies.
         self.inv_freq = inv_freq
+        # Relative, and rotating the state leaves q.k alone; dynamic NTK's frequencies follow the sequence length.
+        self.claims = ("rotation-equivariance",) if scaling == "dynamic" else ("shift-invariance",
+                                                                              "rotation-equivariance")
 
     def frequencies(self, positions: Tensor) -> Tensor:
         """Inverse frequencies [d/2] for this forward. Only dynamic NTK depends on the sequence: each row of
@@ -135,3 +139,24 @@ class RoPE(PositionalEncoding):
 
     def make_layer(self, layer_idx: int) -> LayerPE:
         return RotaryLayer()
+
+    def hf_export(self) -> dict[str, Any]:
+        """transformers' `rope_parameters` and `max_position_embeddings` for this RoPE (tapecli.model.hf reads them
+        back)."""
+        params: dict[str, Any] = {"rope_theta": self.theta, "rope_type": "default"}
+        max_pos = self.config.max_seq_len
+        if self.scaling == "none":
+            return {"rope_parameters": params, "max_position_embeddings": max_pos}
+        params.update(rope_type=self.scaling, factor=self.factor)
+        if self.scaling == "dynamic":
+            max_pos = self.original_max_len  # transformers' dynamic NTK measures growth from max_position_embeddings
+        elif self.scaling != "linear":
+            params["original_max_position_embeddings"] = self.original_max_len
+        args = self.config.pe_args
+        if self.scaling == "yarn":
+            params.update(beta_fast=args.get("beta_fast", 32.0), beta_slow=args.get("beta_slow", 1.0),
+                          truncate=args.get("truncate", True), attention_factor=self.attention_factor)
+        if self.scaling == "llama3":
+            params.update(low_freq_factor=args.get("low_freq_factor", 1.0),
+                          high_freq_factor=args.get("high_freq_factor", 4.0))
+        return {"rope_parameters": params, "max_position_embeddings": max_pos}

@@ -14,8 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.attention.needs import ScoreBias
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, check_positive_int
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, ScoreBias, check_positive_int
 
 
 def relative_buckets(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -56,6 +55,8 @@ class T5BiasLayer(LayerPE):
 
 
 class T5Bias(PositionalEncoding):
+    claims = ("shift-invariance",)
+
     def __init__(self, config, *, num_buckets: int = 32, max_distance: int = 128) -> None:
         super().__init__(config)
         for key, value in (("num_buckets", num_buckets), ("max_distance", max_distance)):

@@ -43,8 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tapecli.model.attention.needs import WideValue
-from tapecli.model.pe.base import LayerPE, PositionState, apply_rotary, check_positive_int
+from tapecli.model.pe.base import LayerPE, PositionState, WideValue, apply_rotary, check_positive_int
 from tapecli.model.pe.rope import RoPE
 
 VARIANTS = ("paper", "official")
@@ -151,6 +150,8 @@ class TAPE(RoPE):
         # How attention also averages E (None: it doesn't, when the post-attention update is ablated).
         self.aggregation = aggregation if attn_update else None
         self.state_dtype = state_dtype
+        if mix == "full":
+            self.claims = ()  # dense maps over heads x dims: neither equivariant nor shift-invariant
 
     def initial_state(self, positions: Tensor, dtype: torch.dtype) -> PositionState:
         """RoPE's rotary state, one copy per head (heads diverge as soon as the layers update them)."""

@@ -1,0 +1,87 @@
+"""`tape pe check`: a conformance kit for a positional encoding (a built-in, an installed plugin or a file).
+
+    outcomes = run_pe_check("kerple.py:Kerple", pe_args={}, device="auto", compile=False, speed_lengths=[1024])
+
+Builds tiny models with the PE (subject.py) and runs the checks (checks.py), one line each: its name, ok or FAILED,
+and the number behind the verdict. Then, unless no lengths are given, the PE's row of `tape bench` (training step
+time and peak memory as ratios to RoPE) at each length, through bench's own machinery. Returns the outcomes; the
+command exits with 1 when one failed. `tape doctor` runs four of the same checks per PE (DOCTOR_CHECKS).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+
+from tapecli.experiments.pe_check.checks import CHECKS, CLAIMED, ON_REQUEST, Outcome, run_check
+from tapecli.experiments.pe_check.subject import SIZE_TEXT, Subject
+
+DOCTOR_CHECKS = ("dense", "kv-cache", "chunked-prefill", "finite")
+
+
+def chosen_checks(subject: Subject, compile: bool) -> list[str]:
+    """Every check that applies: `compile` only when asked, a claim only when the PE declares it."""
+    from tapecli.model.pe import build_pe
+    from tapecli.model.pe.base import CLAIMS
+
+    claims = tuple(build_pe(subject.config()).claims)
+    unknown = [c for c in claims if c not in CLAIMS]
+    if unknown:
+        from tapecli.errors import TapeError
+
+        raise TapeError(f"the PE claims {unknown[0]!r}, which tape cannot check; known claims: {', '.join(CLAIMS)}")
+    return [name for name in CHECKS
+            if (name not in ON_REQUEST or compile) and (name not in CLAIMED or name in claims)]
+
+
+def run_pe_check(pe: str, pe_args: dict[str, Any] | None = None, device: str = "auto", compile: bool = False,
+                 speed_lengths: list[int] | None = None, compile_backend: str = "inductor",
+                 console: Console | None = None) -> list[Outcome]:
+    from tapecli.model.pe import resolve_pe
+    from tapecli.model.pe.plugins import describe
+    from tapecli.runtime import resolve_device
+
+    console = console or Console()
+    subject = Subject(pe, dict(pe_args or {}), resolve_device(device), compile_backend)
+    names = chosen_checks(subject, compile)  # builds the PE: a bad name or pe_args is one line here
+    resolved = resolve_pe(pe)
+    # Not "tape pe check ...": a line starting "tape " reads as a command line in the docs.
+    console.print(f"PE {resolved.name} ({describe(resolved.record)}): {SIZE_TEXT}, on {subject.device}; exact checks "
+                  f"in {str(subject.exact_dtype).removeprefix('torch.')}", markup=False, highlight=False,
+                  soft_wrap=True)
+    outcomes = []
+    for name in names:
+        start = time.perf_counter()
+        outcome = run_check(name, subject)
+        outcomes.append(outcome)
+        mark = "ok" if outcome.ok else "FAILED"
+        console.print(f"  {name:<22} {mark:<7} {outcome.text}  ({time.perf_counter() - start:.1f} s)",
+                      markup=False, highlight=False, soft_wrap=True, style=None if outcome.ok else "red")
+    failed = [o.name for o in outcomes if not o.ok]
+    console.print(f"all {len(outcomes)} checks passed" if not failed else f"failed: {', '.join(failed)}",
+                  markup=False, highlight=False, style=None if not failed else "red")
+    if speed_lengths:
+        speed_rows(pe, resolved.name, subject, speed_lengths, console)
+    return outcomes
+
+
+def speed_rows(pe: str, label: str, subject: Subject, lengths: list[int], console: Console) -> None:
+    """The PE's training step time and peak memory vs RoPE at each length: `tape bench`'s own table."""
+    from tapecli.experiments.bench import bench_length
+
+    label = "rope (the PE)" if label == "rope" else label
+    for seq_len in lengths:
+        common = {"n_layers": 2, "dim": 256, "n_heads": 4, "seq_len": seq_len, "batch_size": 1, "precision": "fp32",
+                  "compile": False, "device": str(subject.device)}
+        specs = {"rope": {"pe": "rope", "pe_args": {}, **common},
+                 label: {"pe": pe, "pe_args": subject.pe_args, **common}}
+        result = bench_length(specs, steps=3, warmup=1, rounds=2, memory=True, console=console)
+        memory = result["memory_ratio_to_rope"][label]
+        console.print(f"speed at T = {seq_len}: {result['ratio_to_rope'][label]:.2f}x RoPE's step time, "
+                      + (f"{memory:.2f}x its peak memory" if memory is not None else "peak memory not measured")
+                      + " (2 layers, dim 256, fp32; `tape bench` for more)", markup=False, highlight=False)
+
+
+__all__ = ["CHECKS", "DOCTOR_CHECKS", "Outcome", "Subject", "run_check", "run_pe_check"]
