@@ -174,7 +174,7 @@ def bench(
 ) -> None:
     """Time a training step (forward + backward) for each PE on the same model, with its peak memory, as ratios to RoPE, at each --seq-len (one table per length).
 
-    Times come from one process, the PEs interleaved round by round, so the ratios compare like with like; peak memory from one child process per PE and length. The attention column names the path each PE took (`tape doctor` explains them).
+    Times come from one process, the PEs interleaved round by round, so the ratios compare like with like; peak memory from one child process per PE and length. The attention column names the path each PE took (`tape doctor` explains them). A PE that fails gets a row saying why, the others still run, and the command exits with 1.
 
     With --decode: greedy decoding after a --prompt-len prompt instead, per PE: ms per new token (KV cache) and prefill time, as ratios to RoPE; TAPE also without cache.
 
@@ -190,9 +190,12 @@ def bench(
         return
     from tapecli.experiments.bench import parse_lengths, run_bench
 
-    run_bench(pes=pe_list, n_layers=2 if n_layers is None else n_layers, dim=dim, n_heads=n_heads,
-              seq_lens=parse_lengths(seq_len), batch_size=batch_size, steps=steps, warmup=warmup, rounds=rounds,
-              tape_paths=tape_paths, device=device, precision=precision, compile=compile, memory=memory, out=out)
+    result = run_bench(pes=pe_list, n_layers=2 if n_layers is None else n_layers, dim=dim, n_heads=n_heads,
+                       seq_lens=parse_lengths(seq_len), batch_size=batch_size, steps=steps, warmup=warmup,
+                       rounds=rounds, tape_paths=tape_paths, device=device, precision=precision, compile=compile,
+                       memory=memory, out=out)
+    if result["failed"]:
+        raise typer.Exit(1)
 
 
 def doctor(

@@ -6,7 +6,8 @@ interleaved round by round, so slow drift of the machine (thermal, other process
 time is a median. Peak memory: one child process per variant and length (bench_step.py), so one PE's allocations
 never count against another's; on CUDA `torch.cuda.max_memory_allocated`, on the CPU the growth of the
 resident peak during one step (see bench_step.py). The attention path each variant took (`attention.plan`) is
-printed beside it.
+printed beside it. A variant that fails (building it, a step, its child process) gets one row, "failed: <the
+error>"; the others are still timed, and `failed` in the result lists it (the command then exits with 1).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rich.table import Table
 
 from tapecli.errors import TapeError
 from tapecli.experiments.bench_step import make_variant, train_step
-from tapecli.faults import check_output_file, note_memory_use
+from tapecli.faults import check_output_file, failure_line, note_memory_use
 from tapecli.files import write_atomic
 from tapecli.model import PE_NAMES, attention
 from tapecli.runtime import resolve_device
@@ -129,10 +130,13 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
                          "seq_len": seq_len, "batch_size": batch_size, "precision": precision, "compile": compile,
                          "device": str(dev)} for label, pe, pe_args in variants}
         result["lengths"][str(seq_len)] = bench_length(specs, steps, warmup, rounds, memory, console)
+    result["failed"] = sorted({label for entry in result["lengths"].values() for label in entry["failed"]})
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(out, json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {out}")
+    if result["failed"]:
+        console.print(f"[red]failed: {', '.join(result['failed'])}[/]")
     return result
 
 
@@ -143,6 +147,7 @@ def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, m
     peaks: dict[str, dict] = {}
     samples: dict[str, list[float]] = {label: [] for label in specs}
     paths: dict[str, list[str]] = {}
+    failures: dict[str, str] = {}
     with console.status("...") as status:
         if memory:
             for label, spec in specs.items():
@@ -151,32 +156,48 @@ def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, m
         models = {}
         for label, spec in specs.items():
             status.update(f"T = {seq_len}: building and warming up {label}")
-            model, batch, dev = make_variant(spec)
-            with attention.recording() as taken:  # at least one warm-up step, which names the attention path
-                time_steps(model, batch, max(warmup, 1), precision, dev)
+            try:
+                model, batch, dev = make_variant(spec)
+                with attention.recording() as taken:  # at least one warm-up step, which names the attention path
+                    time_steps(model, batch, max(warmup, 1), precision, dev)
+            except Exception as e:  # noqa: BLE001 - one variant's failure is its row; the others still run
+                failures[label] = failure_line(e)
+                continue
             paths[label] = sorted(set(taken))
             models[label] = model, batch, dev
         for r in range(rounds):
-            for label, (model, batch, dev) in models.items():
+            for label, (model, batch, dev) in list(models.items()):
                 status.update(f"T = {seq_len}, round {r + 1}/{rounds}: {label}")
-                samples[label] += time_steps(model, batch, steps, precision, dev)
-    medians = {label: statistics.median(t) for label, t in samples.items()}
+                try:
+                    samples[label] += time_steps(model, batch, steps, precision, dev)
+                except Exception as e:  # noqa: BLE001
+                    failures[label] = failure_line(e)
+                    del models[label]
+    medians = {label: statistics.median(t) for label, t in samples.items() if label not in failures}
     peak_bytes = {label: peaks.get(label, {}).get("peak_bytes") for label in specs}
-    reference, reference_peak = medians["rope"], peak_bytes["rope"]
+    reference, reference_peak = medians.get("rope"), peak_bytes.get("rope")
     table = Table(title=f"T = {seq_len}: training step (forward + backward), median")
     for column in ("PE", "attention", "ms / step", "tokens / s", "time / RoPE", "peak MB", "memory / RoPE"):
         table.add_column(column, justify="left" if column in ("PE", "attention") else "right")
-    for label, median in medians.items():
+    for label in specs:
         peak = peak_bytes[label]
         if peak is None:
             peak_cells = ["-", "-"] if label not in peaks else [peaks[label]["error"], "-"]
         else:
             peak_cells = [f"{peak / 2**20:,.0f}", f"{peak / reference_peak:.2f}" if reference_peak else "-"]
+        if label in failures:
+            table.add_row(label, f"[red]failed[/]: {failures[label]}", "-", "-", "-", *peak_cells)
+            continue
+        median = medians[label]
         table.add_row(label, ", ".join(paths[label]) or "-", f"{1000 * median:.1f}",
-                      f"{batch_size * seq_len / median:,.0f}", f"{median / reference:.2f}", *peak_cells)
+                      f"{batch_size * seq_len / median:,.0f}", f"{median / reference:.2f}" if reference else "-",
+                      *peak_cells)
     console.print(table)
-    return {"median_step_s": medians, "ratio_to_rope": {k: v / reference for k, v in medians.items()},
+    return {"median_step_s": medians,
+            "ratio_to_rope": {k: v / reference for k, v in medians.items()} if reference else {},
             "peak_bytes": peak_bytes,
             "memory_ratio_to_rope": {k: (v / reference_peak if v is not None and reference_peak else None)
                                      for k, v in peak_bytes.items()},
-            "paths": paths}
+            "paths": paths,
+            "failed": {**{label: f"peak memory: {peak['error']}" for label, peak in peaks.items() if "error" in peak},
+                       **failures}}

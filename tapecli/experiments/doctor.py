@@ -13,7 +13,8 @@ device:
   cache   greedy decoding with the KV cache (prefilled in chunks) == without cache
   bf16    a training step under bf16 autocast gives finite gradients for every parameter
 
-A check that fails marks its line and makes the command exit with 1.
+A check that fails marks its line and makes the command exit with 1; a PE whose check raises gets one line,
+"failed: <the error>", and the other PEs are still checked.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import time
 import torch
 from rich.console import Console
 
+from tapecli.faults import failure_line
 from tapecli.model import PE_NAMES, ModelConfig, Transformer, attention
 from tapecli.runtime import resolve_device
 
@@ -132,7 +134,12 @@ def run_doctor(device: str = "auto", pes: list[str] | None = None) -> dict:
     checks = {}
     for pe in pes or list(PE_NAMES):
         start = time.perf_counter()
-        r = check_pe(pe, dev)
+        try:
+            r = check_pe(pe, dev)
+        except Exception as e:  # noqa: BLE001 - one PE's failure is its line; the others are still checked
+            checks[pe] = {"ok": False, "error": failure_line(e)}
+            console.print(f"  {pe + ':':<8} [red]failed[/]: {checks[pe]['error']}", soft_wrap=True)
+            continue
         checks[pe] = r
 
         def mark(ok: bool) -> str:
