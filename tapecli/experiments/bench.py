@@ -193,6 +193,8 @@ def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, m
                       f"{batch_size * seq_len / median:,.0f}", f"{median / reference:.2f}" if reference else "-",
                       *peak_cells)
     console.print(table)
+    for label, reason in failures.items():  # in full, whatever the table's width did to the row
+        console.print(f"{label}: failed: {reason}", soft_wrap=True)
     return {"median_step_s": medians,
             "ratio_to_rope": {k: v / reference for k, v in medians.items()} if reference else {},
             "peak_bytes": peak_bytes,

@@ -121,3 +121,35 @@ def test_tokenizer_train_command_writes_a_lossless_model(tmp_path, tiny_corpus):
     bad = runner.invoke(app, ["tokenizer", "train", "--data", str(tmp_path / "missing"), "--vocab-size", "300",
                               "--out", str(out)])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_bench_and_doctor_survive_one_failing_pe(monkeypatch):
+    """A PE that raises gets one row saying why, the other PEs still run, and the command exits with 1."""
+    from tapecli.experiments import bench, doctor
+
+    real_variant, real_check = bench.make_variant, doctor.check_pe
+
+    def broken_variant(spec):
+        if spec["pe"] == "alibi":
+            raise RuntimeError("alibi broke.\nsecond line")
+        return real_variant(spec)
+
+    def broken_check(pe, device):
+        if pe == "alibi":
+            raise ValueError("alibi broke")
+        return real_check(pe, device)
+
+    monkeypatch.setattr(bench, "make_variant", broken_variant)
+    result = runner.invoke(app, ["bench", "--pe", "rope,alibi,nope", "--n-layers", "1", "--dim", "32", "--seq-len",
+                                 "16", "--steps", "1", "--warmup", "0", "--rounds", "1", "--no-memory"])
+    assert result.exit_code == 1, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") > 3}
+    assert "failed:" in rows["alibi"] and "second line" not in result.output
+    assert "alibi: failed: RuntimeError: alibi broke" in result.output
+    assert "sdpa" in rows["nope"] and "1.00" in rows["rope"]
+    monkeypatch.setattr(doctor, "check_pe", broken_check)
+    monkeypatch.setattr(doctor, "compile_works", lambda: "not checked")
+    result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi,nope"])
+    assert result.exit_code == 1, result.output
+    assert "alibi:   failed: ValueError: alibi broke" in result.output
+    assert "nope:    train: sdpa" in result.output and "failed: alibi" in result.output
