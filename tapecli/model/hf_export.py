@@ -57,6 +57,10 @@ def check_exportable(model: Transformer) -> None:
     if c.pe != "rope":
         raise TapeError(f"pe {c.pe!r} has no Hugging Face Llama equivalent (only rope exports); keep the native "
                         "checkpoint, which every `tape eval` opens")
+    if c.attention_keys():
+        raise TapeError(f"model {', '.join(c.attention_keys())}: sliding windows, attention temperatures, length "
+                        "scales and layer schedules do not export to a Hugging Face Llama yet; keep the native "
+                        "checkpoint, which every `tape eval` opens")
     if c.abacus or not c.causal:
         raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
                         "native checkpoint")

@@ -29,10 +29,16 @@ PE_REGISTRY: dict[str, type[PositionalEncoding]] = {
 PE_NAMES: tuple[str, ...] = tuple(PE_REGISTRY)
 
 
-def build_pe(config) -> PositionalEncoding:
-    """Instantiate the model-level PE named by `config.pe` with `config.pe_args` (validated)."""
-    cls = PE_REGISTRY[config.pe]
-    return cls(config, **check_pe_args(cls, config.pe, config.pe_args))
+def build_pe(config, name: str | None = None, args: dict | None = None) -> PositionalEncoding:
+    """Instantiate the model-level PE `name` with `args` (validated; ValueError naming model.pe / model.pe_args.*),
+    by default `config.pe` with `config.pe_args`. Every PE of a model is built here, one per distinct (pe, pe_args)
+    of its layers (`tapecli.model.schedule`)."""
+    name = config.pe if name is None else name
+    args = config.pe_args if args is None else args
+    if name not in PE_REGISTRY:
+        raise ValueError(f"model.pe: unknown positional encoding {name!r}; allowed: {', '.join(PE_NAMES)}")
+    cls = PE_REGISTRY[name]
+    return cls(config, **check_pe_args(cls, name, args))
 
 
 __all__ = ["PE_NAMES", "PE_REGISTRY", "LayerPE", "PositionState", "PositionalEncoding", "apply_rotary", "build_pe"]

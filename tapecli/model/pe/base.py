@@ -96,6 +96,10 @@ class PositionalEncoding(nn.Module):
     # layer's state of past tokens. `aggregation` (concat | separate) says how attention also averages it.
     carries_state = False
     aggregation: str | None = None
+    # The per-layer attention options (model.temperature, model.window) this PE's layers honour. Attention
+    # (`tapecli.model.attention`) implements both for every PE it computes; a PE whose layers compute attention
+    # themselves (`OwnAttention`) lists those it implements, and the model refuses the others when it is built.
+    attention_options: frozenset[str] = frozenset({"temperature", "window"})
 
     def __init__(self, config) -> None:
         super().__init__()
