@@ -34,18 +34,33 @@ from tapecli.runtime import resolve_device
 PRECISIONS = ("fp32", "bf16")
 
 
-def bench_variants(pes: list[str], tape_paths: bool) -> list[tuple[str, str, dict]]:
-    """(label, pe, pe_args) for each PE; RoPE always included as the reference."""
+def bench_variants(pes: list[str], tape_paths: bool, window: int | None = None,
+                   hybrids: tuple[str, ...] = ()) -> list[tuple[str, str, dict, dict]]:
+    """(label, pe, pe_args, further model keys) for each PE, RoPE always included as the reference; with a
+    `window`, each PE that takes one again with every layer local ("rope, window 1024"); then each named hybrid
+    layout (tapecli.experiments.hybrids; its local layers get `window`, 1024 by default)."""
+    from tapecli.experiments.hybrids import hybrid_keys
+    from tapecli.model.pe import PE_REGISTRY
+    from tapecli.model.schedule import draws_positions
+
     unknown = [p for p in pes if p not in PE_NAMES]
     if unknown:
         raise TapeError(f"--pe: unknown positional encoding {unknown[0]!r}; allowed: {', '.join(PE_NAMES)}")
-    variants = [("rope", "rope", {})] + [(p, p, {}) for p in pes if p not in ("rope", "tape")]
+    if window is not None and window < 1:
+        raise TapeError(f"--window must be a positive number of keys, got {window}")
+    variants = [("rope", "rope", {}, {})] + [(p, p, {}, {}) for p in pes if p not in ("rope", "tape")]
     if "tape" in pes:
         if tape_paths:
-            variants += [("tape (separate)", "tape", {"aggregation": "separate"}),
-                         ("tape (concat)", "tape", {"aggregation": "concat"})]
+            variants += [("tape (separate)", "tape", {"aggregation": "separate"}, {}),
+                         ("tape (concat)", "tape", {"aggregation": "concat"}, {})]
         else:
-            variants.append(("tape", "tape", {}))
+            variants.append(("tape", "tape", {}, {}))
+    if window is not None:
+        variants += [(f"{label}, window {window}", pe, args, {"window": window}) for label, pe, args, _ in variants
+                     if "window" in PE_REGISTRY[pe].attention_options and not draws_positions(pe)]
+    for name in hybrids:
+        keys = hybrid_keys(name, window or 1024)
+        variants.append((name, keys.pop("pe"), keys.pop("pe_args", {}), keys))
     return variants
 
 
@@ -107,13 +122,14 @@ def child_memory(spec: dict) -> dict:
 
 def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: list[int], batch_size: int,
               steps: int, warmup: int, rounds: int, tape_paths: bool, device: str, precision: str = "fp32",
-              compile: bool = False, memory: bool = True, out: Path | None = None) -> dict:
+              compile: bool = False, memory: bool = True, out: Path | None = None, window: int | None = None,
+              hybrids: tuple[str, ...] = ()) -> dict:
     check_options(n_layers, dim, n_heads, seq_lens, batch_size, steps, warmup, rounds, precision)
     if out is not None:
         check_output_file(out)
     dev = resolve_device(device)
     console = Console()
-    variants = bench_variants(pes, tape_paths)
+    variants = bench_variants(pes, tape_paths, window, hybrids)
     warmup = max(warmup, 1) if compile else warmup  # the first compiled step compiles
     note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {max(seq_lens)} "
                     "tokens per step)", "lower --batch-size or --seq-len, or time fewer --pe at once")
@@ -122,13 +138,14 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
                   f"{torch.__version__}), {rounds} rounds x {steps} steps after {warmup} warm-up")
     result = {"settings": {"n_layers": n_layers, "dim": dim, "n_heads": n_heads, "seq_lens": seq_lens,
                            "batch_size": batch_size, "steps": steps, "warmup": warmup, "rounds": rounds,
-                           "precision": precision, "compile": compile, "device": str(dev),
+                           "precision": precision, "compile": compile, "device": str(dev), "window": window,
+                           "hybrids": list(hybrids),
                            "threads": torch.get_num_threads(), "torch": torch.__version__},
               "lengths": {}}
     for seq_len in seq_lens:
-        specs = {label: {"pe": pe, "pe_args": pe_args, "n_layers": n_layers, "dim": dim, "n_heads": n_heads,
-                         "seq_len": seq_len, "batch_size": batch_size, "precision": precision, "compile": compile,
-                         "device": str(dev)} for label, pe, pe_args in variants}
+        specs = {label: {"pe": pe, "pe_args": pe_args, "model": keys, "n_layers": n_layers, "dim": dim,
+                         "n_heads": n_heads, "seq_len": seq_len, "batch_size": batch_size, "precision": precision,
+                         "compile": compile, "device": str(dev)} for label, pe, pe_args, keys in variants}
         result["lengths"][str(seq_len)] = bench_length(specs, steps, warmup, rounds, memory, console)
     result["failed"] = sorted({label for entry in result["lengths"].values() for label in entry["failed"]})
     if out is not None:

@@ -64,7 +64,8 @@ def test_bench_several_lengths_in_bf16(tmp_path):
 
 
 def test_doctor_reports_the_machine_and_checks_each_pe():
-    """The environment lines, then one line per PE with its paths and three passed checks; exit 0."""
+    """The environment lines, then one line per PE and per hybrid layout with its paths and four passed checks (the
+    hybrids: windows, temperatures, length scales, several PEs in one model); exit 0."""
     result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "rope,alibi,cope"])
     assert result.exit_code == 0, result.output
     for key in ("torch", "cuda", "bf16", "flash-attn", "fla", "triton", "torch.compile"):
@@ -72,10 +73,11 @@ def test_doctor_reports_the_machine_and_checks_each_pe():
     assert "torch.compile  works" in result.output
     lines = {line.split()[0].rstrip(":"): line for line in result.output.splitlines()
              if line.startswith("  ") and " train: " in line}
-    assert set(lines) == {"rope", "alibi", "cope"}
+    assert set(lines) == {"rope", "alibi", "cope", "irope", "bias-mix", "state-mix"}
     assert "train: chunked" in lines["alibi"] and "train: cope-recompute" in lines["cope"]
+    assert "train: chunked, cope-recompute, path-recompute" in lines["state-mix"]
     for line in lines.values():
-        assert line.count(" ok") == 3 and "FAILED" not in line, line
+        assert line.count(" ok") == 4 and "FAILED" not in line, line
     assert "all checks passed" in result.output
 
 
@@ -83,7 +85,7 @@ def test_doctor_fails_loudly(monkeypatch):
     """A check that fails marks its line and makes the command exit with 1; an unknown PE is a usage error."""
     monkeypatch.setattr("tapecli.experiments.doctor.LOGIT_TOLERANCE", {"cpu": 0.0})  # fp32 never equals fp64
     monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda: "not checked")
-    result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi"])
+    result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi", "--no-hybrids"])
     assert result.exit_code == 1, result.output
     assert "FAILED" in result.output and "failed: alibi" in result.output
     unknown = runner.invoke(app, ["doctor", "--pe", "rotary"])
@@ -149,7 +151,7 @@ def test_bench_and_doctor_survive_one_failing_pe(monkeypatch):
     assert "sdpa" in rows["nope"] and "1.00" in rows["rope"]
     monkeypatch.setattr(doctor, "check_pe", broken_check)
     monkeypatch.setattr(doctor, "compile_works", lambda: "not checked")
-    result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi,nope"])
+    result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi,nope", "--no-hybrids"])
     assert result.exit_code == 1, result.output
     assert "alibi:   failed: ValueError: alibi broke" in result.output
     assert "nope:    train: sdpa" in result.output and "failed: alibi" in result.output
