@@ -72,9 +72,12 @@ def score_mod_of(mod: ScoreMod, q_pos: Tensor, k_pos: Tensor, factor: Tensor):
     return score_mod
 
 
-def mask_mod_of(past: int, key_mask: Tensor | None, window: int | None, q_pos: Tensor | None, k_pos: Tensor | None):
+def mask_mod_of(past: Tensor, key_mask: Tensor | None, window: Tensor | None, q_pos: Tensor | None,
+                k_pos: Tensor | None):
     """Which keys a query sees (`tapecli.model.attention.dense.visible`'s rule): causal (queries are the last Tq
-    keys), not padding except itself, and within `window` positions (q_pos - k_pos < window) when one is set."""
+    keys, `past` before them), not padding except itself, and within `window` positions (q_pos - k_pos < window)
+    when one is set. `past` and `window` are 0-d tensors, like everything the closures hold: the block mask carries
+    its mask_mod into the compiled kernel, whose guards would otherwise see each chunk's offset as a new constant."""
     def causal(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx + past
 
@@ -112,7 +115,9 @@ def block_mask(batch: int, q_len: int, k_len: int, key_mask: Tensor | None, devi
                 return mask
     if q_pos is not None:
         q_pos, k_pos = q_pos.expand(batch, q_len).contiguous(), k_pos.expand(batch, k_len).contiguous()
-    mask_mod = mask_mod_of(k_len - q_len, key_mask, window, q_pos, k_pos)
+    as_tensor = functools.partial(torch.tensor, dtype=torch.long, device=device)
+    mask_mod = mask_mod_of(as_tensor(k_len - q_len), key_mask, None if window is None else as_tensor(window), q_pos,
+                           k_pos)
     mask = flex_module().create_block_mask(mask_mod, batch if per_row else None, None, q_len, k_len, device=device)
     if not compiling:
         _MASKS.insert(0, (key, (mask, (key_mask, q_pos, k_pos))))
