@@ -148,6 +148,11 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
                          "compile": compile, "device": str(dev)} for label, pe, pe_args, keys in variants}
         result["lengths"][str(seq_len)] = bench_length(specs, steps, warmup, rounds, memory, console)
     result["failed"] = sorted({label for entry in result["lengths"].values() for label in entry["failed"]})
+    if any("flex" in paths for entry in result["lengths"].values() for paths in entry["paths"].values()):
+        # One compiled FlexAttention kernel serves every layer: the count grows with PEs and shapes, not layers.
+        result["compiled_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        console.print(f"FlexAttention: {result['compiled_graphs']} graphs compiled in this process, for "
+                      f"{len(variants)} variants of {n_layers} layers")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(out, json.dumps(result, indent=2) + "\n")

@@ -124,7 +124,8 @@ def test_chunked_prefill_and_windows_do_not_recompile_per_offset(counted_flex):
     """The block mask's rules hold their offsets and windows as tensors: a prompt prefilled in chunks (a new offset
     each), with windowed and global layers, compiles once per shape regime (static, then dynamic), not per chunk."""
     model = randomize_tape(tiny("alibi", n_layers=4, schedule={"pattern": ["local", "global"],
-                                                                "kinds": {"local": {"window": 6}}}), std=0.3).eval()
+                                                                "kinds": {"local": {"window": 6}, "global": {}}}),
+                             std=0.3).eval()
     x = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))
     with attention.forced("flex"):
         model.generate(x, 2, prefill_chunk=4)
