@@ -163,8 +163,9 @@ def key_starts(q_pos: Tensor, k_pos: Tensor, past: int, starts: list[int], windo
         return [0] * len(starts)
     if consecutive:
         return [max(0, past + i0 - (window - 1)) for i0 in starts]
-    first = q_pos[..., starts] - window  # [B|1, chunks]: keys at or before these positions are out of the window
-    found = torch.searchsorted(k_pos.expand(first.shape[0], -1).contiguous(), first.contiguous(), right=True)
+    rows = max(q_pos.shape[0], k_pos.shape[0])
+    first = (q_pos[..., starts] - window).expand(rows, -1)  # [B, chunks]: keys at or before these are out of reach
+    found = torch.searchsorted(k_pos.expand(rows, -1).contiguous(), first.contiguous(), right=True)
     return found.amin(0).tolist()
 
 
