@@ -177,6 +177,14 @@ def _short(e: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
+def failure_line(e: BaseException) -> str:
+    """Any exception as one short line, for a report that goes on after it (`tape bench`, `tape doctor`): the type
+    and the first sentence of its message (out of memory: the memory line)."""
+    if _is_out_of_memory(e):
+        return out_of_memory_message(e)
+    return f"{type(e).__name__}: {_short(e)}"
+
+
 @contextmanager
 def reading(path: str | Path) -> Iterator[None]:
     """Turn a parse error while reading `path` into `TapeError("<path> is corrupt or truncated (<reason>)")`.

@@ -17,6 +17,7 @@ from tapecli.model.pe.base import (
     PositionalEncoding,
     PositionState,
     ScoreBias,
+    ScoreMod,
     WideValue,
     apply_rotary,
     by_query_chunks,
@@ -29,5 +30,5 @@ from tapecli.model.pe.base import (
 from tapecli.model.pe.rope import RoPE, RotaryLayer
 
 __all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding", "RoPE",
-           "RotaryLayer", "ScoreBias", "WideValue", "apply_rotary", "by_query_chunks", "check_positive_int",
+           "RotaryLayer", "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks", "check_positive_int",
            "default_positions", "forced_path", "pe_arguments", "rows_for"]

@@ -174,37 +174,57 @@ def bench(
     new_tokens: int = typer.Option(32, help="--decode: greedy tokens decoded with the KV cache."),
     uncached_tokens: int = typer.Option(4, help="--decode: tokens TAPE decodes without cache (0: skip)."),
     prefill_chunk: int | None = typer.Option(512, help="--decode: prefill the prompt this many tokens at a time."),
+    window: int | None = typer.Option(None, help="Also time each PE with every layer local: a sliding window of this "
+                                                 "many keys (rows 'rope, window N'); the --hybrid layouts' window "
+                                                 "(default 1024).", show_default=False),
+    hybrid: str = typer.Option("", "--hybrid", help="Also time hybrid layouts, comma-separated: irope (3 local RoPE "
+                                                    "+ 1 global NoPE with Llama 4's length scale), rnope-swa (3 "
+                                                    "local RoPE + 1 global NoPE), gemma3 (5 local RoPE theta 1e4 + 1 "
+                                                    "global theta 1e6); use --n-layers 4 or 6 to see whole patterns."),
 ) -> None:
     """Time a training step (forward + backward) for each PE on the same model, with its peak memory, as ratios to RoPE, at each --seq-len (one table per length).
 
-    Times come from one process, the PEs interleaved round by round, so the ratios compare like with like; peak memory from one child process per PE and length. The attention column names the path each PE took (`tape doctor` explains them).
+    Times come from one process, the PEs interleaved round by round, so the ratios compare like with like; peak memory from one child process per PE and length. The attention column names the path each PE took (`tape doctor` explains them). A PE that fails gets a row saying why, the others still run, and the command exits with 1.
 
-    With --decode: greedy decoding after a --prompt-len prompt instead, per PE: ms per new token (KV cache) and prefill time, as ratios to RoPE; TAPE also without cache.
+    With --decode: greedy decoding after a --prompt-len prompt instead, per PE: ms per new token (KV cache), prefill time and what the KV cache holds, as ratios to RoPE; TAPE also without cache.
 
-    Example: `tape bench --pe rope,alibi,fire,tape --seq-len 1024,4096,16384 --out bench.json`; `tape bench --decode --out decode.json`.
+    --window N adds every PE with sliding-window layers (time and memory grow as T x N, not T^2), --hybrid adds layouts that mix local and global layers and PEs.
+
+    Example: `tape bench --pe rope,alibi,fire,tape --seq-len 1024,4096,16384 --out bench.json`; `tape bench --pe rope --window 1024 --seq-len 16384`; `tape bench --decode --window 1024 --hybrid irope --out decode.json`.
     """
+    from tapecli.experiments.hybrids import parse_hybrids
+
     pe_list = [p.strip() for p in pes.split(",") if p.strip()]
     trust.allow_named(pe_list)
+    hybrids = tuple(parse_hybrids(hybrid))
     if decode:
         from tapecli.experiments.bench_decode import run_decode_bench
 
-        run_decode_bench(pes=pe_list, n_layers=4 if n_layers is None else n_layers, dim=dim, n_heads=n_heads,
-                         prompt_len=prompt_len, new_tokens=new_tokens, uncached_tokens=uncached_tokens,
-                         prefill_chunk=prefill_chunk, rounds=rounds, tape_paths=tape_paths, device=device, out=out)
+        result = run_decode_bench(pes=pe_list, n_layers=4 if n_layers is None else n_layers, dim=dim,
+                                  n_heads=n_heads, prompt_len=prompt_len, new_tokens=new_tokens,
+                                  uncached_tokens=uncached_tokens, prefill_chunk=prefill_chunk, rounds=rounds,
+                                  tape_paths=tape_paths, device=device, out=out, window=window, hybrids=hybrids)
+        if result["failed"]:
+            raise typer.Exit(1)
         return
     from tapecli.experiments.bench import parse_lengths, run_bench
 
-    run_bench(pes=pe_list, n_layers=2 if n_layers is None else n_layers, dim=dim, n_heads=n_heads,
-              seq_lens=parse_lengths(seq_len), batch_size=batch_size, steps=steps, warmup=warmup, rounds=rounds,
-              tape_paths=tape_paths, device=device, precision=precision, compile=compile, memory=memory, out=out)
+    result = run_bench(pes=pe_list, n_layers=2 if n_layers is None else n_layers, dim=dim, n_heads=n_heads,
+                       seq_lens=parse_lengths(seq_len), batch_size=batch_size, steps=steps, warmup=warmup,
+                       rounds=rounds, tape_paths=tape_paths, device=device, precision=precision, compile=compile,
+                       memory=memory, out=out, window=window, hybrids=hybrids)
+    if result["failed"]:
+        raise typer.Exit(1)
 
 
 def doctor(
     device: str = typer.Option("auto", help="cpu, cuda or auto (the GPU when there is one)."),
     pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path", "--pe",
                             help="Comma-separated PEs to check."),
+    hybrids: bool = typer.Option(True, help="Also check hybrid models (sliding windows, temperatures, length "
+                                            "scales, several PEs per model)."),
 ) -> None:
-    """Check this machine: torch, CUDA, GPU, bf16, flash-attn, fla, triton, torch.compile; then, per PE, the attention path it takes here and a self-check on the device (logits vs an fp64 CPU reference, cached == uncached greedy decoding, finite bf16 gradients).
+    """Check this machine: torch, CUDA, GPU, bf16, flash-attn, fla, triton, torch.compile; then, per PE and per hybrid layout, the attention paths it takes here and four checks of `tape pe check` on the device (dense: outputs and training gradients vs an fp64 CPU reference; kv-cache and chunked-prefill decoding == the full forward; finite fp32 and bf16 training steps).
 
     Exits with 1 when a check fails. It is how a user with a GPU verifies an install.
 
@@ -216,5 +236,5 @@ def doctor(
     chosen = [p.strip() for p in pes.split(",") if p.strip()]
     trust.allow_named(chosen)
     resolve_option(chosen)
-    if run_doctor(device, chosen)["failed"]:
+    if run_doctor(device, chosen, hybrids)["failed"]:
         raise typer.Exit(1)

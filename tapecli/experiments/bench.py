@@ -6,7 +6,8 @@ interleaved round by round, so slow drift of the machine (thermal, other process
 time is a median. Peak memory: one child process per variant and length (bench_step.py), so one PE's allocations
 never count against another's; on CUDA `torch.cuda.max_memory_allocated`, on the CPU the growth of the
 resident peak during one step (see bench_step.py). The attention path each variant took (`attention.plan`) is
-printed beside it.
+printed beside it. A variant that fails (building it, a step, its child process) gets one row, "failed: <the
+error>"; the others are still timed, and `failed` in the result lists it (the command then exits with 1).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from rich.table import Table
 
 from tapecli.errors import TapeError
 from tapecli.experiments.bench_step import make_variant, train_step
-from tapecli.faults import check_output_file, note_memory_use
+from tapecli.faults import check_output_file, failure_line, note_memory_use
 from tapecli.files import write_atomic
 from tapecli.model import attention
 from tapecli.model.pe import pe_label, resolve_option
@@ -34,16 +35,30 @@ from tapecli.runtime import resolve_device
 PRECISIONS = ("fp32", "bf16")
 
 
-def bench_variants(pes: list[str], tape_paths: bool) -> list[tuple[str, str, dict]]:
-    """(label, pe, pe_args) for each PE; RoPE always included as the reference."""
+def bench_variants(pes: list[str], tape_paths: bool, window: int | None = None,
+                   hybrids: tuple[str, ...] = ()) -> list[tuple[str, str, dict, dict]]:
+    """(label, pe, pe_args, further model keys) for each PE, RoPE always included as the reference; with a
+    `window`, each PE that takes one again with every layer local ("rope, window 1024"); then each named hybrid
+    layout (tapecli.experiments.hybrids; its local layers get `window`, 1024 by default)."""
+    from tapecli.experiments.hybrids import hybrid_keys
+    from tapecli.model.schedule import draws_positions, pe_class
+
     resolve_option(pes)
-    variants = [("rope", "rope", {})] + [(pe_label(p), p, {}) for p in pes if p not in ("rope", "tape")]
+    if window is not None and window < 1:
+        raise TapeError(f"--window must be a positive number of keys, got {window}")
+    variants = [("rope", "rope", {}, {})] + [(pe_label(p), p, {}, {}) for p in pes if p not in ("rope", "tape")]
     if "tape" in pes:
         if tape_paths:
-            variants += [("tape (separate)", "tape", {"aggregation": "separate"}),
-                         ("tape (concat)", "tape", {"aggregation": "concat"})]
+            variants += [("tape (separate)", "tape", {"aggregation": "separate"}, {}),
+                         ("tape (concat)", "tape", {"aggregation": "concat"}, {})]
         else:
-            variants.append(("tape", "tape", {}))
+            variants.append(("tape", "tape", {}, {}))
+    if window is not None:
+        variants += [(f"{label}, window {window}", pe, args, {"window": window}) for label, pe, args, _ in variants
+                     if "window" in pe_class(pe).attention_options and not draws_positions(pe)]
+    for name in hybrids:
+        keys = hybrid_keys(name, window or 1024)
+        variants.append((name, keys.pop("pe"), keys.pop("pe_args", {}), keys))
     return variants
 
 
@@ -105,13 +120,14 @@ def child_memory(spec: dict) -> dict:
 
 def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: list[int], batch_size: int,
               steps: int, warmup: int, rounds: int, tape_paths: bool, device: str, precision: str = "fp32",
-              compile: bool = False, memory: bool = True, out: Path | None = None) -> dict:
+              compile: bool = False, memory: bool = True, out: Path | None = None, window: int | None = None,
+              hybrids: tuple[str, ...] = ()) -> dict:
     check_options(n_layers, dim, n_heads, seq_lens, batch_size, steps, warmup, rounds, precision)
     if out is not None:
         check_output_file(out)
     dev = resolve_device(device)
     console = Console()
-    variants = bench_variants(pes, tape_paths)
+    variants = bench_variants(pes, tape_paths, window, hybrids)
     warmup = max(warmup, 1) if compile else warmup  # the first compiled step compiles
     note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {max(seq_lens)} "
                     "tokens per step)", "lower --batch-size or --seq-len, or time fewer --pe at once")
@@ -120,18 +136,27 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
                   f"{torch.__version__}), {rounds} rounds x {steps} steps after {warmup} warm-up")
     result = {"settings": {"n_layers": n_layers, "dim": dim, "n_heads": n_heads, "seq_lens": seq_lens,
                            "batch_size": batch_size, "steps": steps, "warmup": warmup, "rounds": rounds,
-                           "precision": precision, "compile": compile, "device": str(dev),
+                           "precision": precision, "compile": compile, "device": str(dev), "window": window,
+                           "hybrids": list(hybrids),
                            "threads": torch.get_num_threads(), "torch": torch.__version__},
               "lengths": {}}
     for seq_len in seq_lens:
-        specs = {label: {"pe": pe, "pe_args": pe_args, "n_layers": n_layers, "dim": dim, "n_heads": n_heads,
-                         "seq_len": seq_len, "batch_size": batch_size, "precision": precision, "compile": compile,
-                         "device": str(dev)} for label, pe, pe_args in variants}
+        specs = {label: {"pe": pe, "pe_args": pe_args, "model": keys, "n_layers": n_layers, "dim": dim,
+                         "n_heads": n_heads, "seq_len": seq_len, "batch_size": batch_size, "precision": precision,
+                         "compile": compile, "device": str(dev)} for label, pe, pe_args, keys in variants}
         result["lengths"][str(seq_len)] = bench_length(specs, steps, warmup, rounds, memory, console)
+    result["failed"] = sorted({label for entry in result["lengths"].values() for label in entry["failed"]})
+    if any("flex" in paths for entry in result["lengths"].values() for paths in entry["paths"].values()):
+        # One compiled FlexAttention kernel serves every layer: the count grows with PEs and shapes, not layers.
+        result["compiled_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        console.print(f"FlexAttention: {result['compiled_graphs']} graphs compiled in this process, for "
+                      f"{len(variants)} variants of {n_layers} layers")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(out, json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {out}")
+    if result["failed"]:
+        console.print(f"[red]failed: {', '.join(result['failed'])}[/]")
     return result
 
 
@@ -142,6 +167,7 @@ def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, m
     peaks: dict[str, dict] = {}
     samples: dict[str, list[float]] = {label: [] for label in specs}
     paths: dict[str, list[str]] = {}
+    failures: dict[str, str] = {}
     with console.status("...") as status:
         if memory:
             for label, spec in specs.items():
@@ -150,32 +176,50 @@ def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, m
         models = {}
         for label, spec in specs.items():
             status.update(f"T = {seq_len}: building and warming up {label}")
-            model, batch, dev = make_variant(spec)
-            with attention.recording() as taken:  # at least one warm-up step, which names the attention path
-                time_steps(model, batch, max(warmup, 1), precision, dev)
+            try:
+                model, batch, dev = make_variant(spec)
+                with attention.recording() as taken:  # at least one warm-up step, which names the attention path
+                    time_steps(model, batch, max(warmup, 1), precision, dev)
+            except Exception as e:  # noqa: BLE001 - one variant's failure is its row; the others still run
+                failures[label] = failure_line(e)
+                continue
             paths[label] = sorted(set(taken))
             models[label] = model, batch, dev
         for r in range(rounds):
-            for label, (model, batch, dev) in models.items():
+            for label, (model, batch, dev) in list(models.items()):
                 status.update(f"T = {seq_len}, round {r + 1}/{rounds}: {label}")
-                samples[label] += time_steps(model, batch, steps, precision, dev)
-    medians = {label: statistics.median(t) for label, t in samples.items()}
+                try:
+                    samples[label] += time_steps(model, batch, steps, precision, dev)
+                except Exception as e:  # noqa: BLE001
+                    failures[label] = failure_line(e)
+                    del models[label]
+    medians = {label: statistics.median(t) for label, t in samples.items() if label not in failures}
     peak_bytes = {label: peaks.get(label, {}).get("peak_bytes") for label in specs}
-    reference, reference_peak = medians["rope"], peak_bytes["rope"]
+    reference, reference_peak = medians.get("rope"), peak_bytes.get("rope")
     table = Table(title=f"T = {seq_len}: training step (forward + backward), median")
     for column in ("PE", "attention", "ms / step", "tokens / s", "time / RoPE", "peak MB", "memory / RoPE"):
         table.add_column(column, justify="left" if column in ("PE", "attention") else "right")
-    for label, median in medians.items():
+    for label in specs:
         peak = peak_bytes[label]
         if peak is None:
             peak_cells = ["-", "-"] if label not in peaks else [peaks[label]["error"], "-"]
         else:
             peak_cells = [f"{peak / 2**20:,.0f}", f"{peak / reference_peak:.2f}" if reference_peak else "-"]
+        if label in failures:
+            table.add_row(label, f"[red]failed[/]: {failures[label]}", "-", "-", "-", *peak_cells)
+            continue
+        median = medians[label]
         table.add_row(label, ", ".join(paths[label]) or "-", f"{1000 * median:.1f}",
-                      f"{batch_size * seq_len / median:,.0f}", f"{median / reference:.2f}", *peak_cells)
+                      f"{batch_size * seq_len / median:,.0f}", f"{median / reference:.2f}" if reference else "-",
+                      *peak_cells)
     console.print(table)
-    return {"median_step_s": medians, "ratio_to_rope": {k: v / reference for k, v in medians.items()},
+    for label, reason in failures.items():  # in full, whatever the table's width did to the row
+        console.print(f"{label}: failed: {reason}", soft_wrap=True)
+    return {"median_step_s": medians,
+            "ratio_to_rope": {k: v / reference for k, v in medians.items()} if reference else {},
             "peak_bytes": peak_bytes,
             "memory_ratio_to_rope": {k: (v / reference_peak if v is not None and reference_peak else None)
                                      for k, v in peak_bytes.items()},
-            "paths": paths}
+            "paths": paths,
+            "failed": {**{label: f"peak memory: {peak['error']}" for label, peak in peaks.items() if "error" in peak},
+                       **failures}}

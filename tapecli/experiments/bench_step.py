@@ -4,7 +4,8 @@ measures that step's peak memory.
     model, batch, device = make_variant(spec); train_step(model, batch, precision, device)
     python -m tapecli.experiments.bench_step '<json spec>'    # one JSON line: {"peak_bytes": ..., "paths": [...]}
 
-A spec names the variant: pe, pe_args, n_layers, dim, n_heads, seq_len, batch_size, precision, compile, device.
+A spec names the variant: pe, pe_args, model (further model keys: window, schedule, ...; optional), n_layers, dim,
+n_heads, seq_len, batch_size, precision, compile, device.
 The child builds the model and batch, runs one step (warm-up: lazy initialisation, compilation), then measures a
 second step: on CUDA the growth of `torch.cuda.max_memory_allocated` over what was allocated before it; on the CPU
 the growth of the process's peak resident memory (VmHWM, reset through /proc/self/clear_refs) over its resident
@@ -32,7 +33,7 @@ def make_variant(spec: dict) -> tuple[torch.nn.Module, torch.Tensor, torch.devic
     dev = resolve_device(spec["device"])
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=VOCAB, dim=spec["dim"], n_layers=spec["n_layers"], n_heads=spec["n_heads"],
-                         max_seq_len=spec["seq_len"], pe=spec["pe"], pe_args=spec["pe_args"])
+                         max_seq_len=spec["seq_len"], pe=spec["pe"], pe_args=spec["pe_args"], **spec.get("model", {}))
     model = Transformer(config).to(dev).train()
     if spec["compile"]:
         model = torch.compile(model)

@@ -14,7 +14,11 @@ trained-like models:
   chunked-prefill  a prompt prefilled in chunks == the full forward
   finite           a training step in fp32 and under bf16 autocast has finite logits and gradients
 
-A check that fails marks its line and makes the command exit with 1.
+and the same checks of hybrid layouts (HYBRID_CHECKS: 4 layers, sliding windows shorter than the batch,
+temperatures, length scales, several PEs in one model).
+
+A check that fails marks its line and makes the command exit with 1; a PE whose check raises gets one line,
+"failed: <the error>", and the other PEs are still checked.
 """
 
 from __future__ import annotations
@@ -28,8 +32,25 @@ from rich.console import Console
 
 from tapecli.experiments.pe_check import DOCTOR_CHECKS, Outcome, Subject, run_check
 from tapecli.experiments.pe_check.subject import SIZE_TEXT
+from tapecli.faults import failure_line
 from tapecli.model import PE_NAMES
 from tapecli.runtime import resolve_device
+
+# Hybrid layouts every `tape doctor` checks (4 layers; windows of 16 keys, shorter than the checks' sequences).
+HYBRID_CHECKS: dict[str, dict] = {
+    "irope": {"pe": "rope", "temperature": 0.9, "schedule": {
+        "pattern": ["local", "local", "local", "global"],
+        "kinds": {"local": {"window": 16}, "global": {"pe": "nope", "length_scale": "llama4",
+                                                       "length_scale_args": {"floor_scale": 8.0}}}}},
+    "bias-mix": {"pe": "alibi", "schedule": {
+        "layers": ["alibi", "t5", "fire", "alibi"],
+        "kinds": {"alibi": {"window": 16}, "t5": {"pe": "t5", "temperature": 0.8},
+                  "fire": {"pe": "fire", "window": 16, "temperature": 1.2}}}},
+    "state-mix": {"pe": "tape", "length_scale": "log", "length_scale_args": {"length": 16}, "schedule": {
+        "layers": ["tape", "cope", "local-tape", "path"],
+        "kinds": {"local-tape": {"window": 16}, "cope": {"pe": "cope", "window": 16, "temperature": 0.9},
+                  "path": {"pe": "path", "temperature": 1.1}}}},
+}
 
 
 def package_version(name: str) -> str:
@@ -68,9 +89,10 @@ def environment(device: torch.device) -> dict[str, str]:
     return env
 
 
-def check_pe(pe: str, device: torch.device) -> dict:
-    """DOCTOR_CHECKS of `tape pe check` for one PE on `device`: {"paths", "checks": {name: Outcome}, "ok"}."""
-    subject = Subject(pe, {}, device)
+def check_pe(pe: str, device: torch.device, keys: dict | None = None) -> dict:
+    """DOCTOR_CHECKS of `tape pe check` for one PE (with further model `keys`: a hybrid layout) on `device`:
+    {"paths", "checks": {name: Outcome}, "ok"}."""
+    subject = Subject(pe, {}, device, keys={k: v for k, v in (keys or {}).items() if k != "pe"})
     outcomes = {name: run_check(name, subject) for name in DOCTOR_CHECKS}
     paths = outcomes["dense"].info.get("paths", {"train": [], "eval": []})
     return {"paths": paths, "checks": outcomes, "ok": all(o.ok for o in outcomes.values())}
@@ -81,7 +103,7 @@ def mark(outcome: Outcome) -> str:
     return f"{outcome.name}{number} " + ("ok" if outcome.ok else "[red]FAILED[/]")
 
 
-def run_doctor(device: str = "auto", pes: list[str] | None = None) -> dict:
+def run_doctor(device: str = "auto", pes: list[str] | None = None, hybrids: bool = True) -> dict:
     dev = resolve_device(device)
     console = Console()
     env = environment(dev)
@@ -90,17 +112,26 @@ def run_doctor(device: str = "auto", pes: list[str] | None = None) -> dict:
     for key, value in env.items():
         console.print(f"  {key:<{width}}  {value}")
     console.print(f"\n[bold]self-check per PE[/] (`tape pe check`'s {', '.join(DOCTOR_CHECKS)} checks on {dev}: "
-                  f"{SIZE_TEXT}; dense: the largest relative difference to the fp64 CPU reference)")
+                  f"{SIZE_TEXT}, hybrids 4 layers; dense: the largest relative difference to the fp64 CPU reference)")
     checks = {}
-    for pe in pes or list(PE_NAMES):
+    rows = [(pe, lambda pe=pe: check_pe(pe, dev)) for pe in pes or list(PE_NAMES)]
+    if hybrids:
+        rows += [(name, lambda keys=keys: check_pe(keys["pe"], dev, keys)) for name, keys in HYBRID_CHECKS.items()]
+    width = max(len(name) for name, _ in rows) + 1
+    for name, check in rows:
         start = time.perf_counter()
-        r = check_pe(pe, dev)
-        checks[pe] = r
+        try:
+            r = check()
+        except Exception as e:  # noqa: BLE001 - one PE's failure is its line; the others are still checked
+            checks[name] = {"ok": False, "error": failure_line(e)}
+            console.print(f"  {name + ':':<{width}} [red]failed[/]: {checks[name]['error']}", soft_wrap=True)
+            continue
+        checks[name] = r
         train, evaluation = ", ".join(r["paths"]["train"]), ", ".join(r["paths"]["eval"])
         # "nope:" rather than "nope ": a line starting "tape " reads as a command line in the docs.
-        console.print(f"  {pe + ':':<8} train: {train:<20} eval: {evaluation:<13} "
+        console.print(f"  {name + ':':<{width}} train: {train:<20} eval: {evaluation:<13} "
                       + "  ".join(mark(o) for o in r["checks"].values())
                       + f"  {time.perf_counter() - start:.1f} s", soft_wrap=True)
-    failed = [pe for pe, r in checks.items() if not r["ok"]]
+    failed = [name for name, r in checks.items() if not r["ok"]]
     console.print("all checks passed" if not failed else f"[red]failed: {', '.join(failed)}[/]")
     return {"environment": env, "checks": checks, "failed": failed}

@@ -10,7 +10,14 @@ Buffers are [B, H, capacity, d] along the token axis, allocated at the first wri
 write needs); writes go in place, and reads are views of the filled part. Only when a write outgrows the capacity
 is everything copied once, into buffers twice as long, so even an unsized cache costs amortised O(1) per token.
 
-    cache = KVCache(n_layers, capacity=prompt_len + max_new_tokens)
+A layer with a sliding window of W keys (`windows`, one entry per layer, None for global layers) keeps only what
+its queries can still see: the last W - 1 tokens before the current ones, plus those. Its buffers hold 2 W tokens
+(or W - 1 plus a longer chunk); when a write would overflow them, the last W - 1 tokens move to the front (one copy
+every W or so tokens: amortised O(1) per token), so its memory stays O(W) however long generation runs. Its reads
+are the last `len(read)` tokens; attention takes the positions of those. This needs padding only before a row's
+real tokens (generation's left padding), where the last W - 1 tokens hold every key a window can reach.
+
+    cache = KVCache(n_layers, capacity=prompt_len + max_new_tokens, windows=[None, 1024, ...])
     model(prompt, cache=cache)                           # prefill
     model(next_token, start_pos=prompt_len, cache=cache) # one step
 """
@@ -40,29 +47,48 @@ def write(buffer: Tensor | None, new: Tensor, start: int, capacity: int) -> Tens
 
 class LayerCache:
     """One layer's past keys and values, plus `state`: fixed-size tensors a PE carries from call to call (PaTH's
-    short-convolution tail), replaced, not appended to."""
+    short-convolution tail), replaced, not appended to. `window`: the layer's sliding window (None: global);
+    `first`: the token index of the oldest token its buffers hold."""
 
-    def __init__(self, owner: KVCache) -> None:
+    def __init__(self, owner: KVCache, window: int | None = None) -> None:
         self.owner = owner
+        self.window = window
+        self.first = 0
         self.buffers: dict[str, Tensor] = {}
         self.state: dict[str, Tensor] = {}
 
     def append(self, **new: Tensor) -> list[Tensor]:
         """Store the current tokens' tensors ([B, H, T, d] each, e.g. k=..., v=...) after the past ones; returns,
-        in the same order, views of past + current ([B, H, past + T, d])."""
+        in the same order, views of the tokens kept and current ([B, H, past + T, d], for a windowed layer the last
+        W - 1 + T at least)."""
         end = len(self.owner)
+        T = next(iter(new.values())).shape[2]
+        if self.window is not None:
+            self.slide(end - T, T)
         out = []
         for name, tensor in new.items():
-            start = end - tensor.shape[2]
-            self.buffers[name] = write(self.buffers.get(name), tensor, start, self.owner.capacity)
-            out.append(self.buffers[name][:, :, :end])
+            capacity = self.owner.capacity if self.window is None else max(2 * self.window, self.window - 1 + T)
+            self.buffers[name] = write(self.buffers.get(name), tensor, end - T - self.first, capacity)
+            out.append(self.buffers[name][:, :, :end - self.first])
         return out
+
+    def slide(self, start: int, count: int) -> None:
+        """Before writing `count` tokens at token index `start`: when they would overflow the buffers, drop the
+        tokens no query from `start` on can see (all but the last window - 1), moving the kept ones to the front."""
+        keep = max(self.first, start - (self.window - 1))
+        held = next(iter(self.buffers.values()), None)
+        if held is None or keep == self.first or start + count - self.first <= held.shape[2]:
+            return
+        for buffer in self.buffers.values():
+            kept = buffer[:, :, keep - self.first:start - self.first].clone()
+            buffer[:, :, :kept.shape[2]] = kept
+        self.first = keep
 
 
 class KVCache:
-    def __init__(self, n_layers: int, capacity: int = 0) -> None:
+    def __init__(self, n_layers: int, capacity: int = 0, windows: list[int | None] | None = None) -> None:
         self.capacity = capacity  # tokens to allocate for at the first write (grows by doubling past it)
-        self.layers = [LayerCache(self) for _ in range(n_layers)]
+        self.layers = [LayerCache(self, None if windows is None else windows[i]) for i in range(n_layers)]
         self.length = 0
         self.positions: Tensor | None = None  # [B, capacity]
         self.key_mask: Tensor | None = None  # [B, capacity], False for padding; None while no padding was seen
@@ -93,3 +119,4 @@ class KVCache:
         self.length, self.key_mask, self.abacus_run, self.pe_key = 0, None, None, None
         for layer in self.layers:
             layer.state.clear()
+            layer.first = 0

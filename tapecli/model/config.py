@@ -7,10 +7,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+# The keys that shape attention beyond the PE (their defaults: what every model was before they existed).
+ATTENTION_KEYS = ("window", "temperature", "length_scale", "length_scale_args", "schedule")
+
 
 @dataclass
 class ModelConfig:
-    """A Llama-style decoder: pre-norm RMSNorm, SwiGLU MLP, (grouped-query) attention, one positional encoding.
+    """A Llama-style decoder: pre-norm RMSNorm, SwiGLU MLP, (grouped-query) attention, a positional encoding.
 
     `pe` picks the positional encoding: a built-in name (`tapecli.model.PE_NAMES`), an installed plugin's name or
     `FILE.py:CLASS` / `MODULE:CLASS` (`tapecli.model.pe.registry.resolve_pe`, the one place that resolves it);
@@ -19,6 +22,10 @@ class ModelConfig:
     file and content hash), None for a built-in; it is filled in here and saved with the configuration, so a
     checkpoint names what to install. `max_seq_len` is the training context: RoPE scalings use it as the
     original length, and nothing stops a model from running longer sequences.
+    `window` (keys each query sees, itself included; None: all), `temperature` (softmax(logits / T)) and
+    `length_scale` (+ `length_scale_args`: a query scale by position, tapecli.model.attention.scaling) shape every
+    layer's attention; `schedule` changes any of these per layer (tapecli.model.schedule). Their defaults are what
+    a model without these keys always was, so older configs mean what they meant.
     """
 
     vocab_size: int
@@ -40,9 +47,15 @@ class ModelConfig:
     abacus_digit_ids: list[int] = field(default_factory=list)  # token ids of the digits 0-9
     abacus_max_offset: int = 100  # random offset added to digit places during training
     pe_plugin: dict[str, Any] | None = None  # where a plugin PE came from (filled in; see the docstring)
+    window: int | None = None  # sliding window: keys each query sees, itself included (None: every earlier key)
+    temperature: float = 1.0  # attention temperature: softmax(logits / temperature), positional terms included
+    length_scale: str = "none"  # none | llama4 | log: queries scaled by a function of their position
+    length_scale_args: dict[str, Any] = field(default_factory=dict)
+    schedule: dict[str, Any] = field(default_factory=dict)  # per-layer PE / window / temperature / length scale
 
     def __post_init__(self) -> None:
-        from tapecli.model.pe import build_pe, resolve_pe
+        from tapecli.model.pe import resolve_pe
+        from tapecli.model.schedule import layer_specs
 
         for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
             value = getattr(self, key)
@@ -66,10 +79,23 @@ class ModelConfig:
             if not getattr(self, key) > 0:
                 raise ValueError(f"model.{key}: must be > 0, got {getattr(self, key)!r}")
         self.pe_plugin = resolve_pe(self.pe, self.pe_plugin).record
-        build_pe(self)  # validates pe_args now (names, types, choices), not at the first forward
+        layer_specs(self)  # validates pe_args and the layer keys now (names, types, choices), not at the first forward
         if self.abacus and len(set(self.abacus_digit_ids)) != 10:
             raise ValueError("model.abacus: needs model.abacus_digit_ids (the 10 distinct digit token ids of the "
                              "tokenizer)")
+
+    def layers(self):
+        """Every layer's `LayerSpec` (PE, window, temperature, length scale), tapecli.model.schedule."""
+        from tapecli.model.schedule import layer_specs
+
+        return layer_specs(self)
+
+    def attention_keys(self) -> dict[str, Any]:
+        """The attention keys (ATTENTION_KEYS) that differ from their defaults: {} for a model that could have been
+        written before they existed."""
+        defaults = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                    for f in dataclasses.fields(self) if f.name in ATTENTION_KEYS}
+        return {key: getattr(self, key) for key in ATTENTION_KEYS if getattr(self, key) != defaults[key]}
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -84,7 +84,7 @@ def generate(model, input_ids: Tensor, max_new_tokens: int, use_cache: bool = Tr
     stop = torch.tensor(stop_tokens or [], dtype=torch.long, device=device)
     pad = pad_id if pad_id is not None else (stop_tokens[0] if stop_tokens else 0)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    cache = KVCache(model.config.n_layers, capacity=input_ids.shape[1] + max_new_tokens) if use_cache else None
+    cache = model.new_cache(capacity=input_ids.shape[1] + max_new_tokens) if use_cache else None
     # Position of the next token in each row: start_pos + the row's real tokens so far.
     next_pos = start_pos + (mask.sum(-1) if mask is not None else torch.full((B,), input_ids.shape[1],
                                                                                 device=device))

@@ -193,11 +193,11 @@ def build_on_meta(config: ModelConfig) -> Transformer:
     import torch
 
     from tapecli.model import Transformer
-    from tapecli.model.pe import build_pe
+    from tapecli.model.hybrid import model_pe
 
     with torch.device("meta"):
         model = Transformer(config)
-    model.model.pe = build_pe(config)
+    model.model.pe = model_pe(config, config.layers())
     return model
 
 

@@ -40,6 +40,10 @@ def pe_entries(model: Transformer) -> dict[str, Any] | None:
 
 def check_exportable(model: Transformer) -> None:
     c = model.config
+    if c.attention_keys():
+        raise TapeError(f"model {', '.join(c.attention_keys())}: sliding windows, attention temperatures, length "
+                        "scales and layer schedules do not export to a Hugging Face Llama yet; keep the native "
+                        "checkpoint, which every `tape eval` opens")
     if pe_entries(model) is None:
         raise TapeError(f"pe {c.pe!r} has no Hugging Face Llama equivalent (only rope, and plugins whose class "
                         "defines hf_export, export); keep the native checkpoint, which every `tape eval` opens")

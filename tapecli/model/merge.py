@@ -11,7 +11,12 @@ the user set (recipe file or override: `Recipe.set_values("model")`), never defa
   computes what the saved one computes; `grown` is then True and the new parameters (`new_parameter_names`) are
   the only ones the saved weights lack;
 - every other set key replaces the saved value (`max_seq_len`, `norm_eps`, ...), and `pe_args` is merged key by key
-  over the saved `pe_args` (so RoPE's theta and scaling carry over into TAPE unless the recipe changes them).
+  over the saved `pe_args` (so RoPE's theta and scaling carry over into TAPE unless the recipe changes them);
+- `schedule` (and the per-layer keys it sets) may change what does not change a weight's shape: windows,
+  temperatures, length scales, PEs without weights (rope <-> nope <-> alibi); a schedule that changes a shape is
+  refused naming the first tensor. A model with a schedule does not grow (the growth rule is for one PE).
+
+    shapes = parameter_shapes(config)      # {tensor name: shape} of a model built with config (meta device)
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ def merge_model_config(saved: dict[str, Any], requested: dict[str, Any], origin:
 
     merged = dict(saved)
     grown = False
+    scheduled = bool(saved.get("schedule") or requested.get("schedule"))
     for key, value in requested.items():
         if key == "vocab_size" and value is None:
             continue  # "take it from the tokenizer": the saved model's vocabulary
@@ -61,16 +67,40 @@ def merge_model_config(saved: dict[str, Any], requested: dict[str, Any], origin:
         if value == saved.get(key):
             continue
         if key in SHAPE_KEYS:
-            if key == "pe" and (saved.get("pe"), value) in GROWTH:
+            if key == "pe" and (saved.get("pe"), value) in GROWTH and not scheduled:
                 grown = True
             else:
                 raise TapeError(f"model.{key}: the recipe asks for {value!r} but {origin} has {saved.get(key)!r}; "
-                                "shapes cannot change (only pe may grow from rope to tape)")
+                                "shapes cannot change (only pe may grow from rope to tape, in a model without a "
+                                "schedule)")
         merged[key] = value
     try:
-        return ModelConfig.from_dict(merged), grown
+        config = ModelConfig.from_dict(merged)
     except ValueError as e:
         raise TapeError(f"{origin}: {e}") from None
+    if (merged.get("schedule") or {}) != (saved.get("schedule") or {}):
+        check_same_shapes(ModelConfig.from_dict(saved), config, "model.schedule", origin)
+    return config, grown
+
+
+def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor of a model built with `config` (on the meta device: no memory, no time)."""
+    import torch
+
+    from tapecli.model.transformer import Transformer
+
+    with torch.device("meta"):
+        return {name: tuple(t.shape) for name, t in Transformer(config).state_dict().items()}
+
+
+def check_same_shapes(before: ModelConfig, after: ModelConfig, what: str, origin: str) -> None:
+    """TapeError naming `what` and the first tensor whose shape (or presence) `after` changes."""
+    old, new = parameter_shapes(before), parameter_shapes(after)
+    changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+    if changed:
+        name = changed[0]
+        raise TapeError(f"{what}: changes the shape of {origin}'s weights ({name}: {old.get(name)} -> "
+                        f"{new.get(name)}); shapes cannot change")
 
 
 def new_parameter_names(model: nn.Module) -> set[str]:

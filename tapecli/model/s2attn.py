@@ -89,6 +89,9 @@ def enable_s2_attn(model: nn.Module, fraction: float = 0.25) -> None:
     """Switch every Attention of `model` to S²-Attn in place (same parameters, same names, LoRA layers kept)."""
     if model.config.pe not in ("rope", "nope"):
         raise ValueError(f"S²-Attn (longlora) needs a RoPE model, not pe {model.config.pe!r}")
+    if model.config.attention_keys():
+        raise ValueError(f"S²-Attn (longlora) replaces attention whole: it keeps no "
+                         f"{', '.join(model.config.attention_keys())} (a plain RoPE model only)")
     for module in model.modules():
         if type(module) is Attention:
             module.__class__ = ShiftedSparseAttention  # a subclass adding no state: only forward changes

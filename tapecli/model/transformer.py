@@ -2,7 +2,9 @@
 
 Parameter names follow the Hugging Face Llama layout (`model.embed_tokens.weight`,
 `model.layers.{i}.self_attn.q_proj.weight`, ..., `model.norm.weight`, `lm_head.weight`), so Llama checkpoints
-load and export without renaming. PE parameters live under `model.layers.{i}.pe.*`.
+load and export without renaming. PE parameters live under `model.layers.{i}.pe.*`. Each layer is what its
+`LayerSpec` says (tapecli.model.schedule: its PE, sliding window, temperature, length scale); a model whose layers
+use several PEs carries one positional state per PE (tapecli.model.hybrid).
 
     logits = model(input_ids, start_pos=0, cache=None, attention_mask=None)          # [B, T, vocab]
     hidden, state = model.run(input_ids, start_pos=0, cache=None, state=None, attention_mask=None)
@@ -27,10 +29,13 @@ from torch.utils.checkpoint import checkpoint
 
 from tapecli.model.abacus import AbacusEmbedding
 from tapecli.model.attention import WideValue, attend
+from tapecli.model.attention.scaling import QueryScale
 from tapecli.model.cache import KVCache, LayerCache
 from tapecli.model.config import ModelConfig
 from tapecli.model.generation import generate
-from tapecli.model.pe import LayerPE, PositionState, build_pe
+from tapecli.model.hybrid import HybridState, layer_groups, model_pe
+from tapecli.model.pe import LayerPE, PositionState
+from tapecli.model.schedule import LayerSpec
 
 
 class RMSNorm(nn.Module):
@@ -60,10 +65,12 @@ class MLP(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, spec: LayerSpec) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.causal = config.causal
+        self.window, self.temperature = spec.window, spec.temperature
+        self.query_scale = QueryScale.of(spec.length_scale, spec.length_scale_args, config.max_seq_len)
         self.q_proj = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
@@ -79,9 +86,11 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = pe.rotate(q, k, state)
+        if self.query_scale is not None:
+            q = self.query_scale(q, state.positions)
         need = pe.need(state, aggregation is not None)
         y = attend(q, k, v, need, x=x, q_pos=state.positions, k_pos=k_pos, key_mask=key_mask, cache=cache,
-                   causal=self.causal)
+                   causal=self.causal, window=self.window, temperature=self.temperature)
         aggregated = None
         if isinstance(need, WideValue):  # the need's columns come back after the value head
             y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:].to(need.values.dtype)
@@ -90,30 +99,35 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block; the positional state (if the PE carries one) is updated beside the hidden state."""
+    """Pre-norm decoder block; the positional state (if the PE carries one) is updated beside the hidden state. In a
+    model with several PEs the state holds one per PE (`group`): the block reads and updates its own PE's."""
 
-    def __init__(self, config: ModelConfig, pe: LayerPE, carries_state: bool, aggregation: str | None) -> None:
+    def __init__(self, config: ModelConfig, spec: LayerSpec, pe: LayerPE, group: int | None, carries_state: bool,
+                 aggregation: str | None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, spec)
         self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
         self.mlp = MLP(config.dim, config.ffn_dim)
         self.pe = pe
+        self.group = group
         self.carries_state = carries_state  # update the positional state after attention and the MLP
         self.aggregation = aggregation if carries_state else None
 
-    def forward(self, x: Tensor, state: PositionState, k_pos: Tensor, key_mask: Tensor | None = None,
-                cache: LayerCache | None = None) -> tuple[Tensor, PositionState]:
-        h, aggregated = self.self_attn(self.input_layernorm(x), self.pe, state, k_pos, key_mask, cache,
+    def forward(self, x: Tensor, state: PositionState | HybridState, k_pos: Tensor, key_mask: Tensor | None = None,
+                cache: LayerCache | None = None) -> tuple[Tensor, PositionState | HybridState]:
+        own = state if self.group is None else state.parts[self.group]
+        h, aggregated = self.self_attn(self.input_layernorm(x), self.pe, own, k_pos, key_mask, cache,
                                        self.aggregation)
         x = x + h
         if aggregated is not None:
-            state = self.pe.after_attention(state, aggregated)
+            own = self.pe.after_attention(own, aggregated)
         mlp_in = self.post_attention_layernorm(x)
         mlp_out = self.mlp(mlp_in)
         x = x + mlp_out
         if self.carries_state:
-            state = self.pe.after_mlp(state, mlp_in, mlp_out, x)
+            own = self.pe.after_mlp(own, mlp_in, mlp_out, x)
+            state = own if self.group is None else state.with_part(self.group, own)
         return x, state
 
 
@@ -123,14 +137,16 @@ class Decoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.dim)
-        self.pe = build_pe(config)
-        carries, aggregation = self.pe.carries_state, self.pe.aggregation
-        self.layers = nn.ModuleList(Block(config, self.pe.make_layer(i), carries, aggregation)
-                                    for i in range(config.n_layers))
-        if carries:
-            # The state is dropped after the last layer, so that layer's state updates feed nothing: skip them and
-            # freeze their weights (kept, so parameter counts and checkpoints match the official layout).
-            last = self.layers[-1]
+        specs = config.layers()
+        self.pe = model_pe(config, specs)
+        groups = layer_groups(self.pe, config.n_layers)
+        self.layers = nn.ModuleList(
+            Block(config, spec, self.pe.make_layer(i), group, pe.carries_state, pe.aggregation)
+            for i, (spec, (group, pe)) in enumerate(zip(specs, groups, strict=True)))
+        for group in dict.fromkeys(group for group, pe in groups if pe.carries_state):
+            # The state is dropped after its PE's last layer, so that layer's state updates feed nothing: skip them
+            # and freeze their weights (kept, so parameter counts and checkpoints match the official layout).
+            last = [layer for layer, (g, _) in zip(self.layers, groups, strict=True) if g == group][-1]
             last.carries_state, last.aggregation = False, None
             last.pe.requires_grad_(False)
         self.norm = RMSNorm(config.dim, config.norm_eps)
@@ -168,8 +184,8 @@ class Transformer(nn.Module):
         return self.lm_head(hidden)
 
     def run(self, input_ids: Tensor, start_pos: int | Tensor = 0, cache: KVCache | None = None,
-            state: PositionState | None = None,
-            attention_mask: Tensor | None = None) -> tuple[Tensor, PositionState]:
+            state: PositionState | HybridState | None = None,
+            attention_mask: Tensor | None = None) -> tuple[Tensor, PositionState | HybridState]:
         """The final-normed hidden states [B, T, dim] and the positional state after the last layer.
 
         Positions are start_pos + 0..T-1 (start_pos an int, or [B] per row). `attention_mask` [B, T] (1 = real
@@ -177,7 +193,8 @@ class Transformer(nn.Module):
         computes exactly what it computes alone; outputs at padded positions are finite and meaningless. With a
         `cache`, the tokens continue the cached ones (pass start_pos = the position of their first real token).
         `state` replaces the PE's initial state, e.g. to study how TAPE transforms a rotated state, or to prefill a
-        long prompt in chunks with the state of the whole prompt."""
+        long prompt in chunks with the state of the whole prompt (a HybridState, one part per PE, in a model whose
+        layers use several PEs)."""
         B, T = input_ids.shape
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # nothing is padded: keep SDPA's fused causal path
@@ -206,6 +223,10 @@ class Transformer(nn.Module):
             else:
                 x, state = layer(x, state, k_pos, key_mask, layer_cache)
         return self.model.norm(x), state
+
+    def new_cache(self, capacity: int = 0) -> KVCache:
+        """An empty KV cache for this model: room for `capacity` tokens, windowed layers keeping only their window."""
+        return KVCache(self.config.n_layers, capacity, windows=[layer.self_attn.window for layer in self.model.layers])
 
     @torch.no_grad()
     def generate(self, input_ids: Tensor, max_new_tokens: int, use_cache: bool = True, temperature: float = 0.0,

@@ -56,6 +56,11 @@ class ModelSection:
     norm_eps: float = 1e-5  # RMSNorm epsilon
     init_std: float = 0.02  # standard deviation of the initial weights
     abacus: bool = False  # Abacus digit-position embeddings (arithmetic only)
+    window: int | None = None  # sliding-window attention: keys each query sees, itself included; None = every one
+    temperature: float = 1.0  # attention temperature: softmax(logits / temperature)
+    length_scale: str = "none"  # none | llama4 | log: queries scaled by a function of their position
+    length_scale_args: dict[str, Any] = field(default_factory=dict)  # the length scale's options; {} = defaults
+    schedule: dict[str, Any] = field(default_factory=dict)  # per-layer pe, window, temperature, length scale
 
     def check(self, pe_args: bool = True) -> None:
         """`ModelConfig` checks the section (shapes, pe and, with `pe_args`, the PE's arguments). What comes from

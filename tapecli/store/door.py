@@ -227,9 +227,11 @@ class OpenedModel:
 
     def record(self) -> dict[str, Any]:
         """What determines this model's results, for an evaluation's settings.json (the device is not in it:
-        a run may resume on another device)."""
+        a run may resume on another device). The attention keys (window, temperature, length scale, schedule)
+        appear only when one differs from its default, so the settings of earlier evaluations stay equal."""
+        config = self.model.config
         return {"name": self.name, "source": self.source, "kind": self.kind, "dtype": self.dtype,
-                "pe": self.model.config.pe, "pe_args": self.model.config.pe_args, "pe_overrides": self.pe_args}
+                "pe": config.pe, "pe_args": config.pe_args, "pe_overrides": self.pe_args, **config.attention_keys()}
 
 
 def open_model(spec: str | Source, *, device: str | torch.device = "auto", dtype: str = "auto",
@@ -297,12 +299,13 @@ def _with_pe_args(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig
     """`config` with its PE arguments updated (validated by the PE); one that changes a weight's shape (e.g. TAPE's
     `hidden`) is refused with one line."""
     from tapecli.model import ModelConfig
+    from tapecli.model.merge import parameter_shapes
 
     try:
         updated = ModelConfig.from_dict({**config.to_dict(), "pe_args": {**config.pe_args, **overrides}})
     except ValueError as e:
         raise TapeError(f"--pe-arg: {str(e).replace('model.pe_args.', '')}") from None
-    before, after = _shapes(config), _shapes(updated)
+    before, after = parameter_shapes(config), parameter_shapes(updated)
     changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
     if changed:
         name = changed[0]
@@ -310,16 +313,6 @@ def _with_pe_args(config: ModelConfig, overrides: dict[str, Any]) -> ModelConfig
                         f"{before.get(name)} -> {after.get(name)}); only PE arguments without weights can change "
                         "at evaluation time")
     return updated
-
-
-def _shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """The shape of every tensor of a model built with `config` (on the meta device: no memory, no time)."""
-    import torch
-
-    from tapecli.model import Transformer
-
-    with torch.device("meta"):
-        return {name: tuple(t.shape) for name, t in Transformer(config).state_dict().items()}
 
 
 def _open_checkpoint(source: Source, change: _Change) -> tuple[Transformer, Tokenizer]:

@@ -33,7 +33,7 @@ def check_continuation(recipe: Recipe, checkpoint: Path, tokenizer: Any, config:
         if tokenizer_fingerprint(wanted) != tokenizer_fingerprint(tokenizer):
             raise TapeError(f"data.tokenizer: {recipe.data.tokenizer!r} is not the tokenizer {checkpoint} was "
                             f"trained with; {_INSTEAD}")
-    saved, built = read_model_config(checkpoint), config.to_dict()
+    saved, built = _as_built(read_model_config(checkpoint)), config.to_dict()
     # pe_plugin records where a plugin's code came from; a newer version of it may continue the run (the door
     # notes the change when it opens the checkpoint).
     changed = sorted(k for k in saved.keys() | built.keys() if saved.get(k) != built.get(k) and k != "pe_plugin")
@@ -41,3 +41,14 @@ def check_continuation(recipe: Recipe, checkpoint: Path, tokenizer: Any, config:
         key = changed[0]
         raise TapeError(f"model.{key}: the recipe asks for {built.get(key)!r} but {checkpoint} has "
                         f"{saved.get(key)!r}; a continued run keeps its model ({_INSTEAD})")
+
+
+def _as_built(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved model config with the keys it predates at their defaults (what they meant then), so a run of an
+    earlier version continues; left as saved when it does not build (the comparison then names the key)."""
+    from tapecli.model import ModelConfig
+
+    try:
+        return ModelConfig.from_dict(saved).to_dict()
+    except (TypeError, ValueError):
+        return saved

@@ -170,6 +170,10 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
             print(origin)
         print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "
               f"({counts['pe']:,} in the positional encoding)")
+        if model.config.attention_keys():  # windows, temperatures, length scales or a schedule: say what each is
+            from tapecli.model.schedule import describe
+
+            print(f"layers: {describe(model.config.layers())}")
         print(memory.describe(memory.estimate_memory(model, recipe, env.world_size, fsdp.is_sharded(model))))
         if resume_from is not None:
             print(f"resuming from {resume_from} (step {job.start_step} of {t.max_steps})")

@@ -68,8 +68,8 @@ def test_bench_several_lengths_in_bf16(tmp_path):
 
 @pytest.mark.slow
 def test_doctor_reports_the_machine_and_checks_each_pe():
-    """The environment lines, then one line per PE with its paths and four passed checks of `tape pe check`; exit
-    0."""
+    """The environment lines, then one line per PE and per hybrid layout with its paths and four passed checks (the
+    hybrids: windows, temperatures, length scales, several PEs in one model); exit 0."""
     result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "rope,alibi,cope"])
     assert result.exit_code == 0, result.output
     for key in ("torch", "cuda", "bf16", "flash-attn", "fla", "triton", "torch.compile"):
@@ -77,8 +77,9 @@ def test_doctor_reports_the_machine_and_checks_each_pe():
     assert "torch.compile  works" in result.output
     lines = {line.split()[0].rstrip(":"): line for line in result.output.splitlines()
              if line.startswith("  ") and " train: " in line}
-    assert set(lines) == {"rope", "alibi", "cope"}
+    assert set(lines) == {"rope", "alibi", "cope", "irope", "bias-mix", "state-mix"}
     assert "train: chunked" in lines["alibi"] and "train: cope-recompute" in lines["cope"]
+    assert "train: chunked, cope-recompute, path-recompute" in lines["state-mix"]
     for line in lines.values():
         assert line.count(" ok") == 4 and "FAILED" not in line and " kv-cache ok " in line, line
     assert "all checks passed" in result.output
@@ -89,7 +90,7 @@ def test_doctor_fails_loudly(monkeypatch):
     """A check that fails marks its line and makes the command exit with 1; an unknown PE is a usage error."""
     monkeypatch.setattr("tapecli.experiments.pe_check.subject.FP32_TOLERANCE", {"cpu": 0.0})  # fp32 is not fp64
     monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda: "not checked")
-    result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi"])
+    result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi", "--no-hybrids"])
     assert result.exit_code == 1, result.output
     assert "FAILED" in result.output and "failed: alibi" in result.output
     unknown = runner.invoke(app, ["doctor", "--pe", "rotary"])
@@ -127,3 +128,35 @@ def test_tokenizer_train_command_writes_a_lossless_model(tmp_path, tiny_corpus):
     bad = runner.invoke(app, ["tokenizer", "train", "--data", str(tmp_path / "missing"), "--vocab-size", "300",
                               "--out", str(out)])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+def test_bench_and_doctor_survive_one_failing_pe(monkeypatch):
+    """A PE that raises gets one row saying why, the other PEs still run, and the command exits with 1."""
+    from tapecli.experiments import bench, doctor
+
+    real_variant, real_check = bench.make_variant, doctor.check_pe
+
+    def broken_variant(spec):
+        if spec["pe"] == "alibi":
+            raise RuntimeError("alibi broke.\nsecond line")
+        return real_variant(spec)
+
+    def broken_check(pe, device):
+        if pe == "alibi":
+            raise ValueError("alibi broke")
+        return real_check(pe, device)
+
+    monkeypatch.setattr(bench, "make_variant", broken_variant)
+    result = runner.invoke(app, ["bench", "--pe", "rope,alibi,nope", "--n-layers", "1", "--dim", "32", "--seq-len",
+                                 "16", "--steps", "1", "--warmup", "0", "--rounds", "1", "--no-memory"])
+    assert result.exit_code == 1, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.output.splitlines() if line.count("│") > 3}
+    assert "failed:" in rows["alibi"] and "second line" not in result.output
+    assert "alibi: failed: RuntimeError: alibi broke" in result.output
+    assert "sdpa" in rows["nope"] and "1.00" in rows["rope"]
+    monkeypatch.setattr(doctor, "check_pe", broken_check)
+    monkeypatch.setattr(doctor, "compile_works", lambda: "not checked")
+    result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi,nope", "--no-hybrids"])
+    assert result.exit_code == 1, result.output
+    assert "alibi:   failed: ValueError: alibi broke" in result.output
+    assert "nope:    train: sdpa" in result.output and "failed: alibi" in result.output

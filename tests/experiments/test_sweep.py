@@ -247,3 +247,17 @@ def test_a_text_recipe_is_judged_by_its_validation_perplexity(tiny_corpus, tmp_p
         rows = [json.loads(line) for line in (out / cell["name"] / "metrics.jsonl").read_text().splitlines()]
         val_loss = [row["val_loss"] for row in rows if "val_loss" in row and row["step"] == 4][-1]
         assert cell["scores"] == {"validation": {"perplexity": math.exp(val_loss)}}
+
+
+def test_a_grid_over_layer_layouts(tmp_path):
+    """`--grid model.schedule.pattern=rope,rope+nope`: an all-RoPE and a hybrid cell, trained, evaluated by the
+    synthetic task (cached generation through the hybrid's layers) and recorded with their layouts."""
+    out = tmp_path / "layouts"
+    invoke("sweep", "--recipe", "selective-copy-smoke", "--pe", "rope", "--grid",
+           "model.schedule.pattern=rope,rope+nope", "--out", str(out), "train.max_steps=2")
+    cells = {cell["name"]: cell for cell in json.loads((out / "results.json").read_text())["cells"]}
+    assert set(cells) == {"rope-seed0-model.schedule.pattern=rope", "rope-seed0-model.schedule.pattern=rope+nope"}
+    hybrid = out / "rope-seed0-model.schedule.pattern=rope+nope"
+    config = json.loads(next((hybrid / "checkpoints").glob("step-*/model_config.json")).read_text())
+    assert config["schedule"] == {"pattern": "rope+nope"}
+    assert all(cell["scores"] for cell in cells.values())

@@ -27,7 +27,7 @@ PATH_CHUNKS = {"path": {"pe_args": {"chunk_size": 4}}}  # PaTH: several chunks a
 @pytest.fixture
 def small_chunks(monkeypatch):
     """A few queries per chunk at test sizes (the chunked path, CoPE's and PaTH's query groups)."""
-    monkeypatch.setattr(chunked, "chunk_rows", lambda b, h, tq, tk, elements=0: max(1, min(5, tq)))
+    monkeypatch.setattr(chunked, "chunk_rows", lambda b, h, tq, tk, elements=0, window=None: max(1, min(5, tq)))
     monkeypatch.setattr(recompute, "SCORE_ELEMENTS", 2 * 4 * 24 * 5)
 
 

@@ -4,6 +4,7 @@ test_recipes.py; they need GPUs)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ def last_loss(run: Path) -> float:
 def test_every_smoke_recipe_is_exercised_here():
     smoke = {name for name, _ in list_recipes() if name.endswith("-smoke")}
     assert smoke == {"arithmetic-smoke", "c4-smoke", "scrolls-smoke", "context-extension-smoke",
+                     "irope-smoke", "rnope-swa-smoke",
                      # run through the CLI in test_synthetic.py
                      "selective-copy-smoke", "grid-1d-smoke", "grid-2d-smoke"}
 
@@ -70,3 +72,29 @@ def test_arithmetic_smoke_trains_and_evaluates(tmp_path: Path):
     assert "mean accuracy" in out
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert len(results["grid"]) == 3 and all(len(row) == 3 for row in results["grid"])
+
+
+def test_hybrid_smoke_recipes_train_resume_and_evaluate(tmp_path: Path, tiny_corpus: Path):
+    """The hybrid recipes through the CLI: training prints each layer's kind and records the layout; a run resumes
+    (more steps); perplexity past the training length and passkey retrieval evaluate it, their settings recording
+    the layout."""
+    for name in ("rnope-swa-smoke", "irope-smoke"):
+        run = tmp_path / name
+        out = invoke("pretrain", "--recipe", name, "--out", str(run), f"data.source={tiny_corpus}")
+        scale = " (llama4 scale)" if name == "irope-smoke" else ""
+        assert f"layers: rope x3 (window 8) + nope x1{scale}" in out
+    config = json.loads(next((run / "checkpoints").glob("step-*/model_config.json")).read_text())
+    assert config["schedule"]["kinds"]["global"]["length_scale"] == "llama4"
+    out = invoke("pretrain", "--recipe", "irope-smoke", "--out", str(run), f"data.source={tiny_corpus}",
+                 "train.max_steps=6")
+    assert "resuming from" in out and (run / "checkpoints" / "step-00000006").is_dir()
+    heldout = next(tiny_corpus.iterdir())
+    invoke("eval", "perplexity", "--model", str(run), "--data", str(heldout), "--seq-len", "32,96", "--stride", "32",
+           "--device", "cpu", "--out", str(tmp_path / "ppl"))
+    results = json.loads((tmp_path / "ppl" / "results.json").read_text())
+    assert results["models"][0]["schedule"]["pattern"] == ["local", "local", "local", "global"]
+    assert all(math.isfinite(entry["perplexity"]) for entry in results["models"][0]["lengths"].values())
+    invoke("eval", "passkey", "--model", str(run), "--budgets", "16,48", "--trials", "1", "--depths", "0,1",
+           "--device", "cpu", "--out", str(tmp_path / "passkey"))
+    settings = json.loads((tmp_path / "passkey" / "settings.json").read_text())
+    assert settings["model"]["schedule"]["kinds"]["local"]["window"] == 8

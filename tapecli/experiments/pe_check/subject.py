@@ -34,10 +34,12 @@ class Subject:
     pe_args: dict[str, Any] = field(default_factory=dict)
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     compile_backend: str = "inductor"  # what --compile uses (tests use aot_eager: same tracing, no C++ build)
+    keys: dict[str, Any] = field(default_factory=dict)  # further model keys (a hybrid layout: 4 layers)
 
     def config(self) -> ModelConfig:
+        size = {**SIZE, "n_layers": 4} if "schedule" in self.keys else SIZE
         try:
-            return ModelConfig(**SIZE, pe=self.pe, pe_args=dict(self.pe_args))
+            return ModelConfig(**size, pe=self.pe, pe_args=dict(self.pe_args), **self.keys)
         except ValueError as e:
             raise TapeError(str(e)) from None
 

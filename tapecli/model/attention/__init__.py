@@ -1,28 +1,36 @@
 """Attention for every positional encoding: one entry point that picks the fastest exact path.
 
-    y = attend(q, k, v, need, x=x, q_pos=..., k_pos=..., key_mask=None, cache=None, causal=True)
-    name = plan(need, device_type, dtype, q_len, k_len, grad, padded, causal)      # the path attend takes
+    y = attend(q, k, v, need, x=x, q_pos=..., k_pos=..., key_mask=None, cache=None, causal=True, window=None,
+               temperature=1.0)
+    name = plan(need, device_type, dtype, q_len, k_len, grad, padded, causal, windowed)   # the path attend takes
 
 q [B, H, Tq, d] (position-encoded), k, v [B, G, Tq, d] of the current tokens (G divides H); `need` is what the
 layer's PE declared (`LayerPE.need`: None, `ScoreBias`, `WideValue` or `OwnAttention`, see needs.py); positions
-[B|1, Tq] / [B|1, Tk] of queries and of every visible key; `key_mask` [B, Tk] False for padding (None: none);
-`cache` the layer's KV cache (the current keys and values are appended to it here). Returns [B, H, Tq, dv], dv the
-value width plus the need's extra width. Query i sees key j <= past + i (causal models), never a padded key except
-itself.
+[B|1, Tq] / [B|1, Tk] of queries and of every token the cache holds (or the current ones); `key_mask` [B, Tk] False
+for padding (None: none); `cache` the layer's KV cache (the current keys and values are appended to it here; a
+windowed layer's cache keeps only the last keys, and attention reads the positions of those). Returns
+[B, H, Tq, dv], dv the value width plus the need's extra width. Query i sees key j <= past + i (causal models),
+never a padded key except itself, and with a `window` W only keys less than W positions back (itself and the W - 1
+keys before it). `temperature` T divides the logits, positional terms included: softmax((q.k / sqrt(d) + bias) /
+T), as MapFormer's code computes softmax(logits / temperature).
 
-The path is a pure function of (need, device, dtype, shapes, gradients or not, padding) (`plan`); every path is
-exact (equal to the fp64 reference with the [Tq, Tk] scores materialised, in outputs and gradients), and none
-keeps a [Tq, Tk] tensor per head for a long sequence:
+The path is a pure function of (need, device, dtype, shapes, gradients or not, padding, window) (`plan`); every
+path is exact (equal to the fp64 reference with the [Tq, Tk] scores materialised, in outputs and gradients), none
+keeps a [Tq, Tk] tensor per head for a long sequence, and with a window of W keys the chunked and FlexAttention
+paths visit only the keys inside it (time and memory T x W):
 
   sdpa          plain causal attention (RoPE, NoPE, xPos, RandPE): SDPA's fused kernels (flash on CPU and CUDA)
   flash-attn    the same through flash-attn on CUDA in fp16/bf16 when it is installed
   sdpa-concat   TAPE's [V | E] in one fused call, q and k zero-padded to the value width (CPU, no padding)
   sdpa-separate TAPE's V and E in two fused calls with the same weights (pe_args.aggregation: separate)
-  chunked       bias or padding on the CPU: torch's fused CPU flash kernel one chunk of queries at a time, the
-                bias of a chunk a strided view of one table (chunked.py); memory O(chunk x T)
-  flex          bias, padding or wide values on CUDA: FlexAttention with a score_mod and a block mask (flex.py)
+  chunked       bias, padding or a window on the CPU: torch's fused CPU flash kernel one chunk of queries at a
+                time over the keys it can see, the bias of a chunk a strided view of one table (chunked.py);
+                memory O(chunk x T), or O(chunk x W) with a window
+  flex          bias, padding, a window or wide values on CUDA: FlexAttention with a score_mod and a block mask
+                (flex.py)
   dense         a materialised [Tq, Tk] mask: decoding steps (Tq = 1), non-causal models, the reference
-  (own)         CoPE and PaTH compute attention themselves and name their own paths (their files)
+  (own)         CoPE and PaTH compute attention themselves and name their own paths (their files); they get the
+                window as part of their mask and the temperature as an option (`OwnAttention`)
 
 `forced(name)` makes every layer take one path (tests, the fp64 reference of `tape doctor`); `recording()`
 collects the names of the paths taken, for `tape doctor` and `tape bench`.
@@ -76,56 +84,69 @@ def recording() -> Iterator[list[str]]:
 
 
 def plan(need: Need, device_type: str, dtype: torch.dtype, q_len: int, k_len: int, grad: bool, padded: bool,
-         causal: bool = True) -> str:
-    """The path `attend` takes for these inputs (module docstring); `grad`: gradients are being recorded."""
+         causal: bool = True, windowed: bool = False) -> str:
+    """The path `attend` takes for these inputs (module docstring); `grad`: gradients are being recorded;
+    `windowed`: a window hides some keys of this call."""
     if isinstance(need, OwnAttention):
         return need.plan(device_type, dtype, q_len, k_len, grad, k_len > q_len)
     if _forced:
         return _forced[-1]
     bias, wide = isinstance(need, ScoreBias), isinstance(need, WideValue)
     offset = k_len > q_len  # queries after cached keys (chunked prefill): the causal mask is not SDPA's own
+    masked = padded or offset or windowed  # SDPA's fused kernels would need a materialised mask
     if not causal or q_len == 1:
         return "dense"
     if device_type == "cuda":
-        if flash_attn_applies(device_type, dtype) and not (bias or wide or padded):
+        if flash_attn_applies(device_type, dtype) and not (bias or wide or masked):
             return "flash-attn"  # its causal mask is aligned bottom-right, as a KV cache needs
-        if flex_path.flex_available() and (padded or wide or offset or (bias and need.score_mod)):
+        if flex_path.flex_available() and (masked or wide or (bias and need.score_mod)):
             return "flex"
-    if device_type == "cpu" and chunked_path.kernel_available() and (bias or padded or offset):
+    if device_type == "cpu" and chunked_path.kernel_available() and (bias or masked):
         return "chunked"
     if wide:
-        return "dense" if padded or offset else f"sdpa-{need.mode}"
-    return "dense" if bias or padded or offset else "sdpa"
+        return "dense" if masked else f"sdpa-{need.mode}"
+    return "dense" if bias or masked else "sdpa"
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, need: Need, *, x: Tensor, q_pos: Tensor, k_pos: Tensor,
-           key_mask: Tensor | None, cache: LayerCache | None, causal: bool = True) -> Tensor:
+           key_mask: Tensor | None, cache: LayerCache | None, causal: bool = True, window: int | None = None,
+           temperature: float = 1.0) -> Tensor:
     """Exact attention of the current tokens (module docstring); appends their keys and values to `cache`."""
     if k.shape[1] != v.shape[1]:  # the PE expanded grouped keys to one per query head (TAPE)
         v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)
     if isinstance(need, WideValue):  # the values are [V | E]: attention averages E with the same weights
         v = torch.cat((v, need.values.to(v.dtype).expand(v.shape[0], -1, -1, -1)), dim=-1)
     if cache is not None:
-        k, v = cache.append(k=k, v=v)
+        k, v = cache.append(k=k, v=v)  # the keys it holds are the last k.shape[2] tokens (all, unless windowed)
+        k_pos = k_pos[..., k_pos.shape[-1] - k.shape[2]:]
+        key_mask = None if key_mask is None else key_mask[:, key_mask.shape[-1] - k.shape[2]:]
     Tq, Tk = q.shape[2], k.shape[2]
-    name = plan(need, q.device.type, q.dtype, Tq, Tk, torch.is_grad_enabled(), key_mask is not None, causal)
+    if window is not None and window >= Tk:
+        window = None  # no key of this call is that far back (positions step by at most one per key)
+    name = plan(need, q.device.type, q.dtype, Tq, Tk, torch.is_grad_enabled(), key_mask is not None, causal,
+                window is not None)
     for names in _recorded:
         names.append(name)
     if isinstance(need, OwnAttention):
-        mask, is_causal = dense_mask(None, key_mask, Tq, Tk, q.dtype, q.device, causal)
-        return need.attend(x, q, k, v, mask, is_causal, key_mask, cache)
+        mask, is_causal = dense_mask(None, key_mask, Tq, Tk, q.dtype, q.device, causal, window, q_pos, k_pos)
+        options = {"temperature": temperature} if temperature != 1.0 else {}
+        options |= {"window": window} if window is not None else {}
+        return need.attend(x, q, k, v, mask, is_causal, key_mask, cache, **options)
     bias = need if isinstance(need, ScoreBias) else None
-    scale = q.shape[-1] ** -0.5
+    scale = q.shape[-1] ** -0.5 / temperature
     if name == "flex":
-        return flex_path.flex(q, k, v, bias, q_pos, k_pos, key_mask, scale)
+        consecutive = window is None or (key_mask is None and chunked_path.consecutive(q_pos, k_pos))
+        return flex_path.flex(q, k, v, bias, q_pos, k_pos, key_mask, scale, window, 1 / temperature, consecutive)
+    bias = None if bias is None else bias.times(1 / temperature)
     if name == "chunked":
-        return widened(chunked_path.chunked_attention, q, k, v, need, bias, q_pos, k_pos, key_mask, scale)
+        return widened(chunked_path.chunked_attention, q, k, v, need, bias, q_pos, k_pos, key_mask, scale, window)
     pairs = None if bias is None else bias.pairs(q_pos, k_pos)
-    mask, is_causal = dense_mask(pairs, key_mask, Tq, Tk, q.dtype, q.device, causal)
+    mask, is_causal = dense_mask(pairs, key_mask, Tq, Tk, q.dtype, q.device, causal, window, q_pos, k_pos)
     if name == "sdpa-separate":
         d = q.shape[-1]
-        return torch.cat([sdpa(q, k, v[..., :d], mask, is_causal), sdpa(q, k, v[..., d:], mask, is_causal)], -1)
-    return sdpa(q, k, v, mask, is_causal)
+        return torch.cat([sdpa(q, k, v[..., :d], mask, is_causal, scale),
+                          sdpa(q, k, v[..., d:], mask, is_causal, scale)], -1)
+    return sdpa(q, k, v, mask, is_causal, scale)
 
 
 def widened(fn, q: Tensor, k: Tensor, v: Tensor, need: Need, *args) -> Tensor:

@@ -1,23 +1,26 @@
 """Exact attention on the CPU, one chunk of queries at a time through torch's fused CPU flash kernel.
 
-    out = chunked_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale)     # [B, H, Tq, dv]
+    out = chunked_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale, window=None)     # [B, H, Tq, dv]
 
 q [B, H, Tq, d] are the last Tq of Tk = past + Tq tokens; k, v [B, G, Tk, d] with G dividing H (the kernel groups
 query heads itself); dv == d (the kernel's rule). Query i sees key j when j <= past + i and j is not padding
-(`key_mask` [B, Tk], False for padding; a padded query still sees itself, so its row stays finite). `bias`
-(a `ScoreBias` or None) is added to the logits.
+(`key_mask` [B, Tk], False for padding; a padded query still sees itself, so its row stays finite), and with a
+`window` W when q_pos - k_pos < W. `bias` (a `ScoreBias` or None) is added to the logits.
 
 Each chunk of C queries is one call of `_scaled_dot_product_flash_attention_for_cpu` over the keys it can see, with
 the chunk's bias and mask as `attn_mask` [B|1, H|1, C, keys]. The kernel stores only the output and one
 log-sum-exp per row; the backward (a custom autograd Function) rebuilds each chunk's mask and calls the kernel's
 backward with them. So memory is O(C x Tk) for the chunk's mask, never [Tq, Tk] per head, and nothing of that size
-is kept between forward and backward.
+is kept between forward and backward. With a window a chunk's keys start at the first one any of its queries can
+see (`key_starts`), so time and memory are O(Tq x (C + W)) instead of O(Tq x Tk), and chunks are kept near W / 4
+queries.
 
-The chunk's mask costs nothing when the bias depends on the distance only (`ScoreBias.table`) and positions are
-consecutive (no padding): with the chunk's queries in reverse order, entry (c, j) of the mask is entry c + j +
-offset of one reversed table per head (distances Tk-1 .. 0, then -inf for the future), so the mask is a strided
-view of that table (`as_strided`, no copy). Otherwise (padding, positions that are not consecutive, FIRE) each
-chunk's mask is built from `ScoreBias.pairs` on the chunk's positions.
+The chunk's mask costs nothing when the bias depends on the distance only (`ScoreBias.table`; no bias is a table of
+zeros) and positions are consecutive (no padding): with the chunk's queries in reverse order, entry (c, j) of the
+mask is entry c + j + offset of one reversed table per head (distances Tk-1 .. 0, -inf from the window on, then
+-inf for the future), so the mask is a strided view of that table (`as_strided`, no copy). Otherwise (padding,
+positions that are not consecutive, FIRE) each chunk's mask is built from `ScoreBias.pairs` on the chunk's
+positions.
 
 Gradients of the bias: for a table (T5's learned buckets) only distances below its last entry need the score
 gradient dS = P (dP - rowsum(dO * O)), on a band of keys per chunk; the last entry, which stands for every longer
@@ -43,10 +46,13 @@ def kernel_available() -> bool:
     return hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
 
 
-def chunk_rows(batch: int, heads: int, q_len: int, k_len: int, elements: int = CHUNK_ELEMENTS) -> int:
-    """Queries per chunk: a power of two between 16 and 1024 keeping a chunk's mask near `elements`."""
-    rows = 1024
-    while rows > 16 and batch * heads * rows * k_len > elements:
+def chunk_rows(batch: int, heads: int, q_len: int, k_len: int, elements: int = CHUNK_ELEMENTS,
+               window: int | None = None) -> int:
+    """Queries per chunk: a power of two between 16 and 1024 keeping a chunk's mask near `elements`; with a window,
+    at most a quarter of it (a chunk then sees about window + rows keys: the fewer rows, the fewer hidden keys)."""
+    rows = 1024 if window is None else max(16, 1 << max(0, (window // 4).bit_length() - 1))
+    keys = k_len if window is None else min(k_len, window + rows)
+    while rows > 16 and batch * heads * rows * keys > elements:
         rows //= 2
     return max(1, min(rows, q_len))
 
@@ -71,15 +77,20 @@ class ChunkMasks:
     """Builds the mask of each chunk (queries in reverse order): a view of one reversed table, or built per chunk."""
 
     def __init__(self, bias: ScoreBias | None, values: Tensor | None, q_pos: Tensor, k_pos: Tensor,
-                 key_mask: Tensor | None, q_len: int, k_len: int, rows: int, dtype: torch.dtype) -> None:
+                 key_mask: Tensor | None, q_len: int, k_len: int, rows: int, dtype: torch.dtype,
+                 window: int | None = None) -> None:
         self.bias, self.q_pos, self.k_pos, self.key_mask = bias, q_pos, k_pos, key_mask
-        self.q_len, self.k_len, self.past, self.dtype = q_len, k_len, k_len - q_len, dtype
+        self.q_len, self.k_len, self.past, self.dtype, self.window = q_len, k_len, k_len - q_len, dtype, window
         self.reversed = None
         if values is not None:
-            # reversed[h, n]: the bias at distance k_len - 1 - n (clamped to the table), then -inf for the future.
-            distance = torch.arange(k_len - 1, -1, -1, device=values.device).clamp(max=values.shape[-1] - 1)
-            self.reversed = torch.cat((values.detach().to(dtype)[:, distance],
-                                       values.new_full((values.shape[0], rows - 1), float("-inf"), dtype=dtype)), -1)
+            # reversed[h, n]: the bias at distance k_len - 1 - n (clamped to the table; -inf from the window on),
+            # then -inf for the future.
+            far = torch.arange(k_len - 1, -1, -1, device=values.device)
+            table = values.detach().to(dtype)[:, far.clamp(max=values.shape[-1] - 1)]
+            if window is not None:
+                table = table.masked_fill(far >= window, float("-inf"))
+            self.reversed = torch.cat((table, values.new_full((values.shape[0], rows - 1), float("-inf"),
+                                                              dtype=dtype)), -1)
 
     def view(self, i0: int, i1: int, k0: int, k1: int) -> Tensor:
         """Mask [1, H, i1 - i0, k1 - k0] for queries i1-1 .. i0 (reversed) and keys k0..k1-1, from the table."""
@@ -96,7 +107,8 @@ class ChunkMasks:
         `bias`: this chunk's bias when the caller has it already."""
         q_pos = self.q_pos[..., i0:i1].flip(-1)
         rows = torch.arange(self.past + i1 - 1, self.past + i0 - 1, -1, device=q_pos.device)  # key index of itself
-        allowed = visible(rows, torch.arange(k0, k1, device=q_pos.device), self.key_mask)
+        allowed = visible(rows, torch.arange(k0, k1, device=q_pos.device), self.key_mask, True, self.window, q_pos,
+                          self.k_pos[..., k0:k1])
         if self.bias is None:
             zeros = torch.zeros(allowed.shape, dtype=self.dtype, device=q_pos.device)
             return zeros.masked_fill(~allowed, float("-inf"))
@@ -141,32 +153,51 @@ def input_grads(q: Tensor, k: Tensor, v: Tensor, do: Tensor, probs: Tensor, ds: 
     return dq, dk, dv
 
 
+def key_starts(q_pos: Tensor, k_pos: Tensor, past: int, starts: list[int], window: int | None,
+               consecutive: bool) -> list[int]:
+    """The first key each chunk (queries starting at `starts`) must visit: 0 without a window; with one, the first
+    key whose position is less than `window` before the chunk's first (smallest) query position in some row.
+    Consecutive positions make that an index; otherwise it is searched (positions never decrease along a row).
+    While compiling nothing data-dependent is decided: every chunk starts at 0 (exact, not faster)."""
+    if window is None or torch.compiler.is_compiling():
+        return [0] * len(starts)
+    if consecutive:
+        return [max(0, past + i0 - (window - 1)) for i0 in starts]
+    rows = max(q_pos.shape[0], k_pos.shape[0])
+    first = (q_pos[..., starts] - window).expand(rows, -1)  # [B, chunks]: keys at or before these are out of reach
+    found = torch.searchsorted(k_pos.expand(rows, -1).contiguous(), first.contiguous(), right=True)
+    return found.amin(0).tolist()
+
+
 class ChunkedAttention(torch.autograd.Function):
-    """forward(q, k, v, values, scale, plan, *parameters) -> out; `plan` holds the bias and positions (no tensors
-    that need gradients); `values` is the bias table (or None), `parameters` what `pairs` reads (FIRE)."""
+    """forward(q, k, v, values, scale, plan, *parameters) -> out; `plan` holds the bias, positions and window (no
+    tensors that need gradients); `values` is the bias table (or None), `parameters` what `pairs` reads (FIRE)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, values: Tensor | None, scale: float, plan: dict,
                 *parameters: Tensor) -> Tensor:
         B, H, Tq, _ = q.shape
         Tk = k.shape[2]
+        window = plan["window"]
         rows = chunk_rows(B, H, Tq, Tk, CHUNK_ELEMENTS if values is not None or plan["bias"] is None
-                          else PAIRS_ELEMENTS)
+                          else PAIRS_ELEMENTS, window=window)
         masks = ChunkMasks(plan["bias"], values, plan["q_pos"], plan["k_pos"], plan["key_mask"], Tq, Tk, rows,
-                           mask_dtype(q.dtype))
+                           mask_dtype(q.dtype), window)
         out = q.new_empty(B, H, Tq, v.shape[-1])
         lse = q.new_empty(B, H, Tq, dtype=torch.promote_types(q.dtype, torch.float32))
         past = Tk - Tq
-        for i0 in range(0, Tq, rows):
+        chunks = list(range(0, Tq, rows))
+        firsts = key_starts(plan["q_pos"], plan["k_pos"], past, chunks, window, plan["consecutive"])
+        for i0, k0 in zip(chunks, firsts, strict=True):
             i1 = min(i0 + rows, Tq)
             kend = past + i1
             o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q[:, :, i0:i1].flip(2), k[:, :, :kend], v[:, :, :kend], attn_mask=masks.chunk(i0, i1, 0, kend),
+                q[:, :, i0:i1].flip(2), k[:, :, k0:kend], v[:, :, k0:kend], attn_mask=masks.chunk(i0, i1, k0, kend),
                 scale=scale)
             out[:, :, i0:i1] = o.flip(2)
             lse[:, :, i0:i1] = m.flip(-1)
         ctx.save_for_backward(q, k, v, out, lse, values, *parameters)
-        ctx.scale, ctx.rows, ctx.masks = scale, rows, masks
+        ctx.scale, ctx.rows, ctx.masks, ctx.chunks = scale, rows, masks, list(zip(chunks, firsts, strict=True))
         return out
 
     @staticmethod
@@ -180,27 +211,28 @@ class ChunkedAttention(torch.autograd.Function):
         pairs_grad = any(ctx.needs_input_grad[6:])
         d_values = torch.zeros_like(values) if table_grad else None
         d_parameters = [torch.zeros_like(p) if ctx.needs_input_grad[6 + i] else None for i, p in enumerate(parameters)]
-        for i0 in range(0, Tq, rows):
+        for i0, k0 in ctx.chunks:
             i1 = min(i0 + rows, Tq)
             kend = past + i1
             q_c, do_c, o_c, l_c = (t[:, :, i0:i1].flip(2).contiguous() for t in (q, grad_out, out, lse))
+            k_c, v_c = k[:, :, k0:kend], v[:, :, k0:kend]
             if pairs_grad:  # the chunk's bias, with its graph to the parameters, serves the mask too
                 with torch.enable_grad():
-                    bias = masks.pairs(i0, i1, 0, kend)
-                mask = masks.build(i0, i1, 0, kend, bias.detach())
+                    bias = masks.pairs(i0, i1, k0, kend)
+                mask = masks.build(i0, i1, k0, kend, bias.detach())
             else:
-                mask = masks.chunk(i0, i1, 0, kend)
+                mask = masks.chunk(i0, i1, k0, kend)
             if pairs_grad:  # dS is needed for the bias: P and dS give dq, dk, dv too
-                probs, ds = probs_and_score_grad(q_c, k[:, :, :kend], v[:, :, :kend], mask, do_c, o_c, l_c, scale)
-                g_q, g_k, g_v = input_grads(q_c, k[:, :, :kend], v[:, :, :kend], do_c, probs, ds, scale)
+                probs, ds = probs_and_score_grad(q_c, k_c, v_c, mask, do_c, o_c, l_c, scale)
+                g_q, g_k, g_v = input_grads(q_c, k_c, v_c, do_c, probs, ds, scale)
                 del probs
                 pairs_grads(d_parameters, parameters, bias, ds)
             else:
                 g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    do_c, q_c, k[:, :, :kend], v[:, :, :kend], o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
+                    do_c, q_c, k_c, v_c, o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
             dq[:, :, i0:i1] = g_q.flip(2)
-            dk[:, :, :kend] += g_k
-            dv[:, :, :kend] += g_v
+            dk[:, :, k0:kend] += g_k
+            dv[:, :, k0:kend] += g_v
             if table_grad:
                 band_grad(d_values, q_c, k, v, do_c, o_c, l_c, masks, i0, i1, scale)
         return dq, dk, dv, d_values, None, None, *d_parameters
@@ -235,12 +267,16 @@ def pairs_grads(d_parameters: list[Tensor | None], parameters: list[Tensor], bia
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor, k_pos: Tensor,
-                      key_mask: Tensor | None, scale: float) -> Tensor:
+                      key_mask: Tensor | None, scale: float, window: int | None = None) -> Tensor:
     """Exact causal attention (module docstring); differentiable in q, k, v and the bias's table / parameters."""
     values = None
-    if bias is not None and bias.table is not None and key_mask is None and consecutive(q_pos, k_pos):
+    in_steps = key_mask is None and consecutive(q_pos, k_pos)
+    if bias is not None and bias.table is not None and in_steps:
         values = bias.table(k.shape[2])
-    plan = {"bias": bias, "q_pos": q_pos, "k_pos": k_pos, "key_mask": key_mask}
+    elif bias is None and window is not None and in_steps:
+        values = q.new_zeros(1, 1)  # a window without a bias: masks as views of one table of zeros and -inf
+    plan = {"bias": bias, "q_pos": q_pos, "k_pos": k_pos, "key_mask": key_mask, "window": window,
+            "consecutive": in_steps}
     parameters = () if bias is None or values is not None else bias.parameters
     apply = eager_apply if parameters else ChunkedAttention.apply
     return apply(q, k, v, values, scale, plan, *parameters)

@@ -7,11 +7,24 @@ whose work is all in `rotate`):
 - `ScoreBias`: an additive logit bias per head and (query position, key position) pair (ALiBi, T5, FIRE). Given
   three ways, each exact wherever it is used: `pairs` for any positions (always), `table` when the bias depends on
   the distance only (ALiBi, T5: lets the CPU path pass the bias as a strided view of one small table, and T5's
-  gradients come from a band of distances), `score_mod` for FlexAttention (CUDA).
+  gradients come from a band of distances), `score_mod` (a `ScoreMod`) for FlexAttention (CUDA).
 - `WideValue`: extra value columns averaged with the same attention weights (TAPE's state E: the values are
   [V | E]); attention returns [B, H, Tq, d + extra width] and the caller splits it.
 - `OwnAttention`: the PE computes attention itself because its logits are not q.k plus a bias (CoPE, PaTH); it
-  also names the path it takes (`plan`), so `tape doctor` and `tape bench` can print it.
+  also names the path it takes (`plan`), so `tape doctor` and `tape bench` can print it; its PE declares which
+  per-layer attention options it implements (`PositionalEncoding.attention_options`).
+
+The ScoreMod contract (FlexAttention compiles one kernel that must serve every layer of a model):
+`ScoreMod(fn, args)` where `fn(h, q_pos, k_pos, *args) -> bias` is a MODULE-LEVEL function (the same object for
+every layer and every model, never a bound method or a closure: torch.compile guards on the function's identity,
+so a per-layer function would recompile per layer and, past dynamo's recompile limit, fall back to an unfused
+O(T^2) kernel), evaluated on 0-d tensors with pointwise torch ops only. `args` holds everything `fn` reads that
+belongs to the layer: tensors (guarded by dtype, shape and device only, so every layer shares the compiled kernel)
+and plain Python numbers (guarded by value: use them only for hyperparameters every layer shares, e.g. T5's bucket
+counts). A tensor that requires gradients must be read once per call of `fn` (FlexAttention's backward cannot
+lower several reads of one grad-requiring tensor): give each use its own tensor (e.g. `w.unbind(0)`, `.clone()`),
+as FIRE does for its unrolled MLP. The tensors are built when `need` is called, so gradients flow from them back
+to the layer's parameters through ordinary autograd.
 """
 
 from __future__ import annotations
@@ -23,6 +36,14 @@ from torch import Tensor
 
 
 @dataclass(frozen=True)
+class ScoreMod:
+    """The FlexAttention form of a bias: fn(h, q_pos, k_pos, *args) on 0-d tensors (module docstring)."""
+
+    fn: Callable[..., Tensor]
+    args: tuple = ()
+
+
+@dataclass(frozen=True)
 class ScoreBias:
     """logit_ij += f_h(pos_i, pos_j).
 
@@ -30,15 +51,24 @@ class ScoreBias:
     table(n) -> [H, m], m <= n: f_h as a function of the distance pos_i - pos_j >= 0 only, for distances
         0..m-1, the last entry standing for every longer distance too (T5's clamp); None when f is not a function of
         the distance alone (FIRE). It may require gradients (T5's learned buckets).
-    score_mod(h, q_pos, k_pos) -> bias, on 0-d tensors inside FlexAttention (pointwise torch ops only); None: the
-        PE has no FlexAttention form.
+    score_mod: a `ScoreMod` (module docstring) for FlexAttention; None: the PE has no FlexAttention form.
     parameters: the tensors `pairs` reads that may need gradients and that `table` does not carry (FIRE's MLP).
     """
 
     pairs: Callable[[Tensor, Tensor], Tensor]
     table: Callable[[int], Tensor] | None = None
-    score_mod: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None
+    score_mod: ScoreMod | None = None
     parameters: tuple[Tensor, ...] = field(default_factory=tuple)
+
+    def times(self, factor: float) -> ScoreBias:
+        """The same bias multiplied by `factor` (an attention temperature's 1 / T) in `pairs` and `table`; the
+        FlexAttention path takes the factor as its own argument (one compiled kernel for every temperature)."""
+        if factor == 1.0:
+            return self
+        pairs, table = self.pairs, self.table
+        return ScoreBias(pairs=lambda q_pos, k_pos: pairs(q_pos, k_pos) * factor,
+                         table=None if table is None else (lambda n: table(n) * factor),
+                         score_mod=self.score_mod, parameters=self.parameters)
 
 
 @dataclass(frozen=True)
@@ -54,7 +84,12 @@ class WideValue:
 
 @dataclass(frozen=True)
 class OwnAttention:
-    """attend(x, q, k, v, mask, is_causal, key_mask, cache) -> [B, H, Tq, d], the `LayerPE.attend` contract.
+    """attend(x, q, k, v, mask, is_causal, key_mask, cache, **options) -> [B, H, Tq, d], the `LayerPE.attend`
+    contract; `mask` already holds the causal, padding and window rules (None: plain causal). `options` are the
+    per-layer attention options the layer sets and its PE declares in `PositionalEncoding.attention_options`:
+    temperature=T (softmax(logits / T)) and window=W (the keys outside the window are hidden by `mask`; the PE
+    may use W to skip them). The model refuses, when it is built, an option a layer sets that its PE does not
+    declare, so `attend` never receives one it does not know.
 
     plan(device_type, dtype, q_len, k_len, grad, cached) -> str: the path `attend` will take (a short name)."""
 

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, ScoreBias
+from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, ScoreBias, ScoreMod
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -25,6 +25,11 @@ def alibi_slopes(n_heads: int) -> list[float]:
     return power_of_two_slopes(closest) + power_of_two_slopes(2 * closest)[0::2][: n_heads - closest]
 
 
+def alibi_score(h: Tensor, q_pos: Tensor, k_pos: Tensor, slopes: Tensor) -> Tensor:
+    """The bias of one (head, query, key) inside FlexAttention (`ScoreMod`)."""
+    return -slopes[h] * (q_pos - k_pos).float()
+
+
 class ALiBiLayer(LayerPE):
     """A score bias that depends on the distance only: attention passes it as one table (or a FlexAttention
     score_mod), never as a [T, T] tensor per head."""
@@ -34,7 +39,7 @@ class ALiBiLayer(LayerPE):
         self.register_buffer("slopes", slopes, persistent=False)
 
     def need(self, state: PositionState, average_state: bool) -> ScoreBias:
-        return ScoreBias(pairs=self.bias, table=self.table, score_mod=self.score_mod)
+        return ScoreBias(pairs=self.bias, table=self.table, score_mod=ScoreMod(alibi_score, (self.slopes,)))
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """[B|1, H, Tq, Tk] for positions [B|1, Tq] and [B|1, Tk]."""
@@ -44,9 +49,6 @@ class ALiBiLayer(LayerPE):
     def table(self, n: int) -> Tensor:
         """[H, n]: the bias at distances 0..n-1."""
         return -self.slopes[:, None] * torch.arange(n, device=self.slopes.device, dtype=torch.float32)
-
-    def score_mod(self, h: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        return -self.slopes[h] * (q_pos - k_pos).float()
 
 
 class ALiBi(PositionalEncoding):

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor, nn
 
 from tapecli.model.attention import forced_path
-from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, WideValue
+from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, ScoreMod, WideValue
 from tapecli.model.attention.recompute import by_query_chunks, rows_for
 from tapecli.model.cache import LayerCache
 
@@ -151,6 +151,10 @@ class PositionalEncoding(nn.Module):
     aggregation: str | None = None
     # What `tape pe check` verifies beyond the contract (CLAIMS); set per instance when it depends on pe_args.
     claims: tuple[str, ...] = ()
+    # The per-layer attention options (model.temperature, model.window) this PE's layers honour. Attention
+    # (`tapecli.model.attention`) implements both for every PE it computes; a PE whose layers compute attention
+    # themselves (`OwnAttention`) lists those it implements, and the model refuses the others when it is built.
+    attention_options: frozenset[str] = frozenset({"temperature", "window"})
 
     def __init__(self, config) -> None:
         super().__init__()
@@ -225,5 +229,5 @@ def check_pe_args(cls: type, name: str, pe_args: dict) -> dict:
 
 
 __all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding",
-           "ScoreBias", "WideValue", "apply_rotary", "by_query_chunks", "check_pe_args", "check_positive_int",
-           "default_positions", "forced_path", "pe_arguments", "rows_for"]
+           "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks", "check_pe_args",
+           "check_positive_int", "default_positions", "forced_path", "pe_arguments", "rows_for"]

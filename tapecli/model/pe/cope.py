@@ -23,6 +23,9 @@ Choices, stated:
   of hundreds of gates in bf16 cannot resolve fractional positions.
 - Grouped-query keys and values are expanded to one per query head (gates are per query head).
 - Causal models only (positions count from the query backwards).
+- An attention temperature T divides the softmax's logits, the position term included (softmax(a_ij / T)); the
+  gates keep q_i . k_j / sqrt(d). A sliding window hides the keys outside it from both, like padding: positions
+  count only the gates of the keys a query sees (exact; the chunks still visit every earlier key).
 
 pe_args:
   npos_max   largest position, positions are clamped there (default: model.max_seq_len, i.e. the official code's
@@ -74,10 +77,12 @@ class CoPELayer(LayerPE):
         return "cope-recompute" if grad else "cope-chunked"
 
     def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-               key_mask: Tensor | None, cache: LayerCache | None) -> Tensor:
+               key_mask: Tensor | None, cache: LayerCache | None, temperature: float = 1.0,
+               window: int | None = None) -> Tensor:
         """Attention of queries q [B, H, Tq, d] over keys k, v [B, G, Tk, d], one chunk of queries at a time
         (`tapecli.model.attention.recompute`: chunks are recomputed in the backward)."""
-        # `mask` already hides padded keys (key_mask), so their gates are zero: padding never counts as a position.
+        # `mask` already hides padded keys (key_mask) and keys outside the window, so their gates are zero: they never
+        # count as positions.
         out_dtype = v.dtype
         if k.shape[1] != q.shape[1]:
             k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
@@ -97,13 +102,14 @@ class CoPELayer(LayerPE):
                     seen = torch.ones(i1 - i0, i1 - i0, dtype=torch.bool, device=q.device).triu(0).flip(0)
                 else:
                     seen = visible_keys(mask, Tq, past + Tq, q.device)[..., i0:i1, :end].flip(-1)
-                return self.chunk_attention(q[:, :, i0:i1], keys, values, seen, table)
+                return self.chunk_attention(q[:, :, i0:i1], keys, values, seen, table, temperature)
 
             rows = Tq if forced_path() == "dense" else rows_for(B, H, past + Tq, Tq)
             out = by_query_chunks(chunk, Tq, rows)
         return out.to(out_dtype)
 
-    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, seen: Tensor, table: Tensor) -> Tensor:
+    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, seen: Tensor, table: Tensor,
+                        temperature: float = 1.0) -> Tensor:
         """CoPE for queries q [B, H, C, d] over keys and values [B, H, K, d] given in reverse order (latest
         first); seen [.., C, K'] (K' <= K): which of the first K' keys each query may see (the rest it sees)."""
         q = q * q.shape[-1] ** -0.5  # every logit and table product below is scaled once, here
@@ -120,7 +126,8 @@ class CoPELayer(LayerPE):
         z = q @ table.T  # z_i[n] = q_i . e[n] (scaled): [B, H, C, npos_max + 1]
         low = z.gather(-1, floor.long())
         high = z.gather(-1, positions.detach().ceil().long())
-        return (logits + low + weight * (high - low)).softmax(-1) @ values
+        logits = logits + low + weight * (high - low)
+        return (logits if temperature == 1.0 else logits / temperature).softmax(-1) @ values
 
 
 class CoPE(PositionalEncoding):

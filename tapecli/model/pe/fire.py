@@ -12,7 +12,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, ScoreBias, check_positive_int
+from tapecli.model.pe.base import (
+    LayerPE,
+    PositionalEncoding,
+    PositionState,
+    ScoreBias,
+    ScoreMod,
+    check_positive_int,
+)
 
 EPS = 1e-6
 
@@ -47,6 +54,19 @@ class SegmentLines(torch.autograd.Function):
         return d_z, d_slopes, d_intercepts, None
 
 
+def fire_score(h: Tensor, q_pos: Tensor, k_pos: Tensor, c_distance: Tensor, c_query: Tensor, threshold: Tensor,
+               out_bias: Tensor, *units: Tensor) -> Tensor:
+    """The bias of one (head, query, key) inside FlexAttention (`ScoreMod`; `FIRELayer.score_mod_args` gives the
+    arguments): the MLP's hidden units unrolled, each argument read once."""
+    dtype = c_distance.dtype
+    z = torch.log(torch.abs(c_distance * (q_pos - k_pos).to(dtype)) + 1) / (
+        torch.log(torch.abs(c_query * torch.maximum(q_pos.to(dtype), threshold)) + 1) + EPS)
+    out = out_bias[h]
+    for weight, bias, column in zip(units[0::3], units[1::3], units[2::3], strict=True):
+        out = out + column[h] * torch.relu(weight * z + bias)
+    return out
+
+
 class FIRELayer(LayerPE):
     def __init__(self, n_heads: int, hidden: int, init_c: float, threshold: float) -> None:
         super().__init__()
@@ -61,7 +81,8 @@ class FIRELayer(LayerPE):
     def need(self, state: PositionState, average_state: bool) -> ScoreBias:
         """A bias of (query position, distance): attention builds it one chunk of queries at a time (CPU,
         `piecewise_bias`) or evaluates it inside FlexAttention (CUDA), never for all [T, T] pairs at once."""
-        return ScoreBias(pairs=self.piecewise_bias, score_mod=self.score_mod, parameters=tuple(self.parameters()))
+        return ScoreBias(pairs=self.piecewise_bias, score_mod=ScoreMod(fire_score, self.score_mod_args()),
+                         parameters=tuple(self.parameters()))
 
     def features(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """z = psi(i - j) / (psi(max(i, L)) + eps), [B|1, Tq, Tk], for positions [B|1, Tq] and [B|1, Tk]."""
@@ -99,17 +120,15 @@ class FIRELayer(LayerPE):
         segment = torch.searchsorted(breaks, z.detach())
         return SegmentLines.apply(z, slopes, intercepts, segment).transpose(0, 1)
 
-    def score_mod(self, h: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """The bias of one (head, query, key) as pointwise ops on 0-d tensors (FlexAttention): the MLP's hidden
-        units unrolled."""
-        dtype = self.c.dtype
-        threshold = torch.abs(self.threshold_scale * self.threshold)
-        z = self.psi((q_pos - k_pos).to(dtype)) / (self.psi(torch.maximum(q_pos.to(dtype), threshold)) + EPS)
+    def score_mod_args(self) -> tuple[Tensor, ...]:
+        """What `fire_score` reads: c twice, L, the output bias, then each hidden unit's first-layer weight and bias
+        and output column. Every tensor is its own clone, read once per call (FlexAttention's backward cannot lower
+        several reads of one tensor that requires gradients); gradients reach the MLP through the clones."""
         first, second = self.mlp[0], self.mlp[2]
-        out = second.bias[h]
-        for unit in range(first.out_features):
-            out = out + second.weight[h, unit] * torch.relu(first.weight[unit, 0] * z + first.bias[unit])
-        return out
+        threshold = torch.abs(self.threshold_scale * self.threshold)
+        units = zip(first.weight[:, 0].unbind(0), first.bias.unbind(0), second.weight.unbind(1), strict=True)
+        return (self.c.clone(), self.c.clone(), threshold, second.bias.clone(),
+                *(t.clone() for unit in units for t in unit))
 
     def init_weights(self) -> None:
         for linear in (self.mlp[0], self.mlp[2]):

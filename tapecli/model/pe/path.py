@@ -39,6 +39,10 @@ queries after another, whose logits the hand-written backward recomputes), so me
 keeping every chunk's logits and keys. (The plan names: path-recompute for training, path-chunked otherwise, fla
 for fla's kernel.)
 
+An attention temperature T divides every logit (q_i is divided by T first, which is exact: a_ij is linear in
+q_i). A sliding window is not offered: the keys' maps accumulate through every later token whether or not a query
+sees them, so a window would save nothing; the model refuses one on a PaTH layer.
+
 Padding (`attention_mask`): a padded token gets beta = 0 and u = 0 (H = I, and later tokens' short convolution
 sees zeros there, as before a sequence's first token), and attention hides its key, so with left padding (or right
 padding, for scoring) every real token computes exactly what its row computes alone.
@@ -144,10 +148,12 @@ class PaTHLayer(LayerPE):
         return "path-recompute" if grad and not cached else "path-chunked"
 
     def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
-               key_mask: Tensor | None, cache: LayerCache | None) -> Tensor:
+               key_mask: Tensor | None, cache: LayerCache | None, temperature: float = 1.0) -> Tensor:
         """With a cache, k is its buffer (earlier keys already transformed, then the current raw keys): it is
         overwritten in place with every key transformed up to the last token, so only transformed keys are kept."""
         T = q.shape[2]
+        if temperature != 1.0:
+            q = q / temperature
         u, beta = self.householder(x, None if key_mask is None else key_mask[:, -T:], cache)
         path = self.plan(q.device.type, q.dtype, T, k.shape[2], torch.is_grad_enabled(), k.shape[2] > T,
                          mask is not None)
@@ -175,6 +181,7 @@ class PaTHLayer(LayerPE):
 
 class PaTH(PositionalEncoding):
     claims = ("shift-invariance",)  # no position enters, only the order of the maps
+    attention_options = frozenset({"temperature"})
 
     def __init__(self, config, *, w_rank: int = 32, short_conv: bool = True, conv_size: int = 3,
                  chunk_size: int = 64, kernel: str = "auto") -> None:

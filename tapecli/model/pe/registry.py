@@ -104,7 +104,11 @@ def pe_label(value: str) -> str:
     return value if code is None else code[1]
 
 
-def build_pe(config) -> PositionalEncoding:
-    """Instantiate the model-level PE of `config` (its `pe`, `pe_plugin` record and validated `pe_args`)."""
-    cls = resolve_pe(config.pe, getattr(config, "pe_plugin", None)).cls
-    return cls(config, **check_pe_args(cls, config.pe, config.pe_args))
+def build_pe(config, name: str | None = None, args: dict | None = None) -> PositionalEncoding:
+    """Instantiate a model-level PE with validated pe_args: by default `config.pe` with `config.pe_args` (and its
+    `pe_plugin` record); a layer schedule's groups name theirs (`tapecli.model.schedule`, `tapecli.model.hybrid`)."""
+    name = config.pe if name is None else name
+    args = config.pe_args if args is None else args
+    recorded = getattr(config, "pe_plugin", None) if name == config.pe else None
+    cls = resolve_pe(name, recorded).cls
+    return cls(config, **check_pe_args(cls, name, args))

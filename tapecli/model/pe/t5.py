@@ -14,7 +14,14 @@ import math
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, ScoreBias, check_positive_int
+from tapecli.model.pe.base import (
+    LayerPE,
+    PositionalEncoding,
+    PositionState,
+    ScoreBias,
+    ScoreMod,
+    check_positive_int,
+)
 
 
 def relative_buckets(distance: Tensor, num_buckets: int, max_distance: int) -> Tensor:
@@ -27,6 +34,11 @@ def relative_buckets(distance: Tensor, num_buckets: int, max_distance: int) -> T
     return torch.where(distance < max_exact, distance, large)
 
 
+def t5_score(h: Tensor, q_pos: Tensor, k_pos: Tensor, weight: Tensor, num_buckets: int, max_distance: int) -> Tensor:
+    """The bias of one (head, query, key) inside FlexAttention (`ScoreMod`): one read of the table."""
+    return weight[relative_buckets(q_pos - k_pos, num_buckets, max_distance), h]
+
+
 class T5BiasLayer(LayerPE):
     def __init__(self, n_heads: int, num_buckets: int, max_distance: int) -> None:
         super().__init__()
@@ -36,8 +48,9 @@ class T5BiasLayer(LayerPE):
     def need(self, state: PositionState, average_state: bool) -> ScoreBias:
         """A bias of the distance only, constant from max_distance on: attention passes it as one table of
         max_distance + 1 entries, whose gradient needs the scores of nearby keys only."""
-        return ScoreBias(pairs=self.bias, table=self.table, score_mod=self.score_mod,
-                         parameters=(self.relative_attention_bias.weight,))
+        weight = self.relative_attention_bias.weight
+        return ScoreBias(pairs=self.bias, table=self.table, parameters=(weight,),
+                         score_mod=ScoreMod(t5_score, (weight, self.num_buckets, self.max_distance)))
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         buckets = relative_buckets(q_pos[..., :, None] - k_pos[..., None, :], self.num_buckets, self.max_distance)
@@ -48,10 +61,6 @@ class T5BiasLayer(LayerPE):
         last bucket (relative_buckets clamps there)."""
         distance = torch.arange(min(n, self.max_distance + 1), device=self.relative_attention_bias.weight.device)
         return self.relative_attention_bias(relative_buckets(distance, self.num_buckets, self.max_distance)).T
-
-    def score_mod(self, h: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        bucket = relative_buckets(q_pos - k_pos, self.num_buckets, self.max_distance)
-        return self.relative_attention_bias.weight[bucket, h]
 
 
 class T5Bias(PositionalEncoding):

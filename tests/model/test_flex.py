@@ -1,0 +1,133 @@
+"""FlexAttention's contract, checked on the CPU (its compiled backward is CUDA-only in torch 2.13):
+
+- every bias PE's `ScoreMod` equals its defining `pairs` bias, in values and in gradients to the layer's
+  parameters (the score_mod evaluated on every (head, query, key) with torch.vmap, as FlexAttention's own unfused
+  path does), and reads each argument that requires gradients once (the CUDA backward refuses several reads);
+- one compiled flex_attention serves every layer of a 12-layer model (dynamo's frame counter, backend "eager" so
+  no kernel is built), and reaching the recompile limit raises instead of falling back to the unfused kernel.
+The compiled forward's numbers are checked against the fp64 reference in test_attention.py.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+from test_model import VOCAB, randomize_tape, tiny
+from torch._dynamo.testing import CompileCounter
+from torch.overrides import TorchFunctionMode
+
+from tapecli.model import attention
+from tapecli.model.attention import flex
+
+BIAS_PES = {"alibi": {}, "t5": {"num_buckets": 8, "max_distance": 6}, "fire": {"hidden": 5}}
+
+
+def bias_layer(pe: str):
+    layer = randomize_tape(tiny(pe, pe_args=BIAS_PES[pe]), std=0.5).double().model.layers[0].pe
+    if pe == "fire":
+        with torch.no_grad():
+            layer.threshold_scale.fill_(0.01)  # L = 5.12: most rows get their own normaliser
+    return layer
+
+
+def every_pair(mod, heads: int, q_pos, k_pos):
+    """[H, Tq, Tk]: the score_mod's bias of every (head, query, key), through vmap like FlexAttention's math path."""
+    def one(h, q, k):
+        return mod.fn(h, q, k, *mod.args)
+
+    over_keys = torch.vmap(one, in_dims=(None, None, 0))
+    over_queries = torch.vmap(over_keys, in_dims=(None, 0, None))
+    return torch.vmap(over_queries, in_dims=(0, None, None))(torch.arange(heads), q_pos, k_pos)
+
+
+@pytest.mark.parametrize("pe", BIAS_PES)
+def test_score_mod_equals_the_pair_bias_in_values_and_gradients(pe):
+    layer = bias_layer(pe)
+    q_pos, k_pos = torch.arange(3, 40), torch.arange(3, 40)
+    need = layer.need(None, False)
+    got = every_pair(need.score_mod, 4, q_pos, k_pos)
+    want = layer.bias(q_pos[None], k_pos[None])[0]
+    causal = q_pos[:, None] >= k_pos[None, :]
+    assert (got - want)[:, causal].abs().max() <= 1e-12
+    params = [p for p in layer.parameters() if p.requires_grad]
+    if not params:
+        return
+    weight = torch.randn(got.shape, dtype=got.dtype, generator=torch.Generator().manual_seed(0)) * causal
+    got_grads = torch.autograd.grad((got * weight).sum(), params, allow_unused=True)
+    want_grads = torch.autograd.grad((want * weight).sum(), params, allow_unused=True)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        assert (g - w).abs().max() <= 1e-10 * max(1.0, w.abs().max().item())
+
+
+class Reads(TorchFunctionMode):
+    """Counts the torch operations that read each watched tensor (metadata such as .dtype does not count)."""
+
+    def __init__(self, watched):
+        super().__init__()
+        self.index = {id(t): i for i, t in enumerate(watched)}
+        self.count = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__name__", "") != "__get__":
+            for arg in (*args, *kwargs.values()):
+                if id(arg) in self.index:
+                    self.count[self.index[id(arg)]] += 1
+        return func(*args, **kwargs)
+
+
+@pytest.mark.parametrize("pe", BIAS_PES)
+def test_score_mod_reads_each_tensor_that_needs_gradients_once(pe):
+    mod = bias_layer(pe).need(None, False).score_mod
+    watched = [a for a in mod.args if isinstance(a, torch.Tensor) and a.requires_grad]
+    assert pe == "alibi" or watched  # T5's table, FIRE's MLP
+    with Reads(watched) as reads:
+        mod.fn(torch.tensor(1), torch.tensor(9), torch.tensor(2), *mod.args)
+    assert sorted(reads.count.values()) == [1] * len(watched)
+
+
+@pytest.fixture
+def counted_flex(monkeypatch):
+    """flex_attention compiled with dynamo's frame counter (backend "eager": traced and guarded like the real
+    kernel, run unfused), from a clean dynamo cache."""
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    monkeypatch.setattr(flex, "compiled_flex", lambda: torch.compile(flex.flex_module().flex_attention,
+                                                                      backend=counter))
+    yield counter
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("pe", ["alibi", "t5", "fire", "tape"])
+def test_one_compiled_kernel_serves_every_layer(counted_flex, pe):
+    model = randomize_tape(tiny(pe, n_layers=12, pe_args={"hidden": 2} if pe == "fire" else {}), std=0.3).eval()
+    x = torch.randint(0, VOCAB, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), attention.forced("flex"), attention.recording() as taken:
+        model(x)
+    assert taken == ["flex"] * 12
+    # TAPE's last layer averages no state (nothing reads it after): its values are narrower, a second variant.
+    assert counted_flex.frame_count == (2 if pe == "tape" else 1)
+
+
+def test_the_recompile_limit_raises_instead_of_falling_back(counted_flex, monkeypatch):
+    monkeypatch.setattr(flex, "RECOMPILE_LIMIT", 1)
+    q = torch.randn(1, 2, 16, 8)
+    pos = torch.arange(16)[None]
+    flex.flex(q, q, q, None, pos, pos, None, 8 ** -0.5)
+    with pytest.raises(flex.FlexRecompileLimit, match="refusing its unfused fallback"):
+        flex.flex(q.double(), q.double(), q.double(), None, pos, pos, None, 8 ** -0.5)
+
+
+def test_chunked_prefill_and_windows_do_not_recompile_per_offset(counted_flex):
+    """The block mask's rules hold their offsets and windows as tensors: a prompt prefilled in chunks (a new offset
+    each), with windowed and global layers, compiles once per shape regime (static, then dynamic shapes, then one
+    query per step: dynamo specialises a length of 1), not per chunk."""
+    model = randomize_tape(tiny("alibi", n_layers=4, schedule={"pattern": ["local", "global"],
+                                                                "kinds": {"local": {"window": 6}, "global": {}}}),
+                             std=0.3).eval()
+    x = torch.randint(0, VOCAB, (1, 40), generator=torch.Generator().manual_seed(0))
+    with attention.forced("flex"):
+        model.generate(x, 2, prefill_chunk=4)
+    assert counted_flex.frame_count <= 6  # 3 regimes x (a window or not), for 10 chunks and 2 decoding steps
