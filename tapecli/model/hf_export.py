@@ -40,13 +40,14 @@ def pe_entries(model: Transformer) -> dict[str, Any] | None:
 
 def check_exportable(model: Transformer) -> None:
     c = model.config
-    if c.attention_keys():
-        raise TapeError(f"model {', '.join(c.attention_keys())}: sliding windows, attention temperatures, length "
-                        "scales and layer schedules do not export to a Hugging Face Llama yet; keep the native "
-                        "checkpoint, which every `tape eval` opens")
-    if pe_entries(model) is None:
+    keys = c.attention_keys()
+    if pe_entries(model) is None and "schedule" not in keys:
         raise TapeError(f"pe {c.pe!r} has no Hugging Face Llama equivalent (only rope, and plugins whose class "
                         "defines hf_export, export); keep the native checkpoint, which every `tape eval` opens")
+    if keys:
+        raise TapeError(f"model {', '.join(keys)}: sliding windows, attention temperatures, length scales and "
+                        "layer schedules do not export to a Hugging Face Llama yet; keep the native checkpoint, "
+                        "which every `tape eval` opens")
     if c.abacus or not c.causal:
         raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
                         "native checkpoint")
