@@ -30,6 +30,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     init_std: float = 0.02
+    dropout: float = 0.0  # training only: dropout on the embeddings and on each residual branch (nanoGPT's places)
     causal: bool = True  # False only for analysis (e.g. permutation-equivariance checks); no KV cache then
     # Abacus digit embedding (McLeish et al. 2024): a learned embedding of each digit's place inside its number.
     abacus: bool = False
@@ -60,6 +61,8 @@ class ModelConfig:
         for key in ("norm_eps", "init_std"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"model.{key}: must be > 0, got {getattr(self, key)!r}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
         if self.pe not in PE_NAMES:
             raise ValueError(f"model.pe: unknown positional encoding {self.pe!r}; allowed: {', '.join(PE_NAMES)}")
         build_pe(self)  # validates pe_args now (names, types, choices), not at the first forward
