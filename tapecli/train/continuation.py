@@ -7,6 +7,7 @@ was trained with; otherwise the run is refused with one line, before anything in
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,10 @@ def check_continuation(recipe: Recipe, checkpoint: Path, tokenizer: Any, config:
         if tokenizer_fingerprint(wanted) != tokenizer_fingerprint(tokenizer):
             raise TapeError(f"data.tokenizer: {recipe.data.tokenizer!r} is not the tokenizer {checkpoint} was "
                             f"trained with; {_INSTEAD}")
-    saved, built = read_model_config(checkpoint), config.to_dict()
+    # A key newer than the checkpoint (model.dropout) means what its default means: a checkpoint without it was
+    # trained that way.
+    added = {f.name: f.default for f in dataclasses.fields(config) if f.default is not dataclasses.MISSING}
+    saved, built = {**added, **read_model_config(checkpoint)}, config.to_dict()
     changed = sorted(k for k in saved.keys() | built.keys() if saved.get(k) != built.get(k))
     if changed:
         key = changed[0]

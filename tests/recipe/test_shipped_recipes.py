@@ -31,7 +31,7 @@ def test_every_smoke_recipe_is_exercised_here():
     smoke = {name for name, _ in list_recipes() if name.endswith("-smoke")}
     assert smoke == {"arithmetic-smoke", "c4-smoke", "scrolls-smoke", "context-extension-smoke",
                      # run through the CLI in test_synthetic.py
-                     "selective-copy-smoke", "grid-1d-smoke", "grid-2d-smoke"}
+                     "selective-copy-smoke", "grid-1d-smoke", "grid-2d-smoke", "flip-flop-smoke", "counting-smoke"}
 
 
 def test_c4_then_scrolls_smoke(tmp_path: Path, tiny_corpus: Path):
