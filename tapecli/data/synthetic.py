@@ -17,7 +17,8 @@ only. A sequence is 2 * n_tokens + blanks + 1 tokens. Splits change only the num
 Grid navigation (`grid-1d`, `grid-2d`): a torus of `width` cells (1D) or width x width cells (2D); each cell holds
 one of the 16 objects, or a blank with probability `p_empty`, drawn per sequence. The agent starts at a uniformly
 random cell; the sequence is its first observation, then (action, observation) pairs: the walk repeats "pick a
-direction uniformly, walk k steps" with k uniform in 1..10 (1D) or 1..3 (2D), wrapping around at the edges. The
+direction uniformly, walk k steps" with k uniform in 1..10 (1D) or 1..3 (2D), wrapping around at the edges (or,
+with `edges: clamped`, staying put against them: the move is still written, the same cell observed again). The
 sequence is cut at exactly `length` tokens. Loss on every token; accuracy on the observations of cells that the
 agent has seen before in the same sequence (blank or not), the only ones that can be predicted; the evaluation also
 reports the accuracy on those of them that hold an object (`counts_objects`).
@@ -104,7 +105,8 @@ class CopySpec:
 
 @dataclass(frozen=True)
 class GridSpec:
-    """A grid-navigation split: `length` tokens on a torus `width` cells wide, blank cells with prob. `p_empty`."""
+    """A grid-navigation split: `length` tokens on a grid `width` cells wide, blank cells with prob. `p_empty`, whose
+    edges wrap around (`torus`) or stop the walker (`clamped`)."""
 
     tokenizer: ClassVar[str] = "synthetic"
     counts_objects: ClassVar[bool] = True
@@ -112,6 +114,7 @@ class GridSpec:
     length: int
     width: int
     p_empty: float
+    edges: str = "torus"
 
     def example(self, rng: random.Random) -> Example:
         actions, max_run = ACTIONS[self.task], MAX_RUN[self.task]
@@ -129,7 +132,9 @@ class GridSpec:
         while len(text) < self.length:
             action = rng.choice(list(actions))
             for _ in range(rng.randint(1, max_run)):
-                position = tuple((p + m) % self.width for p, m in zip(position, actions[action], strict=True))
+                moved = (p + m for p, m in zip(position, actions[action], strict=True))
+                position = tuple(p % self.width if self.edges == "torus" else min(max(p, 0), self.width - 1)
+                                 for p in moved)
                 observation, seen = observe(position)
                 text += [action, observation]
                 scored += [False, seen]
@@ -306,8 +311,8 @@ class GridEval:
 
 @dataclass
 class GridData(SyntheticData):
-    """`data:` of kinds grid-1d and grid-2d: a walk on a torus of objects, cut at seq_len tokens; the loss on every
-    token."""
+    """`data:` of kinds grid-1d and grid-2d: a walk on a torus (or a bounded grid) of objects, cut at seq_len tokens;
+    the loss on every token."""
 
     Eval: ClassVar[type] = GridEval
     evaluation: ClassVar[str] = "synthetic-grid"  # `tape eval synthetic`, with the accuracy on revisited objects
@@ -316,6 +321,7 @@ class GridData(SyntheticData):
     seq_len: int = 1024  # tokens per sequence (the IID length)
     grid_width: int = 64  # cells per side of the torus in training
     p_empty: float = 0.5  # probability that a cell is blank in training
+    edges: Literal["torus", "clamped"] = "torus"  # at an edge, every split: wrap around, or stay put (clamped)
     train_size: int | None = None  # a fixed training set of this many sequences; null: an endless stream
 
     def check(self) -> None:
@@ -325,11 +331,11 @@ class GridData(SyntheticData):
             raise TapeError(f"data.p_empty: must be in [0, 1], got {self.p_empty}")
 
     def iid_spec(self) -> GridSpec:
-        return GridSpec(self.kind, self.seq_len, self.grid_width, self.p_empty)
+        return GridSpec(self.kind, self.seq_len, self.grid_width, self.p_empty, self.edges)
 
     def split_specs(self, evaluation: GridEval) -> dict[str, Spec]:
         """OOD splits change the [length, width, p_empty] triple (eval.dense_grid, eval.sparse_grid)."""
         dense, sparse = evaluation.dense_grid, evaluation.sparse_grid
         return {"iid": self.iid_spec(),
-                "ood-dense": GridSpec(self.kind, int(dense[0]), int(dense[1]), float(dense[2])),
-                "ood-sparse": GridSpec(self.kind, int(sparse[0]), int(sparse[1]), float(sparse[2]))}
+                "ood-dense": GridSpec(self.kind, int(dense[0]), int(dense[1]), float(dense[2]), self.edges),
+                "ood-sparse": GridSpec(self.kind, int(sparse[0]), int(sparse[1]), float(sparse[2]), self.edges)}

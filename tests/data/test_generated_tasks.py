@@ -214,3 +214,31 @@ def test_grid_object_accuracy_counts_revisited_objects():
     ex = GridSpec("grid-1d", 64, 4, 0.5).example(random.Random(0))
     assert any(s and c == BLANK for c, s in zip(ex.text, ex.scored, strict=True))
     assert any(s and c != BLANK for c, s in zip(ex.text, ex.scored, strict=True))
+
+
+@pytest.mark.parametrize("edges", ["torus", "clamped"])
+def test_grid_edges_wrap_or_stop_the_walker(edges):
+    """Replaying the actions from the true start (one of the 3 cells) explains every observation: a cell shows one
+    object for the whole walk, and an observation is scored exactly when its cell was seen before. On a torus the
+    walker wraps around; clamped, a move into an edge leaves it where it is."""
+    for seed in range(20):
+        ex = GridSpec("grid-1d", 81, 3, 0.5, edges).example(random.Random(seed))
+        explained = []
+        for start in range(3):
+            position, cells, ok = start, {start: ex.text[0]}, True
+            for t in range(1, len(ex.text), 2):
+                step = 1 if ex.text[t] == "R" else -1
+                position = (position + step) % 3 if edges == "torus" else min(max(position + step, 0), 2)
+                seen = position in cells
+                ok &= ex.scored[t + 1] == seen and cells.setdefault(position, ex.text[t + 1]) == ex.text[t + 1]
+            explained.append(ok)
+        assert any(explained), seed
+
+
+def test_demo_budgets_are_valid_recipes():
+    from tapecli.experiments.demo_synthetic import BUDGETS
+
+    for task, budget in BUDGETS.items():
+        recipe = load_recipe(task, list(budget.sweep_overrides()))
+        assert recipe.data.kind == task
+    assert load_recipe("counting", list(BUDGETS["counting"].sweep_overrides())).train.max_steps == 1563
