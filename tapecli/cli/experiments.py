@@ -119,7 +119,7 @@ def demo(
 
     --task selective-copy (default, about 3 minutes on a 2-core CPU): MapFormer's selective copy, 16 symbols among 16 blanks, tested with 14 and 18 blanks; RoPE, TAPE and ALiBi; prints whole-sequence / per-token accuracy per split and writes OUT/accuracy.png.
 
-    --task flip-flop, --task counting: flip-flop language modelling (Liu et al.) at 128 tokens, and CoPE's counting task with one variable under CoPE's protocol (a fixed set, 10 epochs, a constant rate); RoPE, TAPE and CoPE.
+    --task flip-flop, --task counting: flip-flop language modelling (Liu et al.) at 64 tokens, and CoPE's counting task with one variable under CoPE's protocol (a fixed set, 10 epochs, a constant rate); RoPE, TAPE and CoPE.
 
     --task addition (about 10 minutes, --quick about 2): reversed-digit addition, tested on every pair of operand lengths up to twice the training length (greedy, exact match); RoPE and TAPE; prints grid accuracy and inside/outside the training box; heat-maps: OUT/heatmaps.png.
 

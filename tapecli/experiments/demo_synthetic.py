@@ -44,29 +44,29 @@ BUDGETS = {
         summary="copy 16 symbols from among 16 blanks; test with 14 (dense) and 18 (sparse) blanks; "
                 "2 layers x 64 wide, 1,000 steps x 64 sequences, AdamW lr 1e-3",
     ),
-    # docs/results/demo-flip-flop-counting.md. The paper's length (512) shrunk to 128; its three ignore rates.
+    # docs/results/demo-flip-flop-counting.md. The paper's length (512) shrunk to 64; its three ignore rates.
     "flip-flop": SyntheticBudget(
         task="flip-flop",
-        overrides=("model.n_layers=2", "model.dim=64", "model.n_heads=2", "model.max_seq_len=128",
-                   "data.seq_len=128", "train.batch_size=32", "train.micro_batch_size=32", "train.max_steps=1000",
+        overrides=("model.n_layers=2", "model.dim=64", "model.n_heads=2", "model.max_seq_len=64",
+                   "data.seq_len=64", "train.batch_size=32", "train.micro_batch_size=32", "train.max_steps=600",
                    "train.lr=1e-3", "train.warmup=0.05", "train.schedule=linear", "train.weight_decay=0.05",
-                   "train.betas=[0.9,0.999]", "train.precision=fp32", "train.save_every=1000",
-                   "train.eval_every=250", "train.log_every=50"),
-        summary="flip-flop at 128 tokens, trained on FFL(0.8), tested on FFL(0.1) (dense) and FFL(0.98) (sparse); "
-                "2 layers x 64 wide, 1,000 steps x 32 sequences, AdamW lr 1e-3",
+                   "train.betas=[0.9,0.999]", "train.precision=fp32", "train.save_every=200",
+                   "train.eval_every=100", "train.log_every=50"),
+        summary="flip-flop at 64 tokens, trained on FFL(0.8), tested on FFL(0.1) (dense) and FFL(0.98) (sparse); "
+                "2 layers x 64 wide, 600 steps x 32 sequences, AdamW lr 1e-3",
         pes=("rope", "tape", "cope"),
     ),
-    # CoPE's official protocol (a fixed set, epochs, a constant rate, dropout 0.1) on one variable and 64-statement
-    # programs; the OOD splits scale the statements to keep the expected number of sets and increments.
+    # CoPE's official protocol (a fixed set, epochs, a constant rate, dropout 0.1) on one variable and programs of
+    # up to 32 statements; the OOD splits scale the statements to keep the expected number of sets and increments.
     "counting": SyntheticBudget(
         task="counting",
-        overrides=("model.n_layers=2", "model.dim=64", "model.n_heads=2", "model.max_seq_len=256",
-                   "data.seq_len=64", "data.variables=1", "data.max_statements=64", "data.train_size=5000",
+        overrides=("model.n_layers=2", "model.dim=64", "model.n_heads=2", "model.max_seq_len=128",
+                   "data.seq_len=32", "data.variables=1", "data.max_statements=32", "data.train_size=2000",
                    "train.batch_size=32", "train.micro_batch_size=32", "train.epochs=10", "train.lr=1e-3",
-                   "train.precision=fp32", "train.save_every=1000", "train.eval_every=250", "train.log_every=50",
-                   "eval.dense_counting=[15,5,32]", "eval.sparse_counting=[230,200,256]"),
-        summary="CoPE's counting with 1 variable, programs of 3-64 statements in a 64-token window, 5,000 fixed "
-                "programs x 10 epochs (1,563 steps x 32), constant lr 1e-3, dropout 0.1; OOD: pass weight 5 "
+                   "train.precision=fp32", "train.save_every=200", "train.eval_every=100", "train.log_every=50",
+                   "eval.dense_counting=[7,5,16]", "eval.sparse_counting=[115,200,128]"),
+        summary="CoPE's counting with 1 variable, programs of 3-32 statements in a 32-token window, 2,000 fixed "
+                "programs x 10 epochs (625 steps x 32), constant lr 1e-3, dropout 0.1; OOD: pass weight 5 "
                 "(dense) and 200 (sparse)",
         pes=("rope", "tape", "cope"),
     ),

@@ -241,4 +241,4 @@ def test_demo_budgets_are_valid_recipes():
     for task, budget in BUDGETS.items():
         recipe = load_recipe(task, list(budget.sweep_overrides()))
         assert recipe.data.kind == task
-    assert load_recipe("counting", list(BUDGETS["counting"].sweep_overrides())).train.max_steps == 1563
+    assert load_recipe("counting", list(BUDGETS["counting"].sweep_overrides())).train.max_steps == 625
