@@ -242,3 +242,20 @@ def test_demo_budgets_are_valid_recipes():
         recipe = load_recipe(task, list(budget.sweep_overrides()))
         assert recipe.data.kind == task
     assert load_recipe("counting", list(BUDGETS["counting"].sweep_overrides())).train.max_steps == 625
+
+
+def test_a_grid_sweep_reports_the_object_accuracy(tmp_path):
+    from typer.testing import CliRunner
+
+    from tapecli.cli import app
+
+    out = tmp_path / "sweep"
+    result = CliRunner().invoke(app, ["sweep", "--recipe", "grid-1d-smoke", "--pe", "rope", "--seeds", "0", "--out",
+                                      str(out), "train.max_steps=2"])
+    assert result.exit_code == 0, result.output
+    assert "whole sequence / per token / per object token" in result.output
+    summary = json.loads((out / "results.json").read_text())
+    assert summary["evaluation"]["metrics"] == ["accuracy", "token_accuracy", "object_accuracy"]
+    cell = json.loads((out / "rope-seed0" / "eval-synthetic" / "step-00000002" / "results.json").read_text())
+    for split, values in cell["splits"].items():
+        assert summary["groups"][0]["scores"][split]["object_accuracy"]["mean"] == values["object_accuracy"]
