@@ -99,3 +99,11 @@ def test_validation_logs_the_task_accuracy(tmp_path):
         right, scored, whole = right + sum(hits), scored + len(hits), whole + all(hits)
     assert rows[-1]["val_token_accuracy"] == pytest.approx(right / scored)
     assert rows[-1]["val_accuracy"] == pytest.approx(whole / 12)
+
+
+def test_constant_schedule_with_and_without_warm_up():
+    from tapecli.train.optim import lr_at
+
+    warm = [lr_at(s, lr=2e-4, min_lr=0.0, warmup_steps=3, max_steps=8, schedule="constant") for s in range(8)]
+    assert warm == pytest.approx([2e-4 / 3, 4e-4 / 3, 2e-4, 2e-4, 2e-4, 2e-4, 2e-4, 2e-4])
+    assert {lr_at(s, lr=2e-4, min_lr=0.0, warmup_steps=0, max_steps=8, schedule="constant") for s in range(8)} == {2e-4}
