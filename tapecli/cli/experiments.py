@@ -112,13 +112,16 @@ def demo(
                                     "comma-separated (0,1,2), give mean ± std."),
     abacus: bool = typer.Option(False, "--abacus", help="Give every PE the Abacus digit embedding (McLeish et al.)."),
     task: str = typer.Option("selective-copy", "--task", help="selective-copy (MapFormer's synthetic task: rope, "
-                                                              "tape and alibi) or addition (rope and tape)."),
+                                                              "tape and alibi), flip-flop or counting (rope, tape "
+                                                              "and cope), or addition (rope and tape)."),
 ) -> None:
     """Train small models with different PEs under one budget and compare them beyond their training distribution.
 
     Every PE gets the same recipe (a shipped recipe shrunk to a CPU budget), steps, batch, learning rate and seed: a preset of `tape sweep` (one run per PE and seed in OUT/<pe>-seed<k>/, OUT/results.json).
 
     --task selective-copy (default, about 3 minutes on a 2-core CPU): MapFormer's selective copy, 16 symbols among 16 blanks, tested with 14 and 18 blanks; RoPE, TAPE and ALiBi; prints whole-sequence / per-token accuracy per split and writes OUT/accuracy.png.
+
+    --task flip-flop, --task counting: flip-flop language modelling (Liu et al.) at 64 tokens, and CoPE's counting task with one variable under CoPE's protocol (a fixed set, 10 epochs, a constant rate); RoPE, TAPE and CoPE.
 
     --task addition (about 10 minutes, --quick about 2): reversed-digit addition, tested on every pair of operand lengths up to twice the training length (greedy, exact match); RoPE and TAPE; prints grid accuracy and inside/outside the training box; heat-maps: OUT/heatmaps.png.
 
@@ -132,13 +135,13 @@ def demo(
     # One directory per setting, so a re-run reuses finished work and never mixes settings.
     suffix = "" if seeds == (0,) else f"-seed{','.join(map(str, seeds))}"
     if task != "addition":
-        from tapecli.experiments.demo_synthetic import BUDGETS, DEFAULT_PES, run_synthetic_demo
+        from tapecli.experiments.demo_synthetic import BUDGETS, run_synthetic_demo
 
         if task not in BUDGETS:
             raise TapeError(f"--task: unknown demo task '{task}'; allowed: addition, {', '.join(BUDGETS)}")
         if abacus or quick:
             raise TapeError(f"--{'abacus' if abacus else 'quick'} applies to the addition demo only, not --task {task}")
-        run_synthetic_demo(list(dict.fromkeys([*DEFAULT_PES, *extra])), BUDGETS[task],
+        run_synthetic_demo(list(dict.fromkeys([*BUDGETS[task].pes, *extra])), BUDGETS[task],
                            out or f"runs/demo-{task}{suffix}", seeds=seeds)
         return
     from tapecli.experiments.demo import DEFAULT_PES, FULL, QUICK, run_demo

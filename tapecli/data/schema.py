@@ -24,7 +24,8 @@ class DataSchema:
 
     Eval: ClassVar[type | None] = None  # the kind's `eval:` schema; None when the kind has no eval keys
     # How a trained run of this kind is judged (`tape sweep`): "validation" (exp of the logged validation loss),
-    # "synthetic" (`tape eval synthetic`) or "addition" (`tape eval addition`).
+    # "synthetic" (`tape eval synthetic`; "synthetic-grid" adds the grid's object accuracy) or "addition"
+    # (`tape eval addition`).
     evaluation: ClassVar[str] = "validation"
 
     kind: str

@@ -39,6 +39,8 @@ META_FILE = "tokenizer_meta.json"
 CHAR_TOKENIZERS = {
     "addition": "0123456789+=",  # tapecli.data.arithmetic: reversed-digit addition (`321+54=861`)
     "synthetic": "abcdefghijklmnop_|LRUD",  # tapecli.data.synthetic: 16 symbols, blank, separator, grid actions
+    "flip-flop": "wri01",  # tapecli.data.flipflop: write / read / ignore instructions and the bits
+    "counting": "abcdefghij=;.+?0123456789X",  # tapecli.data.counting: variables, `=`, `;`, pass, ++, print, 0-10
 }
 
 

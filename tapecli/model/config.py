@@ -41,6 +41,7 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     init_std: float = 0.02
+    dropout: float = 0.0  # training only: dropout on the embeddings and on each residual branch (nanoGPT's places)
     causal: bool = True  # False only for analysis (e.g. permutation-equivariance checks); no KV cache then
     # Abacus digit embedding (McLeish et al. 2024): a learned embedding of each digit's place inside its number.
     abacus: bool = False
@@ -78,6 +79,8 @@ class ModelConfig:
         for key in ("norm_eps", "init_std"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"model.{key}: must be > 0, got {getattr(self, key)!r}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
         self.pe_plugin = resolve_pe(self.pe, self.pe_plugin).record
         layer_specs(self)  # validates pe_args and the layer keys now (names, types, choices), not at the first forward
         if self.abacus and len(set(self.abacus_digit_ids)) != 10:

@@ -10,6 +10,9 @@ use several PEs carries one positional state per PE (tapecli.model.hybrid).
     hidden, state = model.run(input_ids, start_pos=0, cache=None, state=None, attention_mask=None)
     out = model.generate(input_ids, max_new_tokens, ..., attention_mask=None, prefill_chunk=None)  # generation.py
 
+`model.train()` turns on `config.dropout` (embeddings and each residual branch, nanoGPT's places); `model.eval()`
+turns it off.
+
 `attention_mask` [B, T] (1 = real token, 0 = padding, any layout for scoring; left padding for generation) hides
 padding from every query and counts positions over real tokens, so each row's first real token is at `start_pos`
 (an int, or [B] per row) and every real token's output equals what its row computes alone; outputs at padded
@@ -111,6 +114,7 @@ class Block(nn.Module):
         self.mlp = MLP(config.dim, config.ffn_dim)
         self.pe = pe
         self.group = group
+        self.dropout = config.dropout  # on each residual branch, in training only
         self.carries_state = carries_state  # update the positional state after attention and the MLP
         self.aggregation = aggregation if carries_state else None
 
@@ -119,12 +123,12 @@ class Block(nn.Module):
         own = state if self.group is None else state.parts[self.group]
         h, aggregated = self.self_attn(self.input_layernorm(x), self.pe, own, k_pos, key_mask, cache,
                                        self.aggregation)
-        x = x + h
+        x = x + F.dropout(h, self.dropout, self.training)
         if aggregated is not None:
             own = self.pe.after_attention(own, aggregated)
         mlp_in = self.post_attention_layernorm(x)
         mlp_out = self.mlp(mlp_in)
-        x = x + mlp_out
+        x = x + F.dropout(mlp_out, self.dropout, self.training)
         if self.carries_state:
             own = self.pe.after_mlp(own, mlp_in, mlp_out, x)
             state = own if self.group is None else state.with_part(self.group, own)
@@ -201,6 +205,7 @@ class Transformer(nn.Module):
         x = self.model.embed_tokens(input_ids)
         if self.model.abacus is not None:
             x = x + self.model.abacus(input_ids, cache, attention_mask)
+        x = F.dropout(x, self.config.dropout, self.training)
         pe = self.model.pe
         if state is None:
             positions = pe.positions(B, T, start_pos, input_ids.device, attention_mask)

@@ -19,6 +19,7 @@ Recipes written by tape 0.1 (every key of every kind spelled) are read through `
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -55,6 +56,7 @@ class ModelSection:
     tie_embeddings: bool = False  # share the input embedding with the output layer
     norm_eps: float = 1e-5  # RMSNorm epsilon
     init_std: float = 0.02  # standard deviation of the initial weights
+    dropout: float = 0.0  # training only: dropout on the embeddings and each residual branch; off at evaluation
     abacus: bool = False  # Abacus digit-position embeddings (arithmetic only)
     window: int | None = None  # sliding-window attention: keys each query sees, itself included; None = every one
     temperature: float = 1.0  # attention temperature: softmax(logits / temperature)
@@ -84,7 +86,8 @@ class TrainSection:
 
     batch_size: int = 512  # global sequences per optimizer step
     micro_batch_size: int = 8  # sequences per forward/backward; batch_size / micro = accumulation steps
-    max_steps: int = 10_000  # optimizer steps
+    max_steps: int | None = 10_000  # optimizer steps; null: from train.epochs
+    epochs: int | None = None  # passes over the data.train_size sequences instead; sets max_steps (see `Recipe`)
     lr: float = 1e-4  # peak AdamW learning rate (0: the weights do not move)
     min_lr: float = 0.0  # learning rate at the end of the decay
     weight_decay: float = 0.01  # AdamW weight decay (matrices only)
@@ -122,8 +125,9 @@ class TrainSection:
         return self.batch_size // self.micro_batch_size
 
     def check(self) -> None:
-        for key in ("batch_size", "micro_batch_size", "max_steps", "save_every", "eval_batches", "log_every"):
-            if getattr(self, key) <= 0:
+        for key in ("batch_size", "micro_batch_size", "max_steps", "epochs", "save_every", "eval_batches",
+                    "log_every"):
+            if getattr(self, key) is not None and getattr(self, key) <= 0:
                 fail(f"train.{key}", f"must be a positive integer, got {getattr(self, key)}")
         # lr 0 is allowed: a run that must not move the weights (e.g. checking that an export reproduces its base)
         for key in ("lr", "min_lr", "weight_decay", "grad_clip", "keep_last", "eval_every", "seed"):
@@ -310,10 +314,32 @@ def _build(data: Any, origin: str, overrides: list[str]) -> Recipe:
     recipe.set_keys = frozenset({f"{section}.{key}" for section, body in tree.items() for key in body}
                                 | ({"data.kind"} if kind_written else set()))
     recipe.validate()
+    _resolve_epochs(recipe)
     notes = [f"{origin}: {legacy_note}"] if legacy_note else []
     warmup = _fit_warmup(recipe.train, on_command_line)
     recipe.notes = tuple(notes + ([warmup] if warmup else []))
     return recipe
+
+
+def _resolve_epochs(recipe: Recipe) -> None:
+    """`train.epochs` over a fixed training set of `data.train_size` sequences sets `train.max_steps` to
+    ceil(epochs x train_size / batch_size) (batches run on across epoch boundaries, so no sequence is dropped); a
+    max_steps also given must equal it. Without epochs, max_steps must be given."""
+    t = recipe.train
+    if t.epochs is None:
+        if t.max_steps is None:
+            fail("train.max_steps", "null needs train.epochs (passes over data.train_size sequences)")
+        return
+    size = getattr(recipe.data, "train_size", None)
+    if size is None:
+        where = ("set data.train_size" if hasattr(recipe.data, "train_size") else
+                 f"data.kind '{recipe.data.kind}' has no fixed training set; use train.max_steps")
+        fail("train.epochs", f"counts passes over a fixed training set of data.train_size sequences: {where}")
+    steps = math.ceil(t.epochs * size / t.batch_size)
+    if t.max_steps is not None and t.max_steps != steps:
+        fail("train.max_steps", f"{t.max_steps} disagrees with train.epochs={t.epochs} over data.train_size={size} "
+             f"at batch {t.batch_size} ({steps} steps); give one of them (train.max_steps=null or train.epochs=null)")
+    t.max_steps = steps
 
 
 def _fit_warmup(t: TrainSection, on_command_line: set[str]) -> str | None:

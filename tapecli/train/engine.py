@@ -273,7 +273,10 @@ def _batch(data: Dataset, indices: list[int], device: torch.device) -> tuple[tor
 
 def _loss_sum(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Summed cross-entropy over the non-ignored labels (labels are already shifted: labels[t] follows inputs[:t+1])."""
-    logits = model(inputs, start_pos=0)
+    return _summed_loss(model(inputs, start_pos=0), labels)
+
+
+def _summed_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
                            reduction="sum")
 
@@ -413,10 +416,10 @@ def _log(job: Job, loop: _Loop, progress: TrainProgress, done: int, loss: float,
 
 
 def _validate(job: Job, loop: _Loop, progress: TrainProgress, done: int) -> None:
-    val_loss = validate(job.model, job.val_data, job.recipe, job.env)
-    progress.print(f"step {done}: val_loss {val_loss:.4f}")
+    values = validate(job.model, job.val_data, job.recipe, job.env)
+    progress.print(f"step {done}: " + ", ".join(f"{key} {value:.4f}" for key, value in values.items()))
     if loop.metrics is not None:
-        loop.metrics.log({"step": done, "val_loss": val_loss})
+        loop.metrics.log({"step": done, **values})
 
 
 def _stop(job: Job, loop: _Loop, done: int) -> None:
@@ -429,9 +432,12 @@ def _stop(job: Job, loop: _Loop, done: int) -> None:
 
 
 @torch.no_grad()
-def validate(model: nn.Module, data: Dataset, recipe: Recipe, env: DistEnv) -> float:
-    """Mean cross-entropy over the target tokens of the first `train.eval_batches` x micro_batch_size x processes
-    examples of `data` (each rank takes every world_size-th of them)."""
+def validate(model: nn.Module, data: Dataset, recipe: Recipe, env: DistEnv) -> dict[str, float]:
+    """{"val_loss": mean cross-entropy over the target tokens} of the first `train.eval_batches` x micro_batch_size
+    x processes examples of `data` (each rank takes every world_size-th of them). A dataset that says which positions
+    its task scores (`scored_mask`, the generated tasks) adds the argmax accuracy over them, from the same forward
+    passes: "val_token_accuracy" (scored tokens right / scored tokens) and "val_accuracy" (sequences with every
+    scored token right / sequences with one), the learning curve of `tape eval synthetic`'s metrics on IID data."""
     t = recipe.train
     limit = t.eval_batches * t.micro_batch_size * env.world_size
     size = _num_examples(data)
@@ -439,19 +445,33 @@ def validate(model: nn.Module, data: Dataset, recipe: Recipe, env: DistEnv) -> f
         with contextlib.suppress(TypeError):  # a hub stream has no length
             size = len(data)
     indices = list(range(limit if size is None else min(limit, size)))[env.rank :: env.world_size]
+    scoring = hasattr(data, "scored_mask")
     model.eval()
-    total = torch.zeros(2, device=env.device)  # (summed loss, target count)
+    # summed loss, target count; then (scoring) scored tokens right, scored tokens, sequences right, scored sequences
+    total = torch.zeros(6 if scoring else 2, device=env.device)
     for i in range(0, len(indices), t.micro_batch_size):
+        chunk = indices[i : i + t.micro_batch_size]
         try:
-            inputs, labels = _batch(data, indices[i : i + t.micro_batch_size], env.device)
+            inputs, labels = _batch(data, chunk, env.device)
         except IndexError:  # a validation stream shorter than eval_batches
             break
         with _autocast(recipe, env.device):
-            total[0] += _loss_sum(model, inputs, labels)
+            logits = model(inputs, start_pos=0)
+            total[0] += _summed_loss(logits, labels)
         total[1] += (labels != IGNORE_INDEX).sum()
+        if scoring:
+            scored = data.scored_mask(chunk).to(env.device)
+            right = (logits.argmax(-1) == labels) & scored
+            per_sequence = scored.sum(1)
+            total[2:] += torch.stack([right.sum(), scored.sum(), ((right.sum(1) == per_sequence) & (per_sequence > 0))
+                                      .sum(), (per_sequence > 0).sum()]).to(total.dtype)
     model.train()
     total = distributed.all_sum(total, env)
-    return (total[0] / total[1].clamp(min=1)).item()
+    values = {"val_loss": (total[0] / total[1].clamp(min=1)).item()}
+    if scoring:
+        values |= {"val_token_accuracy": (total[2] / total[3].clamp(min=1)).item(),
+                   "val_accuracy": (total[4] / total[5].clamp(min=1)).item()}
+    return values
 
 
 def save(job: Job, step: int, elapsed: float) -> Path:

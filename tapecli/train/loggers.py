@@ -1,8 +1,9 @@
 """Where training metrics go (`train.loggers`): RUN/metrics.jsonl, TensorBoard, Weights & Biases.
 
 Every logger receives exactly the rows `metrics.jsonl` receives -- `{"step", "loss", "lr", "tokens",
-"tokens_per_s", "elapsed", "grad_norm"}` per logged step and `{"step", "val_loss"}` per validation -- through one
-small interface, `log(row)` and `close()`. TensorBoard and W&B are optional extras, imported only when chosen.
+"tokens_per_s", "elapsed", "grad_norm"}` per logged step and `{"step", "val_loss"}` per validation (plus
+`val_token_accuracy` and `val_accuracy` for the generated tasks) -- through one small interface, `log(row)` and
+`close()`. TensorBoard and W&B are optional extras, imported only when chosen.
 
 A resumed run continues the same curves: metrics.jsonl drops the rows after the resumed step, TensorBoard purges
 events after it (`purge_step`), and W&B continues the same run, whose id is kept in RUN/wandb.json.
@@ -74,8 +75,9 @@ class Loggers:
 
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:
-    """A metrics row as named curves: `val_loss` -> `val/loss`, every other value -> `train/<key>`."""
-    return {("val/loss" if key == "val_loss" else f"train/{key}"): float(value)
+    """A metrics row as named curves: `val_<name>` -> `val/<name>` (val/loss, val/accuracy, ...), every other value
+    -> `train/<key>`."""
+    return {(f"val/{key[4:]}" if key.startswith("val_") else f"train/{key}"): float(value)
             for key, value in row.items() if key != "step"}
 
 

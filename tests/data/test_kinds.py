@@ -12,6 +12,8 @@ import pytest
 
 from tapecli.data.arithmetic import AdditionData, AdditionDataset
 from tapecli.data.build import KINDS, build_datasets
+from tapecli.data.counting import CountingData
+from tapecli.data.flipflop import FlipFlopData
 from tapecli.data.schema import DataSchema
 from tapecli.data.synthetic import GridData, SelectiveCopyData, SyntheticDataset
 from tapecli.data.text import PackedDataset, TextData
@@ -24,7 +26,8 @@ SCHEMAS = sorted({*KINDS.values(), *(k.Eval for k in KINDS.values() if k.Eval)},
 
 
 def test_the_table_names_every_kind_and_each_schema_its_own():
-    assert list(KINDS) == ["text", "pairs", "addition", "scrolls", "selective-copy", "grid-1d", "grid-2d"]
+    assert list(KINDS) == ["text", "pairs", "addition", "scrolls", "selective-copy", "grid-1d", "grid-2d",
+                           "flip-flop", "counting"]
     for kind, schema in KINDS.items():
         assert issubclass(schema, DataSchema) and dataclasses.is_dataclass(schema)
         first = dataclasses.fields(schema)[0]
@@ -43,7 +46,8 @@ def test_every_key_has_a_default_and_a_one_line_comment(schema):
 
 
 def test_kinds_with_their_own_tokenizer_have_no_tokenizer_key():
-    for schema, name in [(AdditionData, "addition"), (SelectiveCopyData, "synthetic"), (GridData, "synthetic")]:
+    for schema, name in [(AdditionData, "addition"), (SelectiveCopyData, "synthetic"), (GridData, "synthetic"),
+                         (FlipFlopData, "flip-flop"), (CountingData, "counting")]:
         assert "tokenizer" not in {f.name for f in dataclasses.fields(schema)} and schema().tokenizer == name
     recipe = load_recipe("arithmetic-smoke")
     assert recipe.data.tokenizer == "addition" and "tokenizer" not in recipe.to_dict()["data"]
@@ -88,7 +92,7 @@ def test_data_kind_chooses_the_schema(tmp_path):
     with pytest.raises(TapeError, match=rf"^{re.escape(str(path))}: data.source is not a key of kind grid-2d$"):
         load_recipe(str(path), ["data.kind=grid-2d"])  # the file was written for a kind that reads files
     with pytest.raises(TapeError, match=r"^data.kind: expected one of text, pairs, addition, scrolls, "
-                                        r"selective-copy, grid-1d, grid-2d; got 'images'$"):
+                                        r"selective-copy, grid-1d, grid-2d, flip-flop, counting; got 'images'$"):
         load_recipe(str(path), ["data.kind=images"])
 
 

@@ -25,7 +25,8 @@ def error_of(recipe: str, overrides: list[str]) -> str:
 
 
 def test_expected_recipes_are_shipped():
-    expected = {"arithmetic", "c4", "scrolls", "context-extension", "selective-copy", "grid-1d", "grid-2d"}
+    expected = {"arithmetic", "c4", "scrolls", "context-extension", "selective-copy", "grid-1d", "grid-2d",
+                "flip-flop", "counting"}
     assert expected | {f"{name}-smoke" for name in expected} <= set(SHIPPED)
 
 
@@ -63,7 +64,8 @@ def test_shipped_recipe_documents_exactly_what_its_kind_uses(name):
     sections = {section: {f.name for f in fields(body)} for section, body in recipe.sections().items()}
     assert set(yaml.safe_load(text)) == set(sections)
     assert ("extend" in sections) == name.startswith("context-extension")
-    assert ("eval" in sections) == (recipe.data.kind in {"addition", "selective-copy", "grid-1d", "grid-2d"})
+    assert ("eval" in sections) == (recipe.data.kind in {"addition", "selective-copy", "grid-1d", "grid-2d",
+                                                          "flip-flop", "counting"})
     lines = _key_lines(text)
     for section, keys in sections.items():
         assert {key for s, key, _, _ in lines if s == section} == keys, section
@@ -142,8 +144,8 @@ def test_overrides_do_not_leak_between_loads():
 @pytest.mark.parametrize(("override", "expected"), [
     ("train.max_step=3", "unknown key 'train.max_step' (did you mean 'train.max_steps'?)"),
     ("modle.pe=rope", "unknown key 'modle.pe' (did you mean 'model.pe'?)"),
-    ("train.max_steps=abc", "train.max_steps: expected an integer, got 'abc'"),
-    ("train.max_steps=2.5", "train.max_steps: expected an integer, got 2.5"),
+    ("train.max_steps=abc", "train.max_steps: expected an integer or null, got 'abc'"),
+    ("train.max_steps=2.5", "train.max_steps: expected an integer or null, got 2.5"),
     ("train.lr=fast", "train.lr: expected a number"),
     ("train.compile=maybe", "train.compile: expected true or false"),
     ("model.n_kv_heads=x", "model.n_kv_heads: expected an integer or null"),
@@ -166,9 +168,31 @@ def test_overrides_do_not_leak_between_loads():
     ("model.dim.x=1", "unknown key 'model.dim.x'"),
     ("model=1", "'model' is a section"),
     ("train.max_steps", "override 'train.max_steps' must look like key=value"),
+    ("model.dropout=1.0", "model.dropout: must be in [0, 1), got 1.0"),
+    ("train.epochs=3", "train.epochs: counts passes over a fixed training set of data.train_size sequences: "
+                       "data.kind 'text' has no fixed training set; use train.max_steps"),
+    ("train.max_steps=null", "train.max_steps: null needs train.epochs"),
 ])
 def test_bad_overrides(override, expected):
     assert expected in error_of("c4", [override])
+
+
+def test_epochs_set_max_steps_over_a_fixed_training_set():
+    """train.epochs over data.train_size sequences: ceil(epochs x train_size / batch_size) steps (a batch runs on
+    into the next epoch), recorded in the resolved recipe, which loads back; a max_steps that disagrees is an error
+    naming both keys."""
+    recipe = load_recipe("grid-1d-smoke", ["data.train_size=20", "train.epochs=3", "train.max_steps=null"])
+    assert recipe.train.max_steps == 8  # 3 x 20 / 8 = 7.5
+    assert load_recipe("grid-1d-smoke", ["data.train_size=20", "train.epochs=3", "train.max_steps=8"]) == recipe
+    assert Recipe.from_dict(recipe.to_dict()) == recipe
+    message = error_of("grid-1d-smoke", ["data.train_size=20", "train.epochs=3"])  # the file's max_steps: 4
+    assert message.startswith("train.max_steps: 4 disagrees with train.epochs=3 over data.train_size=20 at batch 8 "
+                              "(8 steps)")
+    assert error_of("grid-1d-smoke", ["train.epochs=3"]).startswith("train.epochs: counts passes over a fixed "
+                                                                    "training set of data.train_size sequences: set "
+                                                                    "data.train_size")
+    assert error_of("grid-1d-smoke", ["train.epochs=0", "data.train_size=8"]).startswith("train.epochs: must be a "
+                                                                                        "positive integer")
 
 
 def test_addition_needs_room_for_its_problems():
@@ -200,7 +224,8 @@ def test_path_and_file_errors(tmp_path):
 
     bad_type = tmp_path / "type.yaml"
     bad_type.write_text("train:\n  max_steps: many\n")
-    assert error_of(str(bad_type), []) == f"{bad_type}: train.max_steps: expected an integer, got 'many'"
+    assert error_of(str(bad_type), []) == (f"{bad_type}: train.max_steps: expected an integer or null, got "
+                                           "'many'")
 
     bad_section = tmp_path / "section.yaml"
     bad_section.write_text("optim:\n  lr: 1\n")

@@ -33,7 +33,7 @@ def test_every_smoke_recipe_is_exercised_here():
     assert smoke == {"arithmetic-smoke", "c4-smoke", "scrolls-smoke", "context-extension-smoke",
                      "irope-smoke", "rnope-swa-smoke",
                      # run through the CLI in test_synthetic.py
-                     "selective-copy-smoke", "grid-1d-smoke", "grid-2d-smoke"}
+                     "selective-copy-smoke", "grid-1d-smoke", "grid-2d-smoke", "flip-flop-smoke", "counting-smoke"}
 
 
 def test_c4_then_scrolls_smoke(tmp_path: Path, tiny_corpus: Path):

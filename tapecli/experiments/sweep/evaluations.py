@@ -2,8 +2,10 @@
 kind's own module; `EVALUATIONS` maps the names to what they run).
 
     data.kind                          evaluation   what it is, per cell
-    selective-copy, grid-1d, grid-2d   synthetic    `tape eval synthetic --model RUN`: whole-sequence accuracy and
-                                                    per-token accuracy on the iid, ood-dense and ood-sparse splits
+    selective-copy, flip-flop,         synthetic    `tape eval synthetic --model RUN`: whole-sequence accuracy and
+    counting                                        per-token accuracy on the iid, ood-dense and ood-sparse splits
+    grid-1d, grid-2d                   synthetic    the same, and the per-token accuracy on revisited objects
+                                       (grid)       (`synthetic-grid`)
     addition                           addition     `tape eval addition --model RUN`: the grid's mean accuracy and
                                                     the means inside / outside the training box (+ the grid itself)
     text, pairs, scrolls               validation   perplexity = exp(validation loss) of the final checkpoint, i.e.
@@ -18,6 +20,7 @@ evaluation, with settings.json and samples.jsonl), and `scores(results.json cont
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,7 +62,8 @@ def _synthetic(run_dir: Path) -> None:
 
 
 def _synthetic_scores(results: dict[str, Any]) -> Scores:
-    return {split: {m: values[m] for m in SYNTHETIC.metrics} for split, values in results["splits"].items()}
+    return {split: {m: values[m] for m in SYNTHETIC_GRID.metrics if m in values}
+            for split, values in results["splits"].items()}
 
 
 def _addition(run_dir: Path) -> None:
@@ -102,6 +106,9 @@ SYNTHETIC = Evaluation(
     name="synthetic", metrics=("accuracy", "token_accuracy"), labels=("sequence", "token"),
     title="accuracy per split, whole sequence / per token", run=_synthetic, scores=_synthetic_scores,
     command="tape eval synthetic --model {run}")
+SYNTHETIC_GRID = dataclasses.replace(
+    SYNTHETIC, metrics=(*SYNTHETIC.metrics, "object_accuracy"), labels=(*SYNTHETIC.labels, "object"),
+    title="accuracy per split, whole sequence / per token / per object token")
 ADDITION = Evaluation(
     name="addition", metrics=("accuracy",), labels=("accuracy",), title="accuracy (greedy, exact match)",
     run=_addition, scores=_addition_scores, command="tape eval addition --model {run}", digits=1, heatmaps=True)
@@ -110,7 +117,9 @@ VALIDATION = Evaluation(
     run=_validation, scores=lambda r: {"validation": {"perplexity": r["perplexity"]}}, command=None, percent=False,
     digits=2, chart="perplexity.png")
 
-EVALUATIONS: dict[str, Evaluation] = {e.name: e for e in (SYNTHETIC, ADDITION, VALIDATION)}
+# Keyed by the names data kinds give (`DataSchema.evaluation`); the grid's variant writes where `synthetic` does.
+EVALUATIONS: dict[str, Evaluation] = {"synthetic": SYNTHETIC, "synthetic-grid": SYNTHETIC_GRID,
+                                      "addition": ADDITION, "validation": VALIDATION}
 
 
 def evaluation_for(kind: str) -> Evaluation:
