@@ -33,12 +33,12 @@ class SyntheticBudget:
 # Sized on the project's 2-core CPU by measurement (docs/results/demo-selective-copy.md). The OOD splits are far
 # milder than the paper's (x0.5 / x2 blanks): at this size no PE tried (rope, tape, alibi, nope, fire, randpe) copied
 # a single whole sequence right with 8, 12, 24 or 32 blanks; two blanks fewer or more already separate the PEs. The
-# demo attends at temperature 1.0, as when its tables were measured (the shipped recipe trains at MapFormer's 0.9).
+# demo attends at temperature 1.0, as the recipe does (MapFormer's 0.9 is in selective-copy-protocol).
 BUDGETS = {
     "selective-copy": SyntheticBudget(
         task="selective-copy",
         overrides=("model.n_layers=2", "model.dim=64", "model.n_heads=2", "model.max_seq_len=65",
-                   "model.temperature=1.0", "data.copy_tokens=16", "data.blanks=16", "data.seq_len=49",
+                   "data.copy_tokens=16", "data.blanks=16", "data.seq_len=49",
                    "eval.dense_blanks=14", "eval.sparse_blanks=18", "train.batch_size=64", "train.micro_batch_size=64",
                    "train.max_steps=1000", "train.lr=1e-3", "train.warmup=0.05", "train.precision=fp32",
                    "train.save_every=1000", "train.eval_every=500", "train.log_every=50"),
