@@ -10,6 +10,7 @@ from tapecli.model.pe.nope import NoPE
 from tapecli.model.pe.path import PaTH
 from tapecli.model.pe.randpe import RandPE
 from tapecli.model.pe.rope import RoPE
+from tapecli.model.pe.stickbreaking import StickBreaking
 from tapecli.model.pe.t5 import T5Bias
 from tapecli.model.pe.tape import TAPE
 from tapecli.model.pe.xpos import XPos
@@ -25,6 +26,7 @@ PE_REGISTRY: dict[str, type[PositionalEncoding]] = {
     "tape": TAPE,
     "cope": CoPE,
     "path": PaTH,
+    "stickbreaking": StickBreaking,
 }
 PE_NAMES: tuple[str, ...] = tuple(PE_REGISTRY)
 
