@@ -6,6 +6,7 @@ from tapecli.model.pe.alibi import ALiBi
 from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, apply_rotary, check_pe_args
 from tapecli.model.pe.cope import CoPE
 from tapecli.model.pe.fire import FIRE
+from tapecli.model.pe.fox import FoX
 from tapecli.model.pe.nope import NoPE
 from tapecli.model.pe.path import PaTH
 from tapecli.model.pe.randpe import RandPE
@@ -26,6 +27,7 @@ PE_REGISTRY: dict[str, type[PositionalEncoding]] = {
     "tape": TAPE,
     "cope": CoPE,
     "path": PaTH,
+    "fox": FoX,
     "stickbreaking": StickBreaking,
 }
 PE_NAMES: tuple[str, ...] = tuple(PE_REGISTRY)
