@@ -146,7 +146,7 @@ def demo(
 
 
 def bench(
-    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path", "--pe",
+    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking", "--pe",
                             help="Comma-separated PEs to time."),
     n_layers: int = typer.Option(None, help="Decoder layers (default 2; 4 with --decode)."),
     dim: int = typer.Option(256, help="Hidden width."),
@@ -197,7 +197,7 @@ def bench(
 
 def doctor(
     device: str = typer.Option("auto", help="cpu, cuda or auto (the GPU when there is one)."),
-    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path", "--pe",
+    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking", "--pe",
                             help="Comma-separated PEs to check."),
 ) -> None:
     """Check this machine: torch, CUDA, GPU, bf16, flash-attn, fla, triton, torch.compile; then, per PE, the attention path it takes here and a self-check on the device (logits vs an fp64 CPU reference, cached == uncached greedy decoding, finite bf16 gradients).

@@ -96,7 +96,7 @@ def forgetting_attention(path: str, q: Tensor, k: Tensor, v: Tensor, decay: Tens
     d, Tq, Tk = q.shape[-1], q.shape[2], k.shape[2]
     if path == "fla":
         out = fla_forgetting_attention()(q=q.transpose(1, 2), k=k.transpose(1, 2), v=v.transpose(1, 2),
-                                         g=log_gates.transpose(1, 2), scale=scale)
+                                         g=log_gates.transpose(1, 2).contiguous(), scale=scale)
         return out.transpose(1, 2)
     if path == "fox-flex":
         return flex_attention(q, k, v, decay, key_mask, scale)

@@ -65,9 +65,12 @@ def chunk_weights(qc: Tensor, keys: Tensor, hidden: Tensor, shape: tuple[int, ..
     breaks.sigmoid_()  # b = 0 for hidden keys: they break nothing
     # The stick left before each key: prod over the nearer keys of (1 - b), a cumulative product of the factors
     # shifted by one key (the nearest key starts from the whole stick).
-    weights = torch.empty_like(breaks)
-    weights[..., :1] = 1.0
-    torch.sub(breaks.new_ones(()), breaks[..., :-1], out=weights[..., 1:])
+    # The factors are written one element further on in a flat buffer, so each row starts with the previous row's
+    # last factor, then overwritten with 1: one pass, into a contiguous `out` (torch.compile takes no other).
+    flat = breaks.new_empty(breaks.numel() + 1)
+    torch.sub(breaks.new_ones(()), breaks.reshape(-1), out=flat[1:])
+    weights = flat[:-1].view(breaks.shape)
+    weights[..., 0] = 1.0
     weights.cumprod_(-1)
     rem = weights[..., -1:] * (1.0 - breaks[..., -1:])
     return weights.mul_(breaks), breaks, rem
