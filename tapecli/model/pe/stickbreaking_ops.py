@@ -63,10 +63,10 @@ def chunk_weights(qc: Tensor, keys: Tensor, hidden: Tensor, shape: tuple[int, ..
     else:
         view.masked_fill_(hidden, float("-inf"))
     breaks.sigmoid_()  # b = 0 for hidden keys: they break nothing
-    # The stick left before each key: prod over the nearer keys of (1 - b), a cumulative product of the factors
-    # shifted by one key (the nearest key starts from the whole stick).
-    # The factors are written one element further on in a flat buffer, so each row starts with the previous row's
-    # last factor, then overwritten with 1: one pass, into a contiguous `out` (torch.compile takes no other).
+    # The stick left before each key: the product of (1 - b) over the nearer keys, a cumulative product of the
+    # factors shifted by one key (the nearest key starts from the whole stick). The factors are written one element
+    # further on in a flat buffer, so each row starts with the previous row's last factor, overwritten with 1: one
+    # pass, into a contiguous `out` (torch.compile takes no other).
     flat = breaks.new_empty(breaks.numel() + 1)
     torch.sub(breaks.new_ones(()), breaks.reshape(-1), out=flat[1:])
     weights = flat[:-1].view(breaks.shape)
