@@ -187,3 +187,14 @@ def test_plan_names_each_path():
     assert layer.plan(**{**cpu, "q_len": 1, "k_len": 65}, cached=True) == "fox-dense"
     with attention.forced("dense"):
         assert layer.plan(**cpu, cached=False) == "fox-dense"
+
+
+@pytest.mark.parametrize("pe_args", [{}, {**PRO, "rope": True}], ids=["fox", "pro-rope"])
+def test_causal_bit_for_bit(pe_args):
+    """Changing the tokens from position 9 on leaves every earlier logit bit-identical (no row depends on a later
+    token's gate)."""
+    model = randomize_tape(tiny("fox", n_kv_heads=2, pe_args=pe_args), std=0.3)
+    x = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(6))
+    y = x.clone()
+    y[:, 9:] = (y[:, 9:] + 1) % VOCAB
+    assert torch.equal(model(x)[:, :9], model(y)[:, :9]) and not torch.equal(model(x)[:, 9:], model(y)[:, 9:])

@@ -143,3 +143,14 @@ def test_plan_names_each_path():
     assert layer.plan(**{**cpu, "k_len": 80}, grad=True, cached=True) == "stickbreaking-chunked"
     with attention.forced("dense"):
         assert layer.plan(**cpu, grad=True, cached=False) == "stickbreaking-dense"
+
+
+def test_causal_bit_for_bit(monkeypatch):
+    """Changing the tokens from position 9 on leaves every earlier logit bit-identical (chunks of 3 queries, so one
+    chunk holds queries on both sides)."""
+    monkeypatch.setattr(recompute, "SCORE_ELEMENTS", 2 * 4 * 16 * 3)
+    model = tiny("stickbreaking", n_kv_heads=2)
+    x = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(6))
+    y = x.clone()
+    y[:, 9:] = (y[:, 9:] + 1) % VOCAB
+    assert torch.equal(model(x)[:, :9], model(y)[:, :9]) and not torch.equal(model(x)[:, 9:], model(y)[:, 9:])

@@ -17,18 +17,18 @@ The paths (`path`, chosen by `FoXLayer.plan`):
                `parallel_forgetting_attn`
   fox-dense    one query (a decoding step), attention.forced("dense") (the reference): every logit materialised
 
-Widened heads. Softmax over j is unchanged by a constant per row, so c_i can be dropped and the bias is a
-function of the key alone, -c_j (plus any constant: we use c_last - c_j, c_last the decay of the last key, so the
-nearest keys carry the smallest numbers). A key-only bias is one more head dimension:
+Widened heads. Softmax over j is unchanged by a constant per row, so c_i can be dropped and the bias is -c_j, a
+function of the key alone, which is one more head dimension:
 
-  q'_i = [q_i, 1],   k'_j = [k_j, (c_last - c_j) / scale],   v'_j = [v_j, 0]
-  scale q'_i . k'_j = scale q_i . k_j + c_last - c_j
+  q'_i = [q_i, 1],   k'_j = [k_j, -c_j / scale],   v'_j = [v_j, 0]
+  scale q'_i . k'_j = scale q_i . k_j - c_j
 
 so any exact causal attention kernel computes FoX, gradients included (the extra key column carries dc). The
-bias is per query head, so grouped keys are expanded to one per query head there. c is summed in float64 and
-rounded once, to the attention's dtype (fp32 at least, even under bf16 autocast): the logits of FoX then carry
-an error of about 2^-24 |c_last - c_j|, like the official kernel's fp32 cumulative sums (at 16K tokens of gates
-near 1/2, |c| reaches about 1e4: 1e-3 on a logit whose key has weight e^-1e4).
+bias is per query head, so grouped keys are expanded to one per query head there. No row depends on a later
+token (c_j sums the gates up to j only), so FoX stays causal bit for bit. c is summed in float64 and rounded
+once, to the attention's dtype (fp32 at least, even under bf16 autocast): each logit then carries an error of
+about 2^-24 |c_j|, as in the official kernel, whose fp32 cumulative sums are rounded alike (after 16K tokens of
+gates near 1/2, |c| reaches about 1e4: about 1e-3 on a logit; trained gates sit near 1).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def widened(q: Tensor, k: Tensor, v: Tensor, decay: Tensor, scale: float) -> tup
     H, G = q.shape[1], k.shape[1]
     if G != H:
         k, v = k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1)
-    column = ((decay[..., -1:] - decay) / scale).to(k.dtype)
+    column = (-decay / scale).to(k.dtype)
     return (torch.cat((q, q.new_ones(*q.shape[:-1], 1)), -1), torch.cat((k, column[..., None]), -1),
             F.pad(v, (0, 1)))
 
@@ -79,7 +79,7 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, decay: Tensor, key_mask: Ten
     """FlexAttention with the decay bias as a score_mod (fp32) and causality / padding / the past as a block mask."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
-    c = (decay - decay[..., -1:]).float()  # small numbers near the last key
+    c = decay.float()
     c_q = c[..., Tk - Tq:]
 
     def score_mod(score, b, h, q_idx, kv_idx):
