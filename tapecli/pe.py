@@ -23,12 +23,16 @@ from tapecli.model.pe.base import (
     by_query_chunks,
     check_positive_int,
     default_positions,
+    flex_attention,
     forced_path,
+    kernels_available,
     pe_arguments,
+    plain_attention,
     rows_for,
 )
 from tapecli.model.pe.rope import RoPE, RotaryLayer
 
 __all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding", "RoPE",
            "RotaryLayer", "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks", "check_positive_int",
-           "default_positions", "forced_path", "pe_arguments", "rows_for"]
+           "default_positions", "flex_attention", "forced_path", "kernels_available", "pe_arguments",
+           "plain_attention", "rows_for"]

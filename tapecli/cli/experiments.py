@@ -152,7 +152,7 @@ def demo(
 
 
 def bench(
-    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path", "--pe",
+    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking", "--pe",
                             help="Comma-separated PEs to time."),
     n_layers: int = typer.Option(None, help="Decoder layers (default 2; 4 with --decode)."),
     dim: int = typer.Option(256, help="Hidden width."),
@@ -222,7 +222,7 @@ def bench(
 
 def doctor(
     device: str = typer.Option("auto", help="cpu, cuda or auto (the GPU when there is one)."),
-    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path", "--pe",
+    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking", "--pe",
                             help="Comma-separated PEs to check."),
     hybrids: bool = typer.Option(True, help="Also check hybrid models (sliding windows, temperatures, length "
                                             "scales, several PEs per model)."),

@@ -182,7 +182,8 @@ def test_model_training_paths_equal_the_dense_reference(small_chunks, pe, paddin
     assert (logits - ref_logits)[real].abs().max() <= TOL
     assert_close(got, want)
     expected = {"alibi": "chunked", "t5": "chunked", "fire": "chunked", "cope": "cope-recompute",
-                "path": "path-recompute"}.get(pe, "chunked" if padding else "sdpa")
+                "path": "path-recompute", "fox": "fox-flash", "stickbreaking": "stickbreaking-recompute",
+                }.get(pe, "chunked" if padding else "sdpa")
     assert expected in taken
 
 
@@ -218,10 +219,10 @@ def test_cached_chunked_prefill_equals_recomputation(small_chunks, pe, overrides
                        model.generate(x, 5, attention_mask=mask, use_cache=False))
 
 
-@pytest.mark.parametrize("pe", ["cope", "path"])
+@pytest.mark.parametrize("pe", ["cope", "path", "stickbreaking"])
 def test_own_attention_recompute_gradients_equal_one_chunk(small_chunks, pe):
-    """CoPE's and PaTH's training paths (several recomputed query groups) give the gradients of one unchunked
-    pass (whose forward test_contextual_pe checks against naive loops)."""
+    """CoPE's, PaTH's and stick-breaking's training paths (several recomputed query groups) give the gradients of
+    one unchunked pass (whose forward test_contextual_pe and test_new_pes check against naive loops)."""
     model = randomize_tape(tiny(pe, n_kv_heads=2, **PATH_CHUNKS.get(pe, {})), std=0.3).double().train()
     x = torch.randint(0, VOCAB, (2, 21), generator=torch.Generator().manual_seed(2))
     params = [p for p in model.parameters() if p.requires_grad]

@@ -239,7 +239,7 @@ def test_every_recipe_can_select_them():
     from tapecli.recipe import list_recipes, load_recipe
 
     for name, _ in list_recipes():  # (the context-extension recipes hold RoPE's pe_args: cleared; the hybrids' layer
-        for pe in ("cope", "path"):  # schedules too: PaTH takes no window)
+        for pe in ("cope", "path", "fox", "stickbreaking"):  # schedules too: PaTH takes no window)
             recipe = load_recipe(name, [f"model.pe={pe}", "model.pe_args={}", "model.schedule={}"])
             assert ModelConfig(**recipe.model_config_kwargs(tokenizer_vocab_size=1000)).pe == pe
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -150,3 +151,26 @@ def test_allow_named_takes_model_pe_overrides_and_pe_list_items_only(tmp_path, m
     assert trust.allowed_files() == [tmp_path / "a.py", tmp_path / "d.py"]
     assert trust.is_allowed_module("pkg.mod") and not trust.is_allowed_file(tmp_path / "c.py")
     assert not trust.is_allowed_module("rope")  # name:key=value is a --pe spec's pe_args, not code
+
+
+def test_built_in_pes_use_only_the_public_api():
+    """Every built-in PE file imports tape only through `tapecli.model.pe.base` (what `tapecli.pe` publishes) or a
+    sibling PE file, so the public API is proven by every built-in; the API itself (base.py) and the package's
+    plumbing (the registry and plugin loading) are exempt."""
+    import ast
+
+    import tapecli.model.pe as package
+
+    plumbing = {"__init__.py", "registry.py", "plugins.py", "base.py"}  # base.py: the API itself
+    folder = Path(package.__file__).parent
+    siblings = {f"tapecli.model.pe.{p.stem}" for p in folder.glob("*.py")}
+    for path in sorted(folder.glob("*.py")):
+        if path.name in plumbing:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                if name.startswith("tapecli"):
+                    assert name in siblings - {"tapecli.model.pe.registry", "tapecli.model.pe.plugins"}, \
+                        f"{path.name} imports {name}"

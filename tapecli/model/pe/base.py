@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.attention import forced_path
+from tapecli.model.attention import chunked, flex, forced_path
 from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, ScoreMod, WideValue
 from tapecli.model.attention.recompute import by_query_chunks, rows_for
 from tapecli.model.cache import LayerCache
@@ -186,6 +186,32 @@ class PositionalEncoding(nn.Module):
         return None
 
 
+
+def kernels_available() -> dict[str, bool]:
+    """Which of tape's attention kernels run in this process: {"chunked": the CPU's chunked flash kernel (padding
+    and cached keys), "flex": FlexAttention (CUDA)}. An `OwnAttention` PE's `plan` names its path from these."""
+    return {"chunked": chunked.kernel_available(), "flex": flex.flex_available()}
+
+
+def plain_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, scale: float) -> Tensor:
+    """Exact causal softmax(q.k * scale) v for an `OwnAttention` PE whose logits fit in q.k (FoX widens its heads by
+    one column): queries q [B, H, Tq, d] are the last Tq of the keys k, v [B, H, Tk, e]; `key_mask` [B, Tk] hides
+    padding (a padded query still sees itself). SDPA's fused causal kernel for a whole unpadded sequence, else the
+    chunked path (linear memory on the CPU)."""
+    Tq, Tk = q.shape[2], k.shape[2]
+    if key_mask is None and Tq == Tk:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    positions = torch.arange(Tk, device=q.device)[None]  # only which keys are consecutive: there is no bias
+    return chunked.chunked_attention(q, k, v, None, positions[:, Tk - Tq:], positions, key_mask, scale)
+
+
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, score_mod, key_mask: Tensor | None, scale: float) -> Tensor:
+    """FlexAttention (CUDA) with the PE's `score_mod(score, b, h, q_idx, kv_idx)` and causality, padding
+    (`key_mask` [B, Tk]) and cached keys (q [B, H, Tq, d] are the last Tq of k, v [B, G, Tk, d]) as a block mask."""
+    mask = flex.block_mask(q.shape[0], q.shape[2], k.shape[2], key_mask, q.device)
+    return flex.compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale,
+                                enable_gqa=k.shape[1] != q.shape[1])
+
 def check_positive_int(key: str, value: object) -> None:
     """A width or count in pe_args: a whole number >= 1 (0 is not "the default")."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -230,4 +256,5 @@ def check_pe_args(cls: type, name: str, pe_args: dict) -> dict:
 
 __all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding",
            "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks", "check_pe_args",
-           "check_positive_int", "default_positions", "forced_path", "pe_arguments", "rows_for"]
+           "check_positive_int", "default_positions", "flex_attention", "forced_path", "kernels_available",
+           "pe_arguments", "plain_attention", "rows_for"]

@@ -23,10 +23,12 @@ from tapecli.model.pe.alibi import ALiBi
 from tapecli.model.pe.base import PositionalEncoding, check_pe_args
 from tapecli.model.pe.cope import CoPE
 from tapecli.model.pe.fire import FIRE
+from tapecli.model.pe.fox import FoX
 from tapecli.model.pe.nope import NoPE
 from tapecli.model.pe.path import PaTH
 from tapecli.model.pe.randpe import RandPE
 from tapecli.model.pe.rope import RoPE
+from tapecli.model.pe.stickbreaking import StickBreaking
 from tapecli.model.pe.t5 import T5Bias
 from tapecli.model.pe.tape import TAPE
 from tapecli.model.pe.xpos import XPos
@@ -42,6 +44,8 @@ BUILTINS: dict[str, type[PositionalEncoding]] = {
     "tape": TAPE,
     "cope": CoPE,
     "path": PaTH,
+    "fox": FoX,
+    "stickbreaking": StickBreaking,
 }
 
 
