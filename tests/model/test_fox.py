@@ -80,7 +80,7 @@ def naive_fox(layer, x, q, k, v, real, positions, theta=500000.0):
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(chunked, "chunk_rows", lambda b, h, tq, tk, elements=0: max(1, min(4, tq)))
+    monkeypatch.setattr(chunked, "chunk_rows", lambda b, h, tq, tk, elements=0, window=None: max(1, min(4, tq)))
 
 
 def layer_inputs(model, T=10, padded=False, seed=0):

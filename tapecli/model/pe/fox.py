@@ -189,6 +189,8 @@ class FoXLayer(LayerPE):
 
 
 class FoX(PositionalEncoding):
+    attention_options: frozenset[str] = frozenset()  # its own attention has no temperature or window (yet)
+
     def __init__(self, config, *, rope: bool = False, theta: float = 500000.0, output_gate: bool = False,
                  output_norm: bool = False, qk_norm: bool = False, k_shift: bool = False, v_shift: bool = False,
                  kernel: str = "auto") -> None:

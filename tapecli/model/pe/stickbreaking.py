@@ -123,6 +123,8 @@ class StickBreakingLayer(LayerPE):
 
 
 class StickBreaking(PositionalEncoding):
+    attention_options: frozenset[str] = frozenset()  # its own attention has no temperature or window (yet)
+
     def __init__(self, config, *, attend_current: bool = False, remainder: bool = False,
                  kernel: str = "auto") -> None:
         super().__init__(config)
