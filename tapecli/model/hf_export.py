@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 SHARD_BYTES = 5 * 2**30
 
 
+# RoPE's frequency options (tapecli.model.pe.rope) and their plain values: no Llama config expresses another.
+FREQUENCY_OPTIONS = {"frequency_fraction": 1.0, "hope": False, "fope": False, "partial_rotary_factor": 1.0}
+
+
 def rope_parameters(model: Transformer) -> tuple[dict[str, Any], int]:
     """(transformers' rope_parameters, max_position_embeddings) for a RoPE model; see tapecli.model.pe.rope."""
     pe = model.model.pe
@@ -57,6 +61,11 @@ def check_exportable(model: Transformer) -> None:
     if c.pe != "rope":
         raise TapeError(f"pe {c.pe!r} has no Hugging Face Llama equivalent (only rope exports); keep the native "
                         "checkpoint, which every `tape eval` opens")
+    for key, plain in FREQUENCY_OPTIONS.items():
+        if c.pe_args.get(key, plain) != plain:
+            raise TapeError(f"pe_args.{key}: {c.pe_args[key]!r} has no Hugging Face Llama equivalent (transformers' "
+                            "Llama rotates every dim of a head at its rope type's frequencies); keep the native "
+                            "checkpoint, which every `tape eval` opens")
     if c.abacus or not c.causal:
         raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
                         "native checkpoint")

@@ -98,6 +98,9 @@ CACHE_CASES = [(pe, {}) for pe in PE_NAMES] + [
     ("tape", {"pe_args": {"mlp_update": False, "mix": "full"}}),
     ("alibi", {"n_kv_heads": 1}),
     ("rope", {"abacus": True, "abacus_digit_ids": list(range(10))}),
+    ("rope", {"n_kv_heads": 2, "pe_args": {"fope": True, "frequency_fraction": 0.75}}),
+    ("rope", {"pe_args": {"partial_rotary_factor": 0.5, "hope": True}}),
+    ("randpe", {"n_kv_heads": 2, "pe_args": {"fope": True}}),
 ]
 
 
