@@ -8,6 +8,7 @@ from tapecli.model.pe.cope import CoPE
 from tapecli.model.pe.fire import FIRE
 from tapecli.model.pe.nope import NoPE
 from tapecli.model.pe.path import PaTH
+from tapecli.model.pe.pope import PoPE
 from tapecli.model.pe.randpe import RandPE
 from tapecli.model.pe.rope import RoPE
 from tapecli.model.pe.t5 import T5Bias
@@ -25,6 +26,7 @@ PE_REGISTRY: dict[str, type[PositionalEncoding]] = {
     "tape": TAPE,
     "cope": CoPE,
     "path": PaTH,
+    "pope": PoPE,
 }
 PE_NAMES: tuple[str, ...] = tuple(PE_REGISTRY)
 
