@@ -191,7 +191,7 @@ def test_path_cache_holds_only_transformed_keys_written_in_place():
     assert half.layers[1].buffers["k"].dtype == torch.float32 and half.layers[1].buffers["v"].dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("pe", ["cope", "path"])
+@pytest.mark.parametrize("pe", ["cope", "path", "mapwm", "pope"])
 def test_gradients_reach_every_pe_parameter(pe):
     model = randomize_pe(tiny(pe, n_kv_heads=2), std=0.3)
     model(torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))).pow(2).mean().backward()
@@ -230,7 +230,7 @@ def test_bad_pe_args_are_clear():
         tiny("path", pe_args={"kernel": "cuda"})
     with pytest.raises(ValueError, match=r"model.pe_args.chunk_size: expected an integer >= 1, got 0"):
         tiny("path", pe_args={"chunk_size": 0})
-    for pe in ("cope", "path"):
+    for pe in ("cope", "path", "mapwm"):
         with pytest.raises(ValueError, match=rf"model.causal: pe '{pe}'"):
             tiny(pe, causal=False)
 
@@ -239,7 +239,7 @@ def test_every_recipe_can_select_them():
     from tapecli.recipe import list_recipes, load_recipe
 
     for name, _ in list_recipes():  # (the context-extension recipes hold RoPE's pe_args: cleared)
-        for pe in ("cope", "path"):
+        for pe in ("cope", "path", "mapwm", "pope"):
             recipe = load_recipe(name, [f"model.pe={pe}", "model.pe_args={}"])
             assert ModelConfig(**recipe.model_config_kwargs(tokenizer_vocab_size=1000)).pe == pe
 

@@ -23,8 +23,9 @@ def tiny(pe: str, **overrides) -> Transformer:
     return Transformer(ModelConfig(**kwargs))
 
 
-# PEs whose fresh weights hide what they do (TAPE's and CoPE's zeros, PaTH's near-zero w): tests randomise them.
-TRAINED_LIKE = ("tape", "cope", "path")
+# PEs whose fresh weights hide what they do (TAPE's and CoPE's zeros, PaTH's near-zero w, MapWM's small increments,
+# PoPE's zero bias): tests randomise them.
+TRAINED_LIKE = ("tape", "cope", "path", "mapwm", "pope")
 
 
 def randomize_tape(model: Transformer, std: float = 0.3) -> Transformer:

@@ -6,6 +6,7 @@ from tapecli.model.pe.alibi import ALiBi
 from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, apply_rotary, check_pe_args
 from tapecli.model.pe.cope import CoPE
 from tapecli.model.pe.fire import FIRE
+from tapecli.model.pe.mapwm import MapWM
 from tapecli.model.pe.nope import NoPE
 from tapecli.model.pe.path import PaTH
 from tapecli.model.pe.pope import PoPE
@@ -27,6 +28,7 @@ PE_REGISTRY: dict[str, type[PositionalEncoding]] = {
     "cope": CoPE,
     "path": PaTH,
     "pope": PoPE,
+    "mapwm": MapWM,
 }
 PE_NAMES: tuple[str, ...] = tuple(PE_REGISTRY)
 
