@@ -62,6 +62,9 @@ class ModelConfig:
                 raise ValueError(f"model.{key}: must be > 0, got {getattr(self, key)!r}")
         if self.pe not in PE_NAMES:
             raise ValueError(f"model.pe: unknown positional encoding {self.pe!r}; allowed: {', '.join(PE_NAMES)}")
+        # The config's own copy: a PE may record a default it resolved (CoPE's npos_max), so that what is saved
+        # keeps its meaning when a later version changes the default.
+        self.pe_args = dict(self.pe_args)
         build_pe(self)  # validates pe_args now (names, types, choices), not at the first forward
         if self.abacus and len(set(self.abacus_digit_ids)) != 10:
             raise ValueError("model.abacus: needs model.abacus_digit_ids (the 10 distinct digit token ids of the "

@@ -25,8 +25,14 @@ Choices, stated:
 - Causal models only (positions count from the query backwards).
 
 pe_args:
-  npos_max   largest position, positions are clamped there (default: model.max_seq_len, i.e. the official code's
-             default of block size + 1 table rows: every position a sequence of training length can reach)
+  npos_max   largest position, positions are clamped there (default: min(model.max_seq_len, 1024)). The official
+             code's default is its block size + 1 table rows (`--cope-npos` unset): every position a sequence of
+             training length can reach, which is what tape used before (npos_max = model.max_seq_len). Each
+             query multiplies the whole table (z_i above), so that default made CoPE's cost per query grow with the
+             context; the cap keeps it fixed past 1024 (the official default at a 1024-token block, and the
+             default of MapFormer's CoPE baseline, `cope_npos_max = 1024`), and changes nothing for models of up
+             to 1024 tokens. The resolved value is recorded in the model's config (model_config.json), and a
+             config saved without it (by earlier versions) keeps meaning model.max_seq_len (`saved_args`).
 """
 
 from __future__ import annotations
@@ -118,15 +124,28 @@ class CoPELayer(LayerPE):
         return (logits + low + weight * (high - low)).softmax(-1) @ values
 
 
+NPOS_CAP = 1024  # the default npos_max for contexts longer than this (module docstring)
+
+
+def saved_args(saved: dict) -> dict:
+    """A saved model config (model_config.json as a dict) as today's defaults read it: CoPE configs written before
+    npos_max was recorded meant npos_max = max_seq_len (the default then)."""
+    if saved.get("pe") != "cope" or "npos_max" in (saved.get("pe_args") or {}) or "max_seq_len" not in saved:
+        return saved
+    return {**saved, "pe_args": {**(saved.get("pe_args") or {}), "npos_max": saved["max_seq_len"]}}
+
+
 class CoPE(PositionalEncoding):
     def __init__(self, config, *, npos_max: int | None = None) -> None:
         super().__init__(config)
         if not config.causal:
             raise ValueError("model.causal: pe 'cope' counts positions backwards from each query; it needs causal "
                              "attention")
-        self.npos_max = config.max_seq_len if npos_max is None else npos_max
+        self.npos_max = min(config.max_seq_len, NPOS_CAP) if npos_max is None else npos_max
         if isinstance(self.npos_max, bool) or not isinstance(self.npos_max, int) or self.npos_max < 1:
             raise ValueError(f"model.pe_args.npos_max: expected a positive integer, got {npos_max!r}")
+        if npos_max is None and isinstance(getattr(config, "pe_args", None), dict):
+            config.pe_args["npos_max"] = self.npos_max  # recorded: a later default cannot change a saved model
 
     def make_layer(self, layer_idx: int) -> LayerPE:
         return CoPELayer(self.config.head_dim, self.npos_max)
