@@ -25,27 +25,38 @@ from rich.table import Table
 
 from tapecli.errors import TapeError
 from tapecli.experiments.bench_step import make_variant, train_step
+from tapecli.experiments.pe_specs import parse_pe_specs
 from tapecli.faults import check_output_file, note_memory_use
 from tapecli.files import write_atomic
-from tapecli.model import PE_NAMES, attention
+from tapecli.model import ModelConfig, attention
 from tapecli.runtime import resolve_device
 
 PRECISIONS = ("fp32", "bf16")
 
 
 def bench_variants(pes: list[str], tape_paths: bool) -> list[tuple[str, str, dict]]:
-    """(label, pe, pe_args) for each PE; RoPE always included as the reference."""
-    unknown = [p for p in pes if p not in PE_NAMES]
-    if unknown:
-        raise TapeError(f"--pe: unknown positional encoding {unknown[0]!r}; allowed: {', '.join(PE_NAMES)}")
-    variants = [("rope", "rope", {})] + [(p, p, {}) for p in pes if p not in ("rope", "tape")]
-    if "tape" in pes:
-        if tape_paths:
+    """(label, pe, pe_args) for each PE spec (`tapecli.experiments.pe_specs`: a PE, optionally with pe_args, e.g.
+    rope:hope=true); RoPE always included as the reference."""
+    variants = [("rope", "rope", {})]
+    for spec in parse_pe_specs(pes):
+        if spec.text == "rope":
+            continue
+        if spec.text == "tape" and tape_paths:
             variants += [("tape (separate)", "tape", {"aggregation": "separate"}),
                          ("tape (concat)", "tape", {"aggregation": "concat"})]
         else:
-            variants.append(("tape", "tape", {}))
+            variants.append((spec.text, spec.pe, spec.args))
     return variants
+
+
+def check_variants(variants: list[tuple[str, str, dict]], n_heads: int, dim: int, seq_len: int) -> None:
+    """Every variant's model can be built (its pe_args' values checked by its PE), before any is timed."""
+    for label, pe, pe_args in variants:
+        try:
+            ModelConfig(vocab_size=8, dim=dim, n_layers=1, n_heads=n_heads, max_seq_len=seq_len, pe=pe,
+                        pe_args=pe_args)
+        except ValueError as e:
+            raise TapeError(f"--pe {label}: {e}") from None
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -113,6 +124,7 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
     dev = resolve_device(device)
     console = Console()
     variants = bench_variants(pes, tape_paths)
+    check_variants(variants, n_heads, dim, max(seq_lens))
     warmup = max(warmup, 1) if compile else warmup  # the first compiled step compiles
     note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {max(seq_lens)} "
                     "tokens per step)", "lower --batch-size or --seq-len, or time fewer --pe at once")

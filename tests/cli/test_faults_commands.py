@@ -311,7 +311,7 @@ NONSENSE = [
     (["export", "-c", "{run}", "--out", "{out}", "--dtype", "fp64"], "--dtype: expected float32 or bfloat16"),
     (["export", "-c", "{copy}", "--out", "{out}"], "pe 'tape' has no Hugging Face Llama equivalent"),
     (["demo", "--task", "bogus"], "--task: unknown demo task 'bogus'"),
-    (["demo", "--pe", "bogus"], "--pe: unknown positional encoding bogus"),
+    (["demo", "--pe", "bogus"], "--pe: unknown positional encoding 'bogus'"),
     (["extend-context", "--base", "{run}", "--recipe", "context-extension-smoke", "--out", "{out}"],
      "is a tape run directory, not a Hugging Face model directory"),
     (["extend-context", "--base", "{run}", "--method", "bogus", "--out", "{out}"], "extend.method: expected one of"),

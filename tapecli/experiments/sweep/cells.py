@@ -5,8 +5,10 @@ A cell `DIR/<pe>-seed<k>[-<key>=<value>...]` is trained exactly as
     tape pretrain --recipe R --out DIR/<cell> <overrides> model.pe=<pe> train.seed=<k> [<key>=<value> ...]
 
 would train it (the same resolved recipe, `--resume auto`), then evaluated by the evaluation its data kind names
-(`evaluations.evaluation_for`). A cell is finished when its newest checkpoint is at train.max_steps and that
-checkpoint's results.json exists; a partly trained cell continues from its newest checkpoint, exactly.
+(`evaluations.evaluation_for`). A --pe spec with pe_args (`tapecli.experiments.pe_specs`, e.g. rope:hope=true)
+adds model.pe_args.hope=true after model.pe, and its cell directory spells `:` as `+` (DIR/rope+hope=true-seed0).
+A cell is finished when its newest checkpoint is at train.max_steps and that checkpoint's results.json exists; a
+partly trained cell continues from its newest checkpoint, exactly.
 
 A cell directory that already holds a recipe.yaml must have been trained with the recipe the sweep asks for
 (keys the engine resolves at training, null or auto in the sweep's recipe, are not compared); otherwise the sweep
@@ -114,11 +116,9 @@ def parse_grid(entries: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def plan(spec: SweepSpec, command: list[str]) -> list[Cell]:
     """The cells in the order they run: seed by seed, so each seed's comparison is complete before the next."""
-    from tapecli.model import PE_NAMES
+    from tapecli.experiments.pe_specs import parse_pe_specs
 
-    unknown = [pe for pe in spec.pes if pe not in PE_NAMES]
-    if unknown:
-        raise TapeError(f"--pe: unknown positional encoding {', '.join(unknown)}; allowed: {', '.join(PE_NAMES)}")
+    pes = parse_pe_specs(spec.pes)
     grid_keys = {key for key, _ in spec.grid}
     for override in spec.overrides:
         key = override.partition("=")[0].strip()
@@ -130,10 +130,10 @@ def plan(spec: SweepSpec, command: list[str]) -> list[Cell]:
     for seed in spec.seeds:
         for values in itertools.product(*(vals for _, vals in spec.grid)):
             grid = tuple(zip((key for key, _ in spec.grid), values, strict=True))
-            for pe in spec.pes:
-                name = "-".join([pe, f"seed{seed}", *(f"{key}={value}" for key, value in grid)])
-                overrides = (*spec.overrides, f"model.pe={pe}", f"train.seed={seed}", *(f"{k}={v}" for k, v in grid))
-                cells.append(Cell(name, pe, seed, grid, spec.recipe, overrides, spec.out / name, tuple(command)))
+            for pe in pes:
+                name = "-".join([pe.dirname, f"seed{seed}", *(f"{key}={value}" for key, value in grid)])
+                overrides = (*spec.overrides, *pe.overrides(), f"train.seed={seed}", *(f"{k}={v}" for k, v in grid))
+                cells.append(Cell(name, pe.text, seed, grid, spec.recipe, overrides, spec.out / name, tuple(command)))
     return cells
 
 

@@ -45,7 +45,8 @@ padding, for scoring) every real token computes exactly what its row computes al
 
 On CUDA, `kernel: auto` uses fla's fused `parallel_path_attention` when flash-linear-attention is installed (an
 optional extra, imported behind a guard) and applicable (fp16/bf16, head_dim 16/32/64/128 (128 since fla PR #503,
-July 2025), no cached past, plain causal mask); never required. That path has not been run here (no GPU): the exact path is the tested one.
+July 2025), no cached past, plain causal mask); never required. That path has not been run here (no GPU): the exact
+path is the tested one.
 
 pe_args:
   w_rank       rank of W_w (32; 0 = a full-rank dim x kv_dim map)
