@@ -43,7 +43,7 @@ LoggerName = Literal["jsonl", "tensorboard", "wandb"]
 class ModelSection:
     """Architecture of the Llama-style transformer; mirrors `tapecli.model.ModelConfig`."""
 
-    pe: str = "tape"  # positional encoding: nope, rope, randpe, alibi, fire, xpos, t5, tape, cope, path
+    pe: str = "tape"  # positional encoding: nope, rope, randpe, alibi, fire, xpos, t5, tape, cope, path, pope, mapwm
     pe_args: dict[str, Any] = field(default_factory=dict)  # the PE's own options; {} = its defaults
     n_layers: int = 12  # transformer blocks
     dim: int = 768  # hidden size

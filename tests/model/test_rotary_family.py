@@ -1,7 +1,8 @@
 """RoPE's frequency options (p-RoPE, HoPE, FoPE, Hugging Face's partial rotary): attention equal to an fp64
 reference written from the equations (every query/key pair rotated by explicit per-pair angles, every score
 materialised), outputs and gradients; the options' frequencies and FoPE's coefficients as documented; the partial
-rotary equal to transformers' own (Phi's); and the combinations that cannot work refused in one line.
+rotary equal to transformers' own (Phi's); the combinations that cannot work refused in one line; and, with PoPE
+and MapWM, causality and finite bf16 gradients.
 
 The generic tests (test_model, test_generation, test_attention) run these options through the KV cache, chunked
 prefill, left padding and the dense reference path like every PE.
@@ -184,3 +185,23 @@ def test_zeroing_applies_to_every_rope_based_pe():
     tape.load_state_dict(rope.state_dict(), strict=False)
     assert torch.allclose(rope(x), tape(x), atol=1e-5)
     assert tiny("xpos", pe_args={"hope": True}).model.pe.inv_freq[-1] == 0
+
+
+@pytest.mark.parametrize("pe,pe_args", [("rope", OPTIONS["fope"]), ("rope", OPTIONS["partial-p-rope"]),
+                                        ("rope", OPTIONS["hope"]), ("pope", {}), ("mapwm", {})])
+def test_causal_and_finite_in_bf16(pe, pe_args):
+    """Changing a token changes no logit before it (fp32); under bf16 autocast the loss and every gradient are
+    finite. (The KV cache, chunked prefill and padding: the generic tests.)"""
+    from test_model import randomize_tape
+
+    model = randomize_tape(tiny(pe, n_kv_heads=2, pe_args=pe_args), std=0.3)
+    x = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(5))
+    y = x.clone()
+    y[:, 7] = (y[:, 7] + 1) % 61
+    with torch.no_grad():
+        a, b = model(x), model(y)
+    assert torch.equal(a[:, :7], b[:, :7]) and (a[:, 7:] - b[:, 7:]).abs().max() > 0
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = torch.nn.functional.cross_entropy(model(x)[:, :-1].flatten(0, 1).float(), x[:, 1:].flatten())
+    loss.backward()
+    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
