@@ -199,7 +199,8 @@ def bench(
 def doctor(
     device: str = typer.Option("auto", help="cpu, cuda or auto (the GPU when there is one)."),
     pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,pope,mapwm", "--pe",
-                            help="Comma-separated PEs to check."),
+                            help="Comma-separated PEs to check; a PE may carry pe_args as name:key=value "
+                                 "(e.g. rope:fope=true)."),
 ) -> None:
     """Check this machine: torch, CUDA, GPU, bf16, flash-attn, fla, triton, torch.compile; then, per PE, the attention path it takes here and a self-check on the device (logits vs an fp64 CPU reference, cached == uncached greedy decoding, finite bf16 gradients).
 
@@ -208,11 +209,8 @@ def doctor(
     Example: `tape doctor --device cuda` after installing on a GPU machine.
     """
     from tapecli.experiments.doctor import run_doctor
-    from tapecli.model import PE_NAMES
+    from tapecli.experiments.pe_specs import parse_pe_specs
 
-    chosen = [p.strip() for p in pes.split(",") if p.strip()]
-    unknown = [p for p in chosen if p not in PE_NAMES]
-    if unknown:
-        raise TapeError(f"--pe: unknown positional encoding {unknown[0]!r}; allowed: {', '.join(PE_NAMES)}")
+    chosen = [spec.text for spec in parse_pe_specs(pes.split(","))]
     if run_doctor(device, chosen)["failed"]:
         raise typer.Exit(1)

@@ -26,6 +26,7 @@ import time
 import torch
 from rich.console import Console
 
+from tapecli.experiments.pe_specs import parse_pe_spec
 from tapecli.model import PE_NAMES, ModelConfig, Transformer, attention
 from tapecli.runtime import resolve_device
 
@@ -70,10 +71,12 @@ def environment(device: torch.device) -> dict[str, str]:
 
 
 def tiny_model(pe: str) -> Transformer:
-    """2 layers, dim 64, 4 query heads over 2 key heads; every PE parameter random (as after training)."""
+    """2 layers, dim 64, 4 query heads over 2 key heads; every PE parameter random (as after training). `pe`: a PE
+    spec (`tapecli.experiments.pe_specs`: a PE, optionally with pe_args, e.g. rope:fope=true)."""
+    spec = parse_pe_spec(pe)
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
-                                    max_seq_len=64, pe=pe))
+                                    max_seq_len=64, pe=spec.pe, pe_args=spec.args))
     with torch.no_grad():
         for name, p in model.named_parameters():
             if ".pe." in name:
