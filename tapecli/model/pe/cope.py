@@ -88,40 +88,50 @@ class CoPELayer(LayerPE):
         with torch.autocast(q.device.type, enabled=False):
             q, k, v = q.to(compute), k.to(compute), v.to(compute)
             table = self.pos_emb.to(compute)
+            # Keys and values in reverse order, once: each chunk reads its keys as a view of these, latest first.
+            k_rev, v_rev = k.flip(2), v.flip(2)
+            Tk = k.shape[2]
 
             def chunk(i0: int, i1: int) -> Tensor:
                 # Keys up to the chunk's last query, in reverse order, so the positions (sums of the gates from each
                 # key to the query) are one forward cumsum along the keys. Reversed column c is key end - 1 - c.
                 end = past + i1
-                keys, values = k[:, :, :end].flip(2), v[:, :, :end].flip(2)
+                keys, values = k_rev[:, :, Tk - end:], v_rev[:, :, Tk - end:]
                 if mask is None:  # only the first i1 - i0 columns hold future keys: query i sees c >= i1 - 1 - i
-                    seen = torch.ones(i1 - i0, i1 - i0, dtype=torch.bool, device=q.device).triu(0).flip(0)
+                    C = i1 - i0
+                    if C not in future:  # the same for every chunk of C queries
+                        future[C] = ~torch.ones(C, C, dtype=torch.bool, device=q.device).triu(0).flip(0)
+                    hidden = future[C]
                 else:
-                    seen = visible_keys(mask, Tq, past + Tq, q.device)[..., i0:i1, :end].flip(-1)
-                return self.chunk_attention(q[:, :, i0:i1], keys, values, seen, table)
+                    hidden = ~visible_keys(mask, Tq, past + Tq, q.device)[..., i0:i1, :end].flip(-1)
+                return self.chunk_attention(q[:, :, i0:i1], keys, values, hidden, table)
+
+            future: dict[int, Tensor] = {}
 
             rows = Tq if forced_path() == "dense" else rows_for(B, H, past + Tq, Tq)
             out = by_query_chunks(chunk, Tq, rows)
         return out.to(out_dtype)
 
-    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, seen: Tensor, table: Tensor) -> Tensor:
+    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor, table: Tensor) -> Tensor:
         """CoPE for queries q [B, H, C, d] over keys and values [B, H, K, d] given in reverse order (latest
-        first); seen [.., C, K'] (K' <= K): which of the first K' keys each query may see (the rest it sees)."""
+        first); hidden [.., C, K'] (K' <= K): which of the first K' keys each query may not see (it sees the rest)."""
         q = q * q.shape[-1] ** -0.5  # every logit and table product below is scaled once, here
         logits = q @ keys.transpose(-1, -2)  # [B, H, C, K], scaled
-        block = seen.shape[-1]
+        block = hidden.shape[-1]
         # -inf hides a key from both its gate (sigmoid 0: it does not count) and the softmax.
-        logits[..., :block] = logits[..., :block].masked_fill(~seen, float("-inf"))
+        logits[..., :block] = logits[..., :block].masked_fill(hidden, float("-inf"))
         gates = torch.sigmoid(logits)
         positions = gates.cumsum(-1)  # sum over t = j..i
         if keys.shape[2] > self.npos_max:  # (a position never exceeds the number of keys)
             positions = positions.clamp(max=self.npos_max)
         floor = positions.detach().floor()
         weight = positions - floor  # differentiable in the gates
+        index = floor.long()
         z = q @ table.T  # z_i[n] = q_i . e[n] (scaled): [B, H, C, npos_max + 1]
-        low = z.gather(-1, floor.long())
-        high = z.gather(-1, positions.detach().ceil().long())
-        return (logits + low + weight * (high - low)).softmax(-1) @ values
+        # z[floor p] + w (z[floor p + 1] - z[floor p]): the interpolation between z[floor p] and z[ceil p] (where p
+        # is whole, w = 0); the step after the last entry is 0 (p never exceeds npos_max).
+        step = torch.nn.functional.pad(z[..., 1:] - z[..., :-1], (0, 1))
+        return (logits + torch.addcmul(z.gather(-1, index), weight, step.gather(-1, index))).softmax(-1) @ values
 
 
 NPOS_CAP = 1024  # the default npos_max for contexts longer than this (module docstring)
