@@ -102,7 +102,9 @@ class MapWMLayer(LayerPE):
             k[:, :, Tk - T:].copy_(rotated)
         else:
             k = rotated
-        q = apply_rotary(q, rotary.to(q.dtype).repeat_interleave(q.shape[1] // k.shape[1], dim=1))
+        # Each group's query heads against its key head's rotation, broadcast (no copy of the rotation per head).
+        G = k.shape[1]
+        q = apply_rotary(q.unflatten(1, (G, q.shape[1] // G)), rotary.to(q.dtype).unsqueeze(2)).flatten(1, 2)
         positions = torch.arange(Tk, device=q.device)[None]  # index positions: the attention has no bias
         return attend(q, k, v, None, x=x, q_pos=positions[:, Tk - T:], k_pos=positions, key_mask=key_mask,
                       cache=None)

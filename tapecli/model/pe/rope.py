@@ -121,8 +121,9 @@ def fope_coefficients(n_freqs: int, head_dim: int, n_heads: int, sigma: float) -
 def rotate_heads(x: Tensor, rotary: Tensor) -> Tensor:
     """`apply_rotary` of x [B, H, T, d] by rotary [B|1, 1|G, T, r]: G groups of heads (FoPE's per-key-head
     coefficients: query head h uses group h // (H / G)); r < d rotates only the first r dims (partial rotary)."""
-    if rotary.shape[1] not in (1, x.shape[1]):
-        rotary = rotary.repeat_interleave(x.shape[1] // rotary.shape[1], dim=1)
+    H, G = x.shape[1], rotary.shape[1]
+    if G not in (1, H):  # each group's heads against its rotary, broadcast: no copy of the rotary per head
+        return rotate_heads(x.unflatten(1, (G, H // G)), rotary.unsqueeze(2)).flatten(1, 2)
     r = rotary.shape[-1]
     if r == x.shape[-1]:
         return apply_rotary(x, rotary)
