@@ -35,9 +35,11 @@ def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, width: i
     return out
 
 
-def reference_frequencies(option: dict, theta: float = 10000.0, L: int = 32) -> list[float]:
+def reference_frequencies(option: dict, theta: float = 10000.0) -> list[float]:
     """w_i for the half pairs, from the equations: theta^(-2i/r) over the rotary width r; p-RoPE keeps the
-    round(p r/2) highest; HoPE and FoPE zero every w_i with a period 2 pi / w_i longer than L."""
+    round(p r/2) highest; HoPE and FoPE zero every w_i with a period 2 pi / w_i longer than L (original_max_len,
+    else the test models' max_seq_len 32)."""
+    L = option.get("original_max_len", 32)
     r = int(D * option.get("partial_rotary_factor", 1.0))
     w = [theta ** (-2 * i / r) for i in range(r // 2)]
     keep = round(option.get("frequency_fraction", 1.0) * len(w))
@@ -81,6 +83,7 @@ OPTIONS = {
     "fope-p": {"fope": True, "frequency_fraction": 0.5, "fope_sigma": 0.5},
     "partial": {"partial_rotary_factor": 0.5},
     "partial-p-rope": {"partial_rotary_factor": 0.5, "frequency_fraction": 0.5},
+    "partial-fope": {"partial_rotary_factor": 0.5, "fope": True, "original_max_len": 128},
 }
 
 

@@ -102,7 +102,8 @@ def kept_frequencies(inv_freq: Tensor, fraction: float, floor: float) -> Tensor:
 
 
 def fope_coefficients(n_freqs: int, head_dim: int, n_heads: int, sigma: float) -> tuple[Tensor, Tensor]:
-    """FoPE's fixed coefficient matrices (cos, sin), each [n_heads, D, m], m = min(D, head_dim / 4), columns
+    """FoPE's fixed coefficient matrices (cos, sin), each [n_heads, D, m], m = min(D, head_dim / 4) (head_dim: the
+    rotary width), columns
     normalised to sum 1: a step identity (pair j's own frequency is number floor(j D / m)) plus xavier-normal
     noise of gain `sigma`, drawn from a generator seeded with FOPE_SEED (fixed, like the official code's)."""
     m = max(1, min(n_freqs, head_dim // 4))
@@ -191,7 +192,7 @@ class RoPE(PositionalEncoding):
                 raise ValueError(f"model.pe_args.fope: no frequency of theta {theta} completes a period within "
                                  f"original_max_len {self.original_max_len}; raise it or lower theta")
             self.fope_freqs = inv_freq[:n_freqs]  # the kept frequencies are the highest, so the first n_freqs
-            self.fope_cos, self.fope_sin = fope_coefficients(n_freqs, self.config.head_dim, self.config.n_kv_heads,
+            self.fope_cos, self.fope_sin = fope_coefficients(n_freqs, self.rotary_dim, self.config.n_kv_heads,
                                                              self.fope_sigma)
 
     def check_frequency_options(self, fraction: float, hope: bool, fope: bool, sigma: float,
@@ -234,7 +235,7 @@ class RoPE(PositionalEncoding):
 
     def rotary(self, positions: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
         """[B or 1, 1, T, r]: cos of every pair's angle, then sin (r = d, or the partial rotary width); FoPE:
-        [B or 1, n_kv_heads, T, d], each pair's two Fourier series; fp32 (fp64 for fp64 models)."""
+        [B or 1, n_kv_heads, T, r], each pair's two Fourier series; fp32 (fp64 for fp64 models)."""
         compute = torch.float64 if dtype == torch.float64 else torch.float32
         if self.fope:
             return self.fope_rotary(positions, compute)
@@ -248,7 +249,7 @@ class RoPE(PositionalEncoding):
         angles = positions[..., None].to(compute) * self.fope_freqs.to(positions.device, compute)  # [B, T, D]
         cos = torch.einsum("btk,gkj->bgtj", angles.cos(), self.fope_cos.to(angles))
         sin = torch.einsum("btk,gkj->bgtj", angles.sin(), self.fope_sin.to(angles))
-        rest = self.config.head_dim // 2 - cos.shape[-1]
+        rest = self.rotary_dim // 2 - cos.shape[-1]
         cos = torch.nn.functional.pad(cos, (0, rest), value=1.0)
         sin = torch.nn.functional.pad(sin, (0, rest), value=0.0)
         return torch.cat((cos, sin), dim=-1) * self.attention_factor
