@@ -23,6 +23,7 @@ from tapecli.model.pe.base import (
     by_query_chunks,
     check_positive_int,
     default_positions,
+    encoded_attention,
     flex_attention,
     forced_path,
     kernels_available,
@@ -33,6 +34,6 @@ from tapecli.model.pe.base import (
 from tapecli.model.pe.rope import RoPE, RotaryLayer
 
 __all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding", "RoPE",
-           "RotaryLayer", "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks", "check_positive_int",
-           "default_positions", "flex_attention", "forced_path", "kernels_available", "pe_arguments",
-           "plain_attention", "rows_for"]
+           "RotaryLayer", "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks",
+           "check_positive_int", "default_positions", "encoded_attention", "flex_attention", "forced_path",
+           "kernels_available", "pe_arguments", "plain_attention", "rows_for"]

@@ -27,7 +27,7 @@ def _seeds(text: str) -> Seeds:
 def sweep(
     overrides: list[str] | None = typer.Argument(None, help="Recipe overrides for every cell, as key=value (e.g. train.max_steps=500).", show_default=False),
     recipe: str | None = typer.Option(None, "--recipe", help="A shipped recipe name or a YAML file.", show_default=False),
-    pe: str | None = typer.Option(None, "--pe", help="PEs to compare, comma-separated (e.g. rope,tape,alibi; a plugin's name or FILE.py:CLASS too).", show_default=False),
+    pe: str | None = typer.Option(None, "--pe", help="PEs to compare, comma-separated (e.g. rope,tape,alibi; a plugin's name or FILE.py:CLASS too); a PE may carry pe_args as name:key=value[:key=value] (e.g. rope:hope=true).", show_default=False),
     seeds: Seeds = typer.Option("0", "--seeds", parser=_seeds, metavar="N,N,...", help="Seeds (train.seed), comma-separated, e.g. 0,1,2."),
     grid: list[str] | None = typer.Option(None, "--grid", help="Also vary a recipe key: key=value1,value2 (repeatable; every combination is a cell).", show_default=False),
     out: Path | None = typer.Option(None, "--out", help="Sweep directory: one run directory per cell, sweep.json, results.json, the chart.", show_default=False),
@@ -102,8 +102,8 @@ def _executor(name: str, jobs: int, partition: str | None, gpus: int, cpus: int 
 
 
 def demo(
-    pe: str = typer.Option("", "--pe", help="More PEs to compare, comma-separated (e.g. nope,fire); the task's "
-                                            "default PEs always run."),
+    pe: str = typer.Option("", "--pe", help="More PEs to compare, comma-separated (e.g. nope,fire, or with pe_args: "
+                                            "rope:hope=true); the task's default PEs always run."),
     quick: bool = typer.Option(False, "--quick", help="A ~2-minute version for a first look (smaller everything)."),
     out: str = typer.Option(None, help="Output directory (default: runs/demo-<task>, plus -quick, -abacus, "
                                        "-seedN)."),
@@ -152,8 +152,9 @@ def demo(
 
 
 def bench(
-    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking", "--pe",
-                            help="Comma-separated PEs to time."),
+    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking,pope,mapwm", "--pe",
+                            help="Comma-separated PEs to time; a PE may carry pe_args as name:key=value[:key=value] "
+                                 "(e.g. rope:hope=true)."),
     n_layers: int = typer.Option(None, help="Decoder layers (default 2; 4 with --decode)."),
     dim: int = typer.Option(256, help="Hidden width."),
     n_heads: int = typer.Option(4, help="Attention heads."),
@@ -222,8 +223,9 @@ def bench(
 
 def doctor(
     device: str = typer.Option("auto", help="cpu, cuda or auto (the GPU when there is one)."),
-    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking", "--pe",
-                            help="Comma-separated PEs to check."),
+    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking,pope,mapwm", "--pe",
+                            help="Comma-separated PEs to check; a PE may carry pe_args as name:key=value "
+                                 "(e.g. rope:fope=true)."),
     hybrids: bool = typer.Option(True, help="Also check hybrid models (sliding windows, temperatures, length "
                                             "scales, several PEs per model)."),
 ) -> None:
@@ -234,10 +236,10 @@ def doctor(
     Example: `tape doctor --device cuda` after installing on a GPU machine.
     """
     from tapecli.experiments.doctor import run_doctor
-    from tapecli.model.pe import resolve_option
+    from tapecli.experiments.pe_specs import parse_pe_specs
 
-    chosen = [p.strip() for p in pes.split(",") if p.strip()]
-    trust.allow_named(chosen)
-    resolve_option(chosen)
+    raw = [p.strip() for p in pes.split(",") if p.strip()]
+    trust.allow_named(raw)
+    chosen = [spec.text for spec in parse_pe_specs(raw)]
     if run_doctor(device, chosen, hybrids)["failed"]:
         raise typer.Exit(1)

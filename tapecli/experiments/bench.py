@@ -26,10 +26,10 @@ from rich.table import Table
 
 from tapecli.errors import TapeError
 from tapecli.experiments.bench_step import make_variant, train_step
+from tapecli.experiments.pe_specs import parse_pe_specs
 from tapecli.faults import check_output_file, failure_line, note_memory_use
 from tapecli.files import write_atomic
-from tapecli.model import attention
-from tapecli.model.pe import pe_label, resolve_option
+from tapecli.model import ModelConfig, attention
 from tapecli.runtime import resolve_device
 
 PRECISIONS = ("fp32", "bf16")
@@ -37,22 +37,24 @@ PRECISIONS = ("fp32", "bf16")
 
 def bench_variants(pes: list[str], tape_paths: bool, window: int | None = None,
                    hybrids: tuple[str, ...] = ()) -> list[tuple[str, str, dict, dict]]:
-    """(label, pe, pe_args, further model keys) for each PE, RoPE always included as the reference; with a
-    `window`, each PE that takes one again with every layer local ("rope, window 1024"); then each named hybrid
-    layout (tapecli.experiments.hybrids; its local layers get `window`, 1024 by default)."""
+    """(label, pe, pe_args, further model keys) for each PE spec (`tapecli.experiments.pe_specs`: a PE, optionally
+    with pe_args, e.g. rope:hope=true), RoPE always included as the reference; with a `window`, each PE that takes
+    one again with every layer local ("rope, window 1024"); then each named hybrid layout
+    (tapecli.experiments.hybrids; its local layers get `window`, 1024 by default)."""
     from tapecli.experiments.hybrids import hybrid_keys
     from tapecli.model.schedule import draws_positions, pe_class
 
-    resolve_option(pes)
     if window is not None and window < 1:
         raise TapeError(f"--window must be a positive number of keys, got {window}")
-    variants = [("rope", "rope", {}, {})] + [(pe_label(p), p, {}, {}) for p in pes if p not in ("rope", "tape")]
-    if "tape" in pes:
-        if tape_paths:
+    variants = [("rope", "rope", {}, {})]
+    for spec in parse_pe_specs(pes):
+        if spec.text == "rope":
+            continue
+        if spec.text == "tape" and tape_paths:
             variants += [("tape (separate)", "tape", {"aggregation": "separate"}, {}),
                          ("tape (concat)", "tape", {"aggregation": "concat"}, {})]
         else:
-            variants.append(("tape", "tape", {}, {}))
+            variants.append((spec.label, spec.pe, spec.args, {}))
     if window is not None:
         variants += [(f"{label}, window {window}", pe, args, {"window": window}) for label, pe, args, _ in variants
                      if "window" in pe_class(pe).attention_options and not draws_positions(pe)]
@@ -60,6 +62,16 @@ def bench_variants(pes: list[str], tape_paths: bool, window: int | None = None,
         keys = hybrid_keys(name, window or 1024)
         variants.append((name, keys.pop("pe"), keys.pop("pe_args", {}), keys))
     return variants
+
+
+def check_variants(variants: list[tuple[str, str, dict, dict]], n_heads: int, dim: int, seq_len: int) -> None:
+    """Every variant's model can be built (its pe_args' values checked by its PE), before any is timed."""
+    for label, pe, pe_args, keys in variants:
+        try:
+            ModelConfig(vocab_size=8, dim=dim, n_layers=4 if "schedule" in keys else 1, n_heads=n_heads,
+                        max_seq_len=seq_len, pe=pe, pe_args=pe_args, **keys)
+        except ValueError as e:
+            raise TapeError(f"--pe {label}: {e}") from None
 
 
 def parse_lengths(text: str) -> list[int]:
@@ -128,6 +140,7 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
     dev = resolve_device(device)
     console = Console()
     variants = bench_variants(pes, tape_paths, window, hybrids)
+    check_variants(variants, n_heads, dim, max(seq_lens))
     warmup = max(warmup, 1) if compile else warmup  # the first compiled step compiles
     note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {max(seq_lens)} "
                     "tokens per step)", "lower --batch-size or --seq-len, or time fewer --pe at once")

@@ -32,6 +32,7 @@ from rich.console import Console
 
 from tapecli.experiments.pe_check import DOCTOR_CHECKS, Outcome, Subject, run_check
 from tapecli.experiments.pe_check.subject import SIZE_TEXT
+from tapecli.experiments.pe_specs import parse_pe_spec
 from tapecli.faults import failure_line
 from tapecli.model import PE_NAMES
 from tapecli.runtime import resolve_device
@@ -90,9 +91,11 @@ def environment(device: torch.device) -> dict[str, str]:
 
 
 def check_pe(pe: str, device: torch.device, keys: dict | None = None) -> dict:
-    """DOCTOR_CHECKS of `tape pe check` for one PE (with further model `keys`: a hybrid layout) on `device`:
+    """DOCTOR_CHECKS of `tape pe check` for one PE spec (`tapecli.experiments.pe_specs`: a PE, optionally with
+    pe_args, e.g. rope:fope=true; with further model `keys`: a hybrid layout) on `device`:
     {"paths", "checks": {name: Outcome}, "ok"}."""
-    subject = Subject(pe, {}, device, keys={k: v for k, v in (keys or {}).items() if k != "pe"})
+    spec = parse_pe_spec(pe)
+    subject = Subject(spec.pe, spec.args, device, keys={k: v for k, v in (keys or {}).items() if k != "pe"})
     outcomes = {name: run_check(name, subject) for name in DOCTOR_CHECKS}
     paths = outcomes["dense"].info.get("paths", {"train": [], "eval": []})
     return {"paths": paths, "checks": outcomes, "ok": all(o.ok for o in outcomes.values())}

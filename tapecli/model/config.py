@@ -81,6 +81,9 @@ class ModelConfig:
                 raise ValueError(f"model.{key}: must be > 0, got {getattr(self, key)!r}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
+        # The config's own copy: a PE may record a default it resolved (CoPE's npos_max), so that what is saved
+        # keeps its meaning when a later version changes the default.
+        self.pe_args = dict(self.pe_args)
         self.pe_plugin = resolve_pe(self.pe, self.pe_plugin).record
         layer_specs(self)  # validates pe_args and the layer keys now (names, types, choices), not at the first forward
         if self.abacus and len(set(self.abacus_digit_ids)) != 10:

@@ -13,6 +13,11 @@ Supported: `LlamaForCausalLM` and `MistralForCausalLM` without sliding window; g
 `rope_theta` / `rope_scaling` keys, of type default, linear, dynamic, yarn or llama3. Anything else (biases, sliding
 window, other activations or architectures) is a TapeError naming the config key.
 
+`partial_rotary_factor` is read as the architecture's transformers class reads it (`PARTIAL_ROTARY`): where the
+class rotates only the first factor x head_dim dims of a head (GPT-NeoX, Phi, ...), it becomes RoPE's
+`partial_rotary_factor`; `LlamaForCausalLM` and `MistralForCausalLM` compute rope_type default over the whole head
+and ignore the factor (so tape does too, and says so on stderr), and fail with any other rope type (a TapeError).
+
 Weights are read tensor by tensor from each shard (`safetensors.safe_open`) straight into the target dtype and
 assigned to a model built on the meta device, so loading never holds a second full copy of the model.
 
@@ -40,6 +45,9 @@ if TYPE_CHECKING:
 
 ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}  # what transformers loads them as
+# Whether the architecture's transformers class rotates only the first partial_rotary_factor of each head (the
+# module docstring): neither Llama nor Mistral does.
+PARTIAL_ROTARY = {"LlamaForCausalLM": False, "MistralForCausalLM": False}
 HF_CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 # RoPE types transformers writes -> our `scaling` names; the HF defaults our RoPE also uses are not repeated.
@@ -70,8 +78,8 @@ def _rope_parameters(hf: dict[str, Any], where: str) -> dict[str, Any]:
     return params
 
 
-def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG) -> dict[str, Any]:
-    """Our RoPE `pe_args` for a HF rope configuration (see tapecli.model.pe.rope)."""
+def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "LlamaForCausalLM") -> dict[str, Any]:
+    """Our RoPE `pe_args` for a HF rope configuration (see tapecli.model.pe.rope), as `architecture` reads it."""
     params = _rope_parameters(hf, where)
     unknown = sorted(set(params) - _ROPE_KEYS)
     if unknown:
@@ -80,9 +88,17 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG) -> dict[str, Any]:
     if kind not in _ROPE_TYPES:
         raise TapeError(f"{where}: rope_parameters.rope_type {kind!r} is not supported; supported: "
                         f"{', '.join(_ROPE_TYPES)}")
-    if params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise TapeError(f"{where}: partial_rotary_factor != 1 is not supported")
     args: dict[str, Any] = {"theta": float(params["rope_theta"])}
+    partial = float(params.get("partial_rotary_factor", 1.0))
+    if partial != 1.0 and PARTIAL_ROTARY[architecture]:
+        args["partial_rotary_factor"] = partial
+    elif partial != 1.0 and kind == "default":
+        print(f"note: {where}: partial_rotary_factor {partial:g} is ignored, as transformers' {architecture} "
+              "ignores it with rope_type default (every dim of a head rotates)", file=sys.stderr)
+    elif partial != 1.0:
+        raise TapeError(f"{where}: partial_rotary_factor {partial:g} with rope_type {kind!r} is not supported: "
+                        f"transformers' {architecture} cannot run it (its frequencies would cover part of a head, "
+                        "its rotation the whole head)")
     if kind == "default":
         return args
     args["scaling"] = _ROPE_TYPES[kind]
@@ -150,7 +166,7 @@ def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
     architecture or key, a missing key or a value of the wrong type raises TapeError naming the key."""
     from tapecli.model import ModelConfig
 
-    _architecture(hf, where)
+    architecture = _architecture(hf, where)
     for key in ("attention_bias", "mlp_bias", "sliding_window", "use_sliding_window"):
         if hf.get(key):
             raise TapeError(f"{where}: {key}={hf[key]!r} is not supported (Llama without it only)")
@@ -166,7 +182,7 @@ def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise TapeError(f"{where}: {key} must be a positive integer, got {value!r}")
     try:
-        pe_args = _pe_args(hf, where)
+        pe_args = _pe_args(hf, where, architecture)
         norm_eps, init_std = float(hf.get("rms_norm_eps", 1e-6)), float(hf.get("initializer_range", 0.02))
     except KeyError as e:
         raise TapeError(f"{where}: missing key {e.args[0]}") from None

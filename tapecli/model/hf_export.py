@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 SHARD_BYTES = 5 * 2**30
 
 
+# RoPE's frequency options (tapecli.model.pe.rope) and their plain values: no Llama config expresses another.
+FREQUENCY_OPTIONS = {"frequency_fraction": 1.0, "hope": False, "fope": False, "partial_rotary_factor": 1.0}
+
+
 def pe_entries(model: Transformer) -> dict[str, Any] | None:
     """The LlamaConfig entries of the model's PE (`PositionalEncoding.hf_export`: RoPE's `rope_parameters` and
     `max_position_embeddings`), or None when its class defines no export of its own (a subclass of RoPE is not
@@ -48,6 +52,11 @@ def check_exportable(model: Transformer) -> None:
         raise TapeError(f"model {', '.join(keys)}: sliding windows, attention temperatures, length scales and "
                         "layer schedules do not export to a Hugging Face Llama yet; keep the native checkpoint, "
                         "which every `tape eval` opens")
+    for key, plain in FREQUENCY_OPTIONS.items() if c.pe == "rope" else ():
+        if c.pe_args.get(key, plain) != plain:
+            raise TapeError(f"pe_args.{key}: {c.pe_args[key]!r} has no Hugging Face Llama equivalent (transformers' "
+                            "Llama rotates every dim of a head at its rope type's frequencies); keep the native "
+                            "checkpoint, which every `tape eval` opens")
     if c.abacus or not c.causal:
         raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
                         "native checkpoint")

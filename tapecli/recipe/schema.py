@@ -44,7 +44,7 @@ LoggerName = Literal["jsonl", "tensorboard", "wandb"]
 class ModelSection:
     """Architecture of the Llama-style transformer; mirrors `tapecli.model.ModelConfig`."""
 
-    pe: str = "tape"  # positional encoding: nope, rope, randpe, alibi, fire, xpos, t5, tape, cope, path, or a plugin
+    pe: str = "tape"  # positional encoding: a built-in (nope, rope, ..., pope, mapwm: tape pe list) or a plugin
     pe_args: dict[str, Any] = field(default_factory=dict)  # the PE's own options; {} = its defaults
     n_layers: int = 12  # transformer blocks
     dim: int = 768  # hidden size

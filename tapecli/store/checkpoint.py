@@ -122,13 +122,16 @@ def save_model(model: Transformer, tokenizer: Tokenizer, directory: str | Path,
 
 
 def read_model_config(checkpoint: Path) -> dict[str, Any]:
-    """The model_config.json of a checkpoint directory, as a dict."""
+    """The model_config.json of a checkpoint directory, as a dict, in today's terms: a default a PE now records but
+    earlier versions left out is filled in with the value it had then (`tapecli.model.pe.cope.saved_args`)."""
+    from tapecli.model.pe.cope import saved_args
+
     path = checkpoint / MODEL_CONFIG
     with reading(path):
         config = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(config, dict):
             raise ValueError(f"expected a JSON object, got {type(config).__name__}")
-    return config
+    return saved_args(config)
 
 
 def load_weights(model: Transformer, checkpoint: Path, missing_ok: set[str] | frozenset[str] = frozenset(),

@@ -66,6 +66,19 @@ def test_bench_several_lengths_in_bf16(tmp_path):
                                "tape (separate)": ["sdpa", "sdpa-separate"], "tape (concat)": ["sdpa", "sdpa-concat"]}
 
 
+def test_bench_takes_pe_specs_with_pe_args(tmp_path):
+    """A --pe spec (name:key=value) is a row of its own, labelled as written; a bad value is one line."""
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "--pe", "rope,rope:fope=true,pope,mapwm", "--n-layers", "1", "--dim", "32",
+                                 "--seq-len", "16", "--steps", "1", "--warmup", "0", "--rounds", "1", "--no-memory",
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    at = json.loads(out.read_text())["lengths"]["16"]
+    assert at["paths"] == {"rope": ["sdpa"], "rope:fope=true": ["sdpa"], "pope": ["sdpa"], "mapwm": ["mapwm", "sdpa"]}
+    bad = runner.invoke(app, ["bench", "--pe", "rope:frequency_fraction=2", "--seq-len", "16", "--no-memory"])
+    assert bad.exit_code == 2 and "model.pe_args.frequency_fraction" in bad.output and bad.output.count("\n") == 1
+
+
 @pytest.mark.slow
 def test_doctor_reports_the_machine_and_checks_each_pe():
     """The environment lines, then one line per PE and per hybrid layout with its paths and four passed checks (the

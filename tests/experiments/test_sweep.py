@@ -238,6 +238,25 @@ def test_grid_cells_are_named_and_overridden_in_order(tmp_path):
         assert f"tape eval synthetic --model {tmp_path / 'g' / name}" in printed
 
 
+def test_pe_specs_carry_pe_args_into_their_cells(tmp_path):
+    """--pe rope:hope=true is the recipe with model.pe=rope and model.pe_args.hope=true; its cell directory spells
+    `:` as `+`; an unknown pe_args key is one line."""
+    printed = invoke("sweep", "--recipe", "selective-copy-smoke", "--pe", "rope,rope:hope=true:frequency_fraction=0.5",
+                     "--out", str(tmp_path / "s"), "--dry-run")
+    name = "rope+hope=true+frequency_fraction=0.5-seed0"
+    assert f"{name} (new)" in printed and "rope-seed0 (new)" in printed
+    assert (f"tape pretrain --recipe selective-copy-smoke --out {tmp_path / 's' / name} model.pe=rope "
+            "model.pe_args.hope=true model.pe_args.frequency_fraction=0.5 train.seed=0") in printed
+    from tapecli.experiments.sweep.cells import SweepSpec, plan
+
+    cell = plan(SweepSpec("selective-copy-smoke", (), ("rope:hope=true",), (0,), (), tmp_path / "s"), [])[0]
+    assert cell.load_recipe().model.pe_args == {"hope": True} and cell.label == "rope:hope=true"
+    result = runner.invoke(app, ["sweep", "--recipe", "selective-copy-smoke", "--pe", "rope:hop=true", "--out",
+                                 str(tmp_path / "t"), "--dry-run"])
+    assert result.exit_code == 2 and "model.pe_args.hop: not an argument of pe 'rope'" in result.output
+    assert result.output.count("\n") == 1
+
+
 def test_a_text_recipe_is_judged_by_its_validation_perplexity(tiny_corpus, tmp_path):
     recipe = write_recipe(tmp_path / "text.yaml", tiny_corpus)
     out = tmp_path / "text"

@@ -154,13 +154,20 @@ def model_loss(model, x, mask):
     return logits, (logits * keep * torch.linspace(-1, 1, logits.shape[-1], dtype=logits.dtype)).sum()
 
 
-@pytest.mark.parametrize("pe", PE_NAMES)
+# RoPE's frequency options (test_rotary_family) beside every PE: they change the rotary state's layout.
+OPTION_CASES = [(pe, {}) for pe in PE_NAMES] + [("rope", {"pe_args": {"fope": True}}),
+                                                ("rope", {"pe_args": {"partial_rotary_factor": 0.5, "hope": True}})]
+OPTION_IDS = [pe if not o else f"{pe}-{'-'.join(o['pe_args'])}" for pe, o in OPTION_CASES]
+
+
+@pytest.mark.parametrize("pe,overrides", OPTION_CASES, ids=OPTION_IDS)
 @pytest.mark.parametrize("padding", [None, "left", "right"])
-def test_model_training_paths_equal_the_dense_reference(small_chunks, pe, padding):
+def test_model_training_paths_equal_the_dense_reference(small_chunks, pe, overrides, padding):
     """Every PE's training step (the default paths, several chunks) equals the same model with every score
     materialised (attention.forced("dense"); CoPE: one chunk; PaTH: its key-carrying path, neither recomputed),
     logits and gradients, with grouped-query heads and padding on either side."""
-    model = randomize_tape(tiny(pe, n_kv_heads=2, **PATH_CHUNKS.get(pe, {})), std=0.3).double().train()
+    overrides = {**PATH_CHUNKS.get(pe, {}), **overrides}
+    model = randomize_tape(tiny(pe, n_kv_heads=2, **overrides), std=0.3).double().train()
     x = torch.randint(0, VOCAB, (2, 22), generator=torch.Generator().manual_seed(4))
     mask = None
     if padding:
@@ -187,10 +194,10 @@ def test_model_training_paths_equal_the_dense_reference(small_chunks, pe, paddin
     assert expected in taken
 
 
-@pytest.mark.parametrize("pe,overrides", [(pe, {}) for pe in PE_NAMES] + [
+@pytest.mark.parametrize("pe,overrides", [*OPTION_CASES,
     ("rope", {"pe_args": {"scaling": "dynamic", "factor": 2.0, "original_max_len": 8}}),
     ("tape", {"pe_args": {"aggregation": "separate"}}), ("alibi", {"n_kv_heads": 1})],
-    ids=[*PE_NAMES, "rope-dynamic-ntk", "tape-separate", "alibi-mqa"])
+    ids=[*OPTION_IDS, "rope-dynamic-ntk", "tape-separate", "alibi-mqa"])
 def test_cached_chunked_prefill_equals_recomputation(small_chunks, pe, overrides):
     """A left-padded batch prefilled through the KV cache in chunks of 4, then decoded: the logits of full
     recomputation (fp64), and greedy tokens equal."""

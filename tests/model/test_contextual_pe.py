@@ -191,7 +191,7 @@ def test_path_cache_holds_only_transformed_keys_written_in_place():
     assert half.layers[1].buffers["k"].dtype == torch.float32 and half.layers[1].buffers["v"].dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("pe", ["cope", "path"])
+@pytest.mark.parametrize("pe", ["cope", "path", "mapwm", "pope"])
 def test_gradients_reach_every_pe_parameter(pe):
     model = randomize_pe(tiny(pe, n_kv_heads=2), std=0.3)
     model(torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(4))).pow(2).mean().backward()
@@ -202,7 +202,7 @@ def test_gradients_reach_every_pe_parameter(pe):
 
 def test_parameter_counts():
     cope = count_parameters(tiny("cope"))["pe"]
-    assert cope == 2 * (32 + 1) * 8  # n_layers x (npos_max + 1) x head_dim, npos_max = max_seq_len
+    assert cope == 2 * (32 + 1) * 8  # n_layers x (npos_max + 1) x head_dim, npos_max = min(max_seq_len, 1024)
     assert count_parameters(tiny("cope", pe_args={"npos_max": 64}))["pe"] == 2 * 65 * 8
     # Per layer: W_w low-rank (32 x 32 + 32 x 32), conv (kv_dim x 3), W_beta (dim x H_kv) + b_beta (H_kv).
     assert count_parameters(tiny("path"))["pe"] == 2 * (32 * 32 + 32 * 32 + 32 * 3 + 32 * 4 + 4)
@@ -213,6 +213,35 @@ def test_parameter_counts():
         big = Transformer(ModelConfig(vocab_size=32000, dim=768, n_layers=12, n_heads=12, ffn_dim=3072,
                                       max_seq_len=1024, pe="path"))
     assert count_parameters(big)["pe"] == 12 * (768 * 32 + 32 * 768 + 768 * 3 + 768 * 12 + 12) == 728_208
+
+
+def test_cope_npos_max_default_is_capped_recorded_and_old_configs_keep_theirs(tmp_path):
+    """The default is min(max_seq_len, 1024), recorded in the config; a model_config.json without npos_max (what
+    earlier versions wrote, when the default was max_seq_len) opens, resumes and computes as it did."""
+    import json
+
+    from tapecli.data.tokenizer import load_tokenizer
+    from tapecli.model.merge import merge_model_config
+    from tapecli.store.checkpoint import read_model_config, save_model
+    from tapecli.store.door import open_model
+
+    long = tiny("cope", max_seq_len=2048)
+    assert long.model.layers[0].pe.npos_max == 1024 and long.config.to_dict()["pe_args"] == {"npos_max": 1024}
+    assert tiny("cope", max_seq_len=64).model.layers[0].pe.npos_max == 64
+    args = {}
+    ModelConfig(vocab_size=61, dim=32, n_layers=1, n_heads=2, max_seq_len=8, pe="cope", pe_args=args)
+    assert args == {}  # the caller's dict is not touched
+    old = randomize_pe(tiny("cope", max_seq_len=1100, pe_args={"npos_max": 1100}), std=0.3)
+    save_model(old, load_tokenizer("byte"), tmp_path / "ckpt")
+    path = tmp_path / "ckpt" / "model_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "pe_args": {}}))  # as earlier versions wrote it
+    assert read_model_config(tmp_path / "ckpt")["pe_args"] == {"npos_max": 1100}
+    opened = open_model(str(tmp_path / "ckpt"), device="cpu").model
+    x = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.equal(opened(x), old.eval()(x))
+    resumed, _ = merge_model_config(read_model_config(tmp_path / "ckpt"), {"pe": "cope", "pe_args": {}}, "ckpt")
+    assert resumed.pe_args == {"npos_max": 1100}
 
 
 def test_fresh_cope_attends_like_nope():
@@ -230,7 +259,7 @@ def test_bad_pe_args_are_clear():
         tiny("path", pe_args={"kernel": "cuda"})
     with pytest.raises(ValueError, match=r"model.pe_args.chunk_size: expected an integer >= 1, got 0"):
         tiny("path", pe_args={"chunk_size": 0})
-    for pe in ("cope", "path"):
+    for pe in ("cope", "path", "mapwm"):
         with pytest.raises(ValueError, match=rf"model.causal: pe '{pe}'"):
             tiny(pe, causal=False)
 
@@ -239,7 +268,7 @@ def test_every_recipe_can_select_them():
     from tapecli.recipe import list_recipes, load_recipe
 
     for name, _ in list_recipes():  # (the context-extension recipes hold RoPE's pe_args: cleared; the hybrids' layer
-        for pe in ("cope", "path", "fox", "stickbreaking"):  # schedules too: PaTH takes no window)
+        for pe in ("cope", "path", "fox", "stickbreaking", "mapwm", "pope"):  # schedules too: PaTH takes no window)
             recipe = load_recipe(name, [f"model.pe={pe}", "model.pe_args={}", "model.schedule={}"])
             assert ModelConfig(**recipe.model_config_kwargs(tokenizer_vocab_size=1000)).pe == pe
 

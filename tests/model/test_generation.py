@@ -23,6 +23,8 @@ BATCH_CASES = [(pe, {}) for pe in PE_NAMES] + [
     ("rope", {"abacus": True, "abacus_digit_ids": list(range(10))}),
     ("rope", {"max_seq_len": 8, "pe_args": {"scaling": "dynamic", "factor": 2.0}}),
     ("tape", {"max_seq_len": 8, "pe_args": {"scaling": "dynamic", "factor": 2.0}}),
+    ("rope", {"n_kv_heads": 2, "pe_args": {"fope": True}}),
+    ("rope", {"pe_args": {"partial_rotary_factor": 0.5, "frequency_fraction": 0.5}}),
 ]
 IDS = [f"{p}-{'-'.join(f'{k}={v}' for k, v in o.items())}" for p, o in BATCH_CASES]
 

@@ -27,6 +27,8 @@ CASES = {
                        "original_max_position_embeddings": 16}),
     "llama3": dict(rope={"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 16}, tokenizer="sp"),
+    # transformers' Llama ignores partial_rotary_factor with rope_type default: every dim rotates, in tape too.
+    "partial-ignored": dict(rope={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
     "legacy-theta": dict(legacy={"rope_theta": 50000.0}),
     "legacy-linear": dict(legacy={"rope_theta": 10000.0, "rope_scaling": {"type": "linear", "factor": 4.0}}),
     "legacy-yarn": dict(legacy={"rope_theta": 10000.0, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}}),
@@ -85,6 +87,9 @@ def test_sentencepiece_tokenizer_and_config_ids(tmp_path):
     ({"architectures": ["Qwen2ForCausalLM"]}, "architectures"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type"),
+    # transformers' Llama cannot run these (its linear frequencies cover half a head, its rotation all of it)
+    ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor"),
 ])
 def test_unsupported_config_is_one_line_naming_the_key(tmp_path, extra, key):
     make_hf_llama(tmp_path / "hf", tokenizer="none", extra=extra)

@@ -23,8 +23,9 @@ def tiny(pe: str, **overrides) -> Transformer:
     return Transformer(ModelConfig(**kwargs))
 
 
-# PEs whose fresh weights hide what they do (TAPE's and CoPE's zeros, PaTH's near-zero w): tests randomise them.
-TRAINED_LIKE = ("tape", "cope", "path")
+# PEs whose fresh weights hide what they do (TAPE's and CoPE's zeros, PaTH's near-zero w, MapWM's small increments,
+# PoPE's zero bias): tests randomise them.
+TRAINED_LIKE = ("tape", "cope", "path", "mapwm", "pope")
 
 
 def randomize_tape(model: Transformer, std: float = 0.3) -> Transformer:
@@ -98,6 +99,9 @@ CACHE_CASES = [(pe, {}) for pe in PE_NAMES] + [
     ("tape", {"pe_args": {"mlp_update": False, "mix": "full"}}),
     ("alibi", {"n_kv_heads": 1}),
     ("rope", {"abacus": True, "abacus_digit_ids": list(range(10))}),
+    ("rope", {"n_kv_heads": 2, "pe_args": {"fope": True, "frequency_fraction": 0.75}}),
+    ("rope", {"pe_args": {"partial_rotary_factor": 0.5, "hope": True}}),
+    ("randpe", {"n_kv_heads": 2, "pe_args": {"fope": True}}),
 ]
 
 

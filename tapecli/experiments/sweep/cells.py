@@ -5,8 +5,10 @@ A cell `DIR/<pe>-seed<k>[-<key>=<value>...]` (<pe>: the PE's name; a plugin file
     tape pretrain --recipe R --out DIR/<cell> <overrides> model.pe=<pe> train.seed=<k> [<key>=<value> ...]
 
 would train it (the same resolved recipe, `--resume auto`), then evaluated by the evaluation its data kind names
-(`evaluations.evaluation_for`). A cell is finished when its newest checkpoint is at train.max_steps and that
-checkpoint's results.json exists; a partly trained cell continues from its newest checkpoint, exactly.
+(`evaluations.evaluation_for`). A --pe spec with pe_args (`tapecli.experiments.pe_specs`, e.g. rope:hope=true)
+adds model.pe_args.hope=true after model.pe, and its cell directory spells `:` as `+` (DIR/rope+hope=true-seed0).
+A cell is finished when its newest checkpoint is at train.max_steps and that checkpoint's results.json exists; a
+partly trained cell continues from its newest checkpoint, exactly.
 
 A cell directory that already holds a recipe.yaml must have been trained with the recipe the sweep asks for
 (keys the engine resolves at training, null or auto in the sweep's recipe, are not compared); otherwise the sweep
@@ -115,10 +117,11 @@ def parse_grid(entries: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
 
 def plan(spec: SweepSpec, command: list[str]) -> list[Cell]:
     """The cells in the order they run: seed by seed, so each seed's comparison is complete before the next."""
-    from tapecli.model.pe import pe_label
+    from tapecli.experiments.pe_specs import parse_pe_specs
 
-    labels = [pe_label(pe) for pe in spec.pes]
-    if len(set(labels)) != len(labels):
+    pes = parse_pe_specs(spec.pes)
+    names = [pe.dirname for pe in pes]
+    if len(set(names)) != len(names):
         raise TapeError(f"--pe: two PEs would share a cell name ({', '.join(spec.pes)}); give each its own name")
     grid_keys = {key for key, _ in spec.grid}
     for override in spec.overrides:
@@ -131,11 +134,11 @@ def plan(spec: SweepSpec, command: list[str]) -> list[Cell]:
     for seed in spec.seeds:
         for values in itertools.product(*(vals for _, vals in spec.grid)):
             grid = tuple(zip((key for key, _ in spec.grid), values, strict=True))
-            for pe, label in zip(spec.pes, labels, strict=True):
-                name = "-".join([label, f"seed{seed}", *(f"{key}={value}" for key, value in grid)])
-                overrides = (*spec.overrides, f"model.pe={pe}", f"train.seed={seed}", *(f"{k}={v}" for k, v in grid))
-                cells.append(Cell(name, pe, seed, grid, spec.recipe, overrides, spec.out / name, tuple(command),
-                                  label))
+            for pe in pes:
+                name = "-".join([pe.dirname, f"seed{seed}", *(f"{key}={value}" for key, value in grid)])
+                overrides = (*spec.overrides, *pe.overrides(), f"train.seed={seed}", *(f"{k}={v}" for k, v in grid))
+                cells.append(Cell(name, pe.text, seed, grid, spec.recipe, overrides, spec.out / name, tuple(command),
+                                  pe.label))
     return cells
 
 

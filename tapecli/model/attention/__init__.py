@@ -4,7 +4,8 @@
                temperature=1.0)
     name = plan(need, device_type, dtype, q_len, k_len, grad, padded, causal, windowed)   # the path attend takes
 
-q [B, H, Tq, d] (position-encoded), k, v [B, G, Tq, d] of the current tokens (G divides H); `need` is what the
+q [B, H, Tq, d] (position-encoded), k [B, G, Tq, d], v [B, G, Tq, dv] of the current tokens (G divides H; dv may
+differ from d: TAPE's values are wider, PoPE's queries and keys are); `need` is what the
 layer's PE declared (`LayerPE.need`: None, `ScoreBias`, `WideValue` or `OwnAttention`, see needs.py); positions
 [B|1, Tq] / [B|1, Tk] of queries and of every token the cache holds (or the current ones); `key_mask` [B, Tk] False
 for padding (None: none); `cache` the layer's KV cache (the current keys and values are appended to it here; a
@@ -132,6 +133,19 @@ def attend(q: Tensor, k: Tensor, v: Tensor, need: Need, *, x: Tensor, q_pos: Ten
         options = {"temperature": temperature} if temperature != 1.0 else {}
         options |= {"window": window} if window is not None else {}
         return need.attend(x, q, k, v, mask, is_causal, key_mask, cache, **options)
+    if v.shape[-1] < q.shape[-1] and Tq > 1:
+        # Queries and keys wider than the values (PoPE): zero value columns, as the kernels want equal widths (a
+        # decoding step computes its one row of weights directly, without copying the cached values padded).
+        dv = v.shape[-1]
+        v = torch.nn.functional.pad(v, (0, q.shape[-1] - dv))
+        return _attend_path(name, q, k, v, need, q_pos, k_pos, key_mask, causal, window, temperature)[..., :dv]
+    return _attend_path(name, q, k, v, need, q_pos, k_pos, key_mask, causal, window, temperature)
+
+
+def _attend_path(name: str, q: Tensor, k: Tensor, v: Tensor, need: Need, q_pos: Tensor, k_pos: Tensor,
+                 key_mask: Tensor | None, causal: bool, window: int | None, temperature: float) -> Tensor:
+    """Attention through path `name` (not an OwnAttention's), the cache already appended to."""
+    Tq, Tk = q.shape[2], k.shape[2]
     bias = need if isinstance(need, ScoreBias) else None
     scale = q.shape[-1] ** -0.5 / temperature
     if name == "flex":

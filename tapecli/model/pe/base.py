@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.attention import chunked, flex, forced_path
+from tapecli.model.attention import attend, chunked, flex, forced_path
 from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, ScoreMod, WideValue
 from tapecli.model.attention.recompute import by_query_chunks, rows_for
 from tapecli.model.cache import LayerCache
@@ -212,6 +212,16 @@ def flex_attention(q: Tensor, k: Tensor, v: Tensor, score_mod, key_mask: Tensor 
     return flex.compiled_flex()(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale,
                                 enable_gqa=k.shape[1] != q.shape[1])
 
+
+def encoded_attention(q: Tensor, k: Tensor, v: Tensor, *, x: Tensor, q_pos: Tensor, k_pos: Tensor,
+                      key_mask: Tensor | None, window: int | None = None, temperature: float = 1.0) -> Tensor:
+    """Attention of queries and keys the PE has already encoded (no bias), on the path tape picks for the device,
+    as for RoPE: for an `OwnAttention` PE that computes only its encoding itself (MapWM's content-dependent
+    rotation). q [B, H, Tq, d]; k, v [B, G, Tk, d] (the cache's buffers, current tokens last); q_pos, k_pos
+    [B|1, Tq], [B|1, Tk]; `window` and `temperature` as the layer's attention options."""
+    return attend(q, k, v, None, x=x, q_pos=q_pos, k_pos=k_pos, key_mask=key_mask, cache=None, window=window,
+                  temperature=temperature)
+
 def check_positive_int(key: str, value: object) -> None:
     """A width or count in pe_args: a whole number >= 1 (0 is not "the default")."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -256,5 +266,5 @@ def check_pe_args(cls: type, name: str, pe_args: dict) -> dict:
 
 __all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding",
            "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks", "check_pe_args",
-           "check_positive_int", "default_positions", "flex_attention", "forced_path", "kernels_available",
-           "pe_arguments", "plain_attention", "rows_for"]
+           "check_positive_int", "default_positions", "encoded_attention", "flex_attention", "forced_path",
+           "kernels_available", "pe_arguments", "plain_attention", "rows_for"]

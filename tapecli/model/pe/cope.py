@@ -28,8 +28,14 @@ Choices, stated:
   count only the gates of the keys a query sees (exact; the chunks still visit every earlier key).
 
 pe_args:
-  npos_max   largest position, positions are clamped there (default: model.max_seq_len, i.e. the official code's
-             default of block size + 1 table rows: every position a sequence of training length can reach)
+  npos_max   largest position, positions are clamped there (default: min(model.max_seq_len, 1024)). The official
+             code's default is its block size + 1 table rows (`--cope-npos` unset): every position a sequence of
+             training length can reach, which is what tape used before (npos_max = model.max_seq_len). Each
+             query multiplies the whole table (z_i above), so that default made CoPE's cost per query grow with the
+             context; the cap keeps it fixed past 1024 (the official default at a 1024-token block, and the
+             default of MapFormer's CoPE baseline, `cope_npos_max = 1024`), and changes nothing for models of up
+             to 1024 tokens. The resolved value is recorded in the model's config (model_config.json), and a
+             config saved without it (by earlier versions) keeps meaning model.max_seq_len (`saved_args`).
 """
 
 from __future__ import annotations
@@ -92,42 +98,63 @@ class CoPELayer(LayerPE):
         with torch.autocast(q.device.type, enabled=False):
             q, k, v = q.to(compute), k.to(compute), v.to(compute)
             table = self.pos_emb.to(compute)
+            # Keys and values in reverse order, once: each chunk reads its keys as a view of these, latest first.
+            k_rev, v_rev = k.flip(2), v.flip(2)
+            Tk = k.shape[2]
 
             def chunk(i0: int, i1: int) -> Tensor:
                 # Keys up to the chunk's last query, in reverse order, so the positions (sums of the gates from each
                 # key to the query) are one forward cumsum along the keys. Reversed column c is key end - 1 - c.
                 end = past + i1
-                keys, values = k[:, :, :end].flip(2), v[:, :, :end].flip(2)
+                keys, values = k_rev[:, :, Tk - end:], v_rev[:, :, Tk - end:]
                 if mask is None:  # only the first i1 - i0 columns hold future keys: query i sees c >= i1 - 1 - i
-                    seen = torch.ones(i1 - i0, i1 - i0, dtype=torch.bool, device=q.device).triu(0).flip(0)
+                    C = i1 - i0
+                    if C not in future:  # the same for every chunk of C queries
+                        future[C] = ~torch.ones(C, C, dtype=torch.bool, device=q.device).triu(0).flip(0)
+                    hidden = future[C]
                 else:
-                    seen = visible_keys(mask, Tq, past + Tq, q.device)[..., i0:i1, :end].flip(-1)
-                return self.chunk_attention(q[:, :, i0:i1], keys, values, seen, table, temperature)
+                    hidden = ~visible_keys(mask, Tq, past + Tq, q.device)[..., i0:i1, :end].flip(-1)
+                return self.chunk_attention(q[:, :, i0:i1], keys, values, hidden, table, temperature)
+
+            future: dict[int, Tensor] = {}
 
             rows = Tq if forced_path() == "dense" else rows_for(B, H, past + Tq, Tq)
             out = by_query_chunks(chunk, Tq, rows)
         return out.to(out_dtype)
 
-    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, seen: Tensor, table: Tensor,
+    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor, table: Tensor,
                         temperature: float = 1.0) -> Tensor:
         """CoPE for queries q [B, H, C, d] over keys and values [B, H, K, d] given in reverse order (latest
-        first); seen [.., C, K'] (K' <= K): which of the first K' keys each query may see (the rest it sees)."""
+        first); hidden [.., C, K'] (K' <= K): which of the first K' keys each query may not see (it sees the rest)."""
         q = q * q.shape[-1] ** -0.5  # every logit and table product below is scaled once, here
         logits = q @ keys.transpose(-1, -2)  # [B, H, C, K], scaled
-        block = seen.shape[-1]
+        block = hidden.shape[-1]
         # -inf hides a key from both its gate (sigmoid 0: it does not count) and the softmax.
-        logits[..., :block] = logits[..., :block].masked_fill(~seen, float("-inf"))
+        logits[..., :block] = logits[..., :block].masked_fill(hidden, float("-inf"))
         gates = torch.sigmoid(logits)
         positions = gates.cumsum(-1)  # sum over t = j..i
         if keys.shape[2] > self.npos_max:  # (a position never exceeds the number of keys)
             positions = positions.clamp(max=self.npos_max)
         floor = positions.detach().floor()
         weight = positions - floor  # differentiable in the gates
+        index = floor.long()
         z = q @ table.T  # z_i[n] = q_i . e[n] (scaled): [B, H, C, npos_max + 1]
-        low = z.gather(-1, floor.long())
-        high = z.gather(-1, positions.detach().ceil().long())
-        logits = logits + low + weight * (high - low)
+        # z[floor p] + w (z[floor p + 1] - z[floor p]): the interpolation between z[floor p] and z[ceil p] (where p
+        # is whole, w = 0); the step after the last entry is 0 (p never exceeds npos_max).
+        step = torch.nn.functional.pad(z[..., 1:] - z[..., :-1], (0, 1))
+        logits = logits + torch.addcmul(z.gather(-1, index), weight, step.gather(-1, index))
         return (logits if temperature == 1.0 else logits / temperature).softmax(-1) @ values
+
+
+NPOS_CAP = 1024  # the default npos_max for contexts longer than this (module docstring)
+
+
+def saved_args(saved: dict) -> dict:
+    """A saved model config (model_config.json as a dict) as today's defaults read it: CoPE configs written before
+    npos_max was recorded meant npos_max = max_seq_len (the default then)."""
+    if saved.get("pe") != "cope" or "npos_max" in (saved.get("pe_args") or {}) or "max_seq_len" not in saved:
+        return saved
+    return {**saved, "pe_args": {**(saved.get("pe_args") or {}), "npos_max": saved["max_seq_len"]}}
 
 
 class CoPE(PositionalEncoding):
@@ -138,9 +165,11 @@ class CoPE(PositionalEncoding):
         if not config.causal:
             raise ValueError("model.causal: pe 'cope' counts positions backwards from each query; it needs causal "
                              "attention")
-        self.npos_max = config.max_seq_len if npos_max is None else npos_max
+        self.npos_max = min(config.max_seq_len, NPOS_CAP) if npos_max is None else npos_max
         if isinstance(self.npos_max, bool) or not isinstance(self.npos_max, int) or self.npos_max < 1:
             raise ValueError(f"model.pe_args.npos_max: expected a positive integer, got {npos_max!r}")
+        if npos_max is None and isinstance(getattr(config, "pe_args", None), dict):
+            config.pe_args["npos_max"] = self.npos_max  # recorded: a later default cannot change a saved model
 
     def make_layer(self, layer_idx: int) -> LayerPE:
         return CoPELayer(self.config.head_dim, self.npos_max)

@@ -48,8 +48,9 @@ sees zeros there, as before a sequence's first token), and attention hides its k
 padding, for scoring) every real token computes exactly what its row computes alone.
 
 On CUDA, `kernel: auto` uses fla's fused `parallel_path_attention` when flash-linear-attention is installed (an
-optional extra, imported behind a guard) and applicable (fp16/bf16, head_dim 16/32/64, no cached past, plain causal
-mask); never required. That path has not been run here (no GPU): the exact path is the tested one.
+optional extra, imported behind a guard) and applicable (fp16/bf16, head_dim 16/32/64/128 (128 since fla PR #503,
+July 2025), no cached past, plain causal mask); never required. That path has not been run here (no GPU): the exact
+path is the tested one.
 
 pe_args:
   w_rank       rank of W_w (32; 0 = a full-rank dim x kv_dim map)
@@ -71,7 +72,7 @@ from tapecli.model.pe.base import LayerCache, LayerPE, OwnAttention, PositionalE
 from tapecli.model.pe.path_ops import path_attention, path_attention_by_queries
 
 KERNELS = ("auto", "torch")
-FLA_HEAD_DIMS = (16, 32, 64)
+FLA_HEAD_DIMS = (16, 32, 64, 128)  # 128 since fla PR #503 (fla-org/flash-linear-attention, July 2025)
 
 
 @functools.cache

@@ -24,8 +24,10 @@ from tapecli.model.pe.base import PositionalEncoding, check_pe_args
 from tapecli.model.pe.cope import CoPE
 from tapecli.model.pe.fire import FIRE
 from tapecli.model.pe.fox import FoX
+from tapecli.model.pe.mapwm import MapWM
 from tapecli.model.pe.nope import NoPE
 from tapecli.model.pe.path import PaTH
+from tapecli.model.pe.pope import PoPE
 from tapecli.model.pe.randpe import RandPE
 from tapecli.model.pe.rope import RoPE
 from tapecli.model.pe.stickbreaking import StickBreaking
@@ -46,6 +48,8 @@ BUILTINS: dict[str, type[PositionalEncoding]] = {
     "path": PaTH,
     "fox": FoX,
     "stickbreaking": StickBreaking,
+    "pope": PoPE,
+    "mapwm": MapWM,
 }
 
 

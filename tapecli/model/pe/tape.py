@@ -130,6 +130,8 @@ class TAPELayer(LayerPE):
 
 
 class TAPE(RoPE):
+    rotary_layouts = False  # its layers use the full-width, one-copy rotary state
+
     carries_state = True
 
     def __init__(self, config, *, variant: str = "paper", hidden: int | None = None, gate_input: str = "mlp_out",

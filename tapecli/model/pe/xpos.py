@@ -23,6 +23,8 @@ class XPosLayer(LayerPE):
 
 
 class XPos(RoPE):
+    rotary_layouts = False  # its layers use the full-width, one-copy rotary state
+
     def __init__(self, config, *, scale_base: float = 2048.0, **rope_args) -> None:
         super().__init__(config, **rope_args)
         half = config.head_dim // 2
