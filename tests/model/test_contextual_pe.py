@@ -267,9 +267,12 @@ def test_bad_pe_args_are_clear():
 def test_every_recipe_can_select_them():
     from tapecli.recipe import list_recipes, load_recipe
 
-    for name, _ in list_recipes():  # (the context-extension recipes hold RoPE's pe_args: cleared; the hybrids' layer
-        for pe in ("cope", "path", "fox", "stickbreaking", "mapwm", "pope"):  # schedules too: PaTH takes no window)
-            recipe = load_recipe(name, [f"model.pe={pe}", "model.pe_args={}", "model.schedule={}"])
+    # (the context-extension recipes hold RoPE's pe_args: cleared; the hybrids' layer schedules and the protocol
+    # recipe's temperature too: PaTH takes no window, FoX and stick-breaking no temperature)
+    plain = ["model.pe_args={}", "model.schedule={}", "model.temperature=1.0"]
+    for name, _ in list_recipes():
+        for pe in ("cope", "path", "fox", "stickbreaking", "mapwm", "pope"):
+            recipe = load_recipe(name, [f"model.pe={pe}", *plain])
             assert ModelConfig(**recipe.model_config_kwargs(tokenizer_vocab_size=1000)).pe == pe
 
 
