@@ -120,7 +120,7 @@ def run_doctor(device: str = "auto", pes: list[str] | None = None, hybrids: bool
     rows = [(pe, lambda pe=pe: check_pe(pe, dev)) for pe in pes or list(PE_NAMES)]
     if hybrids:
         rows += [(name, lambda keys=keys: check_pe(keys["pe"], dev, keys)) for name, keys in HYBRID_CHECKS.items()]
-    width = max(len(name) for name, _ in rows) + 1
+    width = max(8, max(len(name) for name, _ in rows) + 1)
     for name, check in rows:
         start = time.perf_counter()
         try:

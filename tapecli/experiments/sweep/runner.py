@@ -58,9 +58,9 @@ def run_sweep(spec: SweepSpec, executor: Any, command: list[str], dry_run: bool 
     `dry_run`: print the cells, their state and their equivalent commands, and run nothing."""
     from rich.console import Console
 
-    from tapecli.model.pe import resolve_option
+    from tapecli.experiments.pe_specs import parse_pe_specs
 
-    resolve_option(spec.pes)  # each --pe names a PE (before any recipe is loaded with it)
+    parse_pe_specs(spec.pes)  # each --pe names a PE, maybe with pe_args (before any recipe is loaded with it)
     cells, recipes, evaluation = _prepare(spec, command)
     states = {cell.name: cell_state(cell, recipes[cell.name], evaluation) for cell in cells}
     console = Console()

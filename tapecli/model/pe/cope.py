@@ -168,8 +168,10 @@ class CoPE(PositionalEncoding):
         self.npos_max = min(config.max_seq_len, NPOS_CAP) if npos_max is None else npos_max
         if isinstance(self.npos_max, bool) or not isinstance(self.npos_max, int) or self.npos_max < 1:
             raise ValueError(f"model.pe_args.npos_max: expected a positive integer, got {npos_max!r}")
-        if npos_max is None and isinstance(getattr(config, "pe_args", None), dict):
-            config.pe_args["npos_max"] = self.npos_max  # recorded: a later default cannot change a saved model
+        # Recorded in the model's pe_args, so a later default cannot change a saved model; only when CoPE is the
+        # model's PE (a CoPE kind of a layer schedule keeps the default it was given).
+        if npos_max is None and getattr(config, "pe", None) == "cope" and isinstance(config.pe_args, dict):
+            config.pe_args["npos_max"] = self.npos_max
 
     def make_layer(self, layer_idx: int) -> LayerPE:
         return CoPELayer(self.config.head_dim, self.npos_max)

@@ -189,6 +189,7 @@ class FoXLayer(LayerPE):
 
 
 class FoX(PositionalEncoding):
+    claims = ("shift-invariance",)  # positions enter as differences only, or not at all
     attention_options: frozenset[str] = frozenset()  # its own attention has no temperature or window (yet)
 
     def __init__(self, config, *, rope: bool = False, theta: float = 500000.0, output_gate: bool = False,

@@ -117,6 +117,7 @@ class MapWMLayer(LayerPE):
 
 
 class MapWM(PositionalEncoding):
+    claims = ("shift-invariance",)  # positions enter as differences only, or not at all
     def __init__(self, config, *, rank: int = 32, freq_base: float | None = None) -> None:
         super().__init__(config)
         if not config.causal:

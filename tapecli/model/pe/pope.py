@@ -71,6 +71,7 @@ class PoPELayer(LayerPE):
 
 
 class PoPE(PositionalEncoding):
+    claims = ("shift-invariance",)  # positions enter as differences only, or not at all
     def __init__(self, config, *, theta: float = 10000.0, bias: bool = True) -> None:
         super().__init__(config)
         if not theta > 1:

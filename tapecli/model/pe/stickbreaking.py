@@ -123,6 +123,7 @@ class StickBreakingLayer(LayerPE):
 
 
 class StickBreaking(PositionalEncoding):
+    claims = ("shift-invariance",)  # positions enter as differences only, or not at all
     attention_options: frozenset[str] = frozenset()  # its own attention has no temperature or window (yet)
 
     def __init__(self, config, *, attend_current: bool = False, remainder: bool = False,
