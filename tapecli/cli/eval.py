@@ -401,21 +401,23 @@ def eval_ruler(
 @eval_app.command("babilong")
 def eval_babilong(
     model: list[str] = MODELS_OPTION,
-    tasks: str = typer.Option("all", "--tasks", "-t", help="all, or comma-separated bAbI tasks: qa1 (single "
-                              "supporting fact), qa2 (two), qa3 (three), qa4 (two-argument relations), qa5 "
-                              "(three-argument relations)."),
-    lengths: str = typer.Option("0,1k,2k,4k,8k,16k", "--lengths", help="Comma-separated lengths in tokens (prompt + "
-                                "15 answer tokens; k = 1024); 0 = the facts alone (BABILong's 0k)."),
-    depths: str = typer.Option("0,0.25,0.5,0.75,1", "--depths", help="Where the facts go: comma-separated depths "
-                               "in [0, 1] (a window of the distractor text, see --depth-window; one heat-map row "
-                               "each), or `any` (anywhere: BABILong's own placement)."),
+    tasks: str | None = typer.Option(None, "--tasks", "-t", help="all, or comma-separated bAbI tasks: qa1 (single "
+                                     "supporting fact), qa2 (two), qa3 (three), qa4 (two-argument relations), qa5 "
+                                     "(three-argument relations) (default: all).", show_default=False),
+    lengths: str | None = typer.Option(None, "--lengths", help="Comma-separated lengths in tokens (prompt + 15 "
+                                       "answer tokens; k = 1024); 0 = the facts alone (BABILong's 0k) (default: "
+                                       "0,1k,2k,4k,8k,16k).", show_default=False),
+    depths: str | None = typer.Option(None, "--depths", help="Where the facts go: comma-separated depths in [0, 1] "
+                                      "(a window of the distractor text, see --depth-window; one heat-map row each), "
+                                      "or `any` (anywhere: BABILong's own placement) (default: 0,0.25,0.5,0.75,1).",
+                                      show_default=False),
     depth_window: float = typer.Option(0.2, "--depth-window", help="Width of a depth's window, as a fraction of the "
                                        "distractor text."),
-    samples: int = typer.Option(20, "--samples", help="Samples per task, length and depth (20 x 5 depths = "
-                                "BABILong's 100 per task and length)."),
-    prompt: str = typer.Option("bare", "--prompt", help="BABILong's prompt: full (instruction, few-shot examples, "
-                               "answer format), no-examples, or bare (context and question only: BABILong's setting "
-                               "for base models)."),
+    samples: int | None = typer.Option(None, "--samples", help="Samples per task, length and depth (default: 20; "
+                                       "x 5 depths = BABILong's 100 per task and length).", show_default=False),
+    prompt: str | None = typer.Option(None, "--prompt", help="BABILong's prompt: full (instruction, few-shot "
+                                      "examples, answer format), no-examples, or bare (context and question only: "
+                                      "BABILong's setting for base models; the default).", show_default=False),
     haystack: str | None = typer.Option(None, "--haystack", help="Distractor text: a text file, a folder of "
                                         ".txt/.md files, or RULER's PaulGrahamEssays.json (default: RULER's noise "
                                         "sentences)."),
@@ -424,7 +426,8 @@ def eval_babilong(
                                     "--lengths must then be 0 or multiples of 1k."),
     threshold: float = THRESHOLD_OPTION,
     base_lengths: str | None = BASE_LENGTHS_OPTION,
-    seed: int = typer.Option(0, "--seed", help="Seeds the stories, the distractor text and the placement."),
+    seed: int | None = typer.Option(None, "--seed", help="Seeds the stories, the distractor text and the placement "
+                                    "(default: 0).", show_default=False),
     batch_size: int = batch_size_option(1, "Prompts decoded together"),
     out: str | None = out_option("RUN/eval-babilong/<checkpoint name>; several models share one folder, "
                                  "./eval-babilong-comparison"),
@@ -438,13 +441,16 @@ def eval_babilong(
 
     results.json: accuracy per task, length and depth, average per length, effective length (RULER: 85.6; NoLiMa: 85% of the base score) and LongScore; babilong.png, heatmap*.png (task x length), depth*.png (length x depth per task).
 
+    A run trained on data kind babilong is evaluated on its recipe's eval keys (and its data.prompt) unless options say otherwise.
+
     Interrupted? Run the same command again: finished samples are kept.
 
     Example: tape eval babilong --model runs/rope --model runs/alibi --tasks qa1,qa2 --lengths 0,1k,2k,4k --samples 10 --out eval/babilong
     """
     from tapecli.eval.babilong import Babilong
 
-    depth_list = None if depths.strip().lower() == "any" else _numbers(depths, "--depths", float)
-    evaluation = Babilong(tasks, _lengths(lengths), depth_list, samples, seed, prompt, haystack, data, depth_window,
-                          threshold, _base_lengths(base_lengths))
+    depth_list = (None if depths is None else "any" if depths.strip().lower() == "any"
+                  else _numbers(depths, "--depths", float))
+    evaluation = Babilong(tasks, _lengths(lengths) if lengths else None, depth_list, samples, seed, prompt, haystack,
+                          data, depth_window, threshold, _base_lengths(base_lengths))
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)

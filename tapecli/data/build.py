@@ -8,6 +8,7 @@ Each kind owns, in its module, its `data:` and `eval:` schemas, their checks and
     addition                    tapecli.data.arithmetic AdditionData     generated addition problems
     scrolls                     tapecli.data.scrolls    ScrollsData      SCROLLS fine-tuning
     selective-copy, grid-1d/2d  tapecli.data.synthetic  SelectiveCopyData, GridData   MapFormer's synthetic tasks
+    babilong                    tapecli.data.babilong.training  BabilongData   bAbI facts in distractor text (BABILong)
 
 Every dataset yields `(input_ids, labels)` LongTensors of `data.seq_len`, labels already shifted for next-token
 prediction and -100 where no loss is taken.
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tapecli.data.arithmetic import AdditionData
+from tapecli.data.babilong.training import BabilongData
 from tapecli.data.pairs import PairsData
 from tapecli.data.schema import DataSchema
 from tapecli.data.scrolls import ScrollsData
@@ -33,6 +35,7 @@ KINDS: dict[str, type[DataSchema]] = {
     "selective-copy": SelectiveCopyData,
     "grid-1d": GridData,
     "grid-2d": GridData,
+    "babilong": BabilongData,
 }
 
 

@@ -1,6 +1,10 @@
 """BABILong (Kuratov et al. 2024, arXiv 2406.10149; booydar/babilong): bAbI's qa1-qa5 hidden in distractor text of
 growing length; exact-match accuracy per task, length and depth; the effective lengths and LongScore.
 
+Options left unset take the `eval:` keys of the models' run when it trained on data kind `babilong` (and its
+`data.prompt`), else tape's defaults (all tasks; 0, 1K, 2K, 4K, 8K and 16K tokens; depths 0, 0.25, 0.5, 0.75, 1; 20
+samples per cell; seed 0; the bare prompt).
+
 Per model and (task, length, depth), the samples come from tape's generator (`tapecli.data.babilong.samples`: bAbI's
 world simulated offline, RULER's noise sentences or `--haystack` text, the model's own tokenizer, `--seed`), or with
 `--data DIR` from BABILong's own files (`tapecli.data.babilong.official`; then there is no depth). The model reads
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tapecli.data.babilong.world import resolve_tasks
 from tapecli.errors import TapeError
 from tapecli.eval.common import generate_batch
 from tapecli.eval.long_context import THRESHOLD, check_base_lengths, headline, length_summary, mean_percent
@@ -40,9 +45,8 @@ from tapecli.eval.protocol import Evaluation, Opening, run, source_of
 from tapecli.store.door import OpenedModel
 
 PLOT_FILE = "babilong.png"
-TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
-DEFAULT_LENGTHS = [0, 1024, 2048, 4096, 8192, 16384]
-DEFAULT_DEPTHS = [0.0, 0.25, 0.5, 0.75, 1.0]
+DEFAULTS = {"tasks": "all", "lengths": [0, 1024, 2048, 4096, 8192, 16384], "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
+            "samples": 20, "seed": 0, "prompt": "bare"}
 NO_DEPTH, ANY_DEPTH = "-", "any"
 PROTOCOL = ("BABILong (booydar/babilong main): bAbI qa1-qa5 stories from tape's simulator of bAbI's world (or "
             "BABILong's files with --data), hidden in RULER's noise sentences or --haystack text sized with the "
@@ -54,13 +58,23 @@ PROTOCOL = ("BABILong (booydar/babilong main): bAbI qa1-qa5 stories from tape's 
 Unit = tuple[str, int, str, int]  # (task, length, depth, index)
 
 
-def resolve_tasks(spec: str) -> list[str]:
-    """`all` or comma-separated qa1..qa5, checked."""
-    names = list(TASKS) if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
-    unknown = [n for n in names if n not in TASKS]
-    if unknown or not names:
-        raise TapeError(f"--tasks: unknown task {', '.join(unknown) or repr(spec)}; known: all, {', '.join(TASKS)}")
-    return list(dict.fromkeys(names))
+def run_defaults(models: list[str]) -> dict[str, Any]:
+    """The eval keys (and the prompt style) of the runs the models come from, when they trained on kind babilong:
+    what the evaluation defaults to for them. Models from runs with other eval keys need the options given."""
+    from tapecli.store.run import run_recipe
+
+    found = []
+    for model in models:
+        kind, source = source_of(model)
+        recipe = run_recipe(Path(source)) if kind == "tape" else None
+        if recipe is not None and recipe.data.kind == "babilong":
+            e = recipe.eval
+            found.append({"tasks": e.tasks, "lengths": e.lengths, "depths": ANY_DEPTH if e.depths is None
+                          else e.depths, "samples": e.samples, "seed": e.seed, "prompt": recipe.data.prompt})
+    if any(f != found[0] for f in found):
+        raise TapeError("the models come from babilong runs with different eval keys (or data.prompt); pass "
+                        "--tasks, --lengths, --depths, --samples, --seed and --prompt to evaluate them alike")
+    return found[0] if found else {}
 
 
 def depth_key(depth: float | None) -> str:
@@ -76,12 +90,13 @@ class Babilong(Evaluation):
     plot_file = PLOT_FILE
     files = ("heatmap*.png", "depth*.png")
     together = True
-    tasks: str = "all"
-    lengths: list[int] = field(default_factory=lambda: list(DEFAULT_LENGTHS))
-    depths: list[float] | None = field(default_factory=lambda: list(DEFAULT_DEPTHS))  # None: anywhere
-    samples: int = 20
-    seed: int = 0
-    prompt: str = "bare"
+    # None: the eval keys of the models' run when it trained on kind babilong, else DEFAULTS.
+    tasks: str | None = None
+    lengths: list[int] | None = None
+    depths: list[float] | str | None = None  # "any": anywhere (BABILong's own placement)
+    samples: int | None = None
+    seed: int | None = None
+    prompt: str | None = None
     haystack: str | None = None
     data: str | None = None
     window: float = 0.2
@@ -94,6 +109,13 @@ class Babilong(Evaluation):
     def check(self, models: list[str]) -> None:
         from tapecli.data.babilong.prompts import STYLES
 
+        for key, value in {**DEFAULTS, **run_defaults(models)}.items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        if isinstance(self.depths, str):
+            if self.depths != ANY_DEPTH:
+                raise TapeError(f"--depths: fractions in [0, 1] or `any`, got {self.depths!r}")
+            self.depths = None
         self.chosen = resolve_tasks(self.tasks)
         self.lengths = sorted(set(self.lengths))
         if not self.lengths or min(self.lengths) < 0:
@@ -131,7 +153,7 @@ class Babilong(Evaluation):
 
     def _read_haystack(self) -> None:
         from tapecli.data.ruler.sources import read_essay
-        from tapecli.eval.scrolls_metric import sentence_splitter
+        from tapecli.data.sentences import sentence_splitter
 
         words, digest = read_essay(self.haystack)
         splitter_name, split = sentence_splitter()

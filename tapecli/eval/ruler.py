@@ -66,7 +66,7 @@ def plan(tasks: str, haystack: str | None, qa_data: list[str] | None) -> Plan:
     names = resolve_tasks(tasks)
     sources, described = Sources(), {"wonderwords": wonderwords_version(), "haystack": None, "qa_data": {}}
     if haystack:
-        from tapecli.eval.scrolls_metric import sentence_splitter
+        from tapecli.data.sentences import sentence_splitter
 
         sources.essay_words, digest = read_essay(haystack)
         splitter_name, sources.split_sentences = sentence_splitter()

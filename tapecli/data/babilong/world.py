@@ -59,6 +59,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from tapecli.errors import TapeError
+
 TASKS = ("qa1", "qa2", "qa3", "qa4", "qa5")
 LOCATIONS = ("bathroom", "bedroom", "garden", "hallway", "kitchen", "office")
 OBJECTS = ("apple", "football", "milk")
@@ -77,6 +79,15 @@ DIRECTION_NAMES = {"n": "north", "s": "south", "e": "east", "w": "west"}
 OPPOSITE = {"n": "s", "s": "n", "e": "w", "w": "e"}
 GIVE_QUESTIONS = (("What did {a} give to {r}?", "o"), ("Who gave the {o} to {r}?", "a"),
                   ("Who did {a} give the {o} to?", "r"), ("Who received the {o}?", "r"), ("Who gave the {o}?", "a"))
+
+
+def resolve_tasks(spec: str, option: str = "--tasks") -> list[str]:
+    """`all` or comma-separated qa1..qa5, checked; one line naming `option` otherwise."""
+    names = list(TASKS) if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in TASKS]
+    if unknown or not names:
+        raise TapeError(f"{option}: unknown task {', '.join(unknown) or repr(spec)}; known: all, {', '.join(TASKS)}")
+    return list(dict.fromkeys(names))
 
 
 @dataclass
