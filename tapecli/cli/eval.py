@@ -454,3 +454,73 @@ def eval_babilong(
     evaluation = Babilong(tasks, _lengths(lengths) if lengths else None, depth_list, samples, seed, prompt, haystack,
                           data, depth_window, threshold, _base_lengths(base_lengths))
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
+
+
+@eval_app.command("kv-retrieval")
+def eval_kv_retrieval(
+    model: list[str] = MODELS_OPTION,
+    keys: str = typer.Option("75,140,300", "--keys", help="Comma-separated numbers of key-value pairs in the JSON "
+                             "object (the paper: 75, 140, 300)."),
+    positions: int | None = typer.Option(None, "--positions", help="Gold positions per number of pairs, spread "
+                                         "evenly from first to last (default: the paper's 4, 5 and 7 for 75, 140 "
+                                         "and 300 pairs, else 5).", show_default=False),
+    samples: int = typer.Option(100, "--samples", help="Examples per number of pairs and gold position (the paper: "
+                                "500)."),
+    threshold: float = THRESHOLD_OPTION,
+    seed: int = typer.Option(0, "--seed", help="Seeds the UUIDs and the gold pair of every example."),
+    batch_size: int = batch_size_option(1, "Prompts decoded together"),
+    out: str | None = out_option("RUN/eval-kv-retrieval/<checkpoint name>; several models share one folder, "
+                                 "./eval-kv-retrieval-comparison"),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Lost in the middle's key-value retrieval: the value of one key among random UUID pairs, by the key's position.
+
+    The official prompt (a JSON object of random UUID4 pairs, then the key); the gold pair is moved to each of --positions evenly spread positions; greedy answers of up to 100 tokens, right when they hold the value.
+
+    results.json: accuracy per number of pairs and gold position, per number of pairs, the effective number of pairs (RULER: 85.6; NoLiMa: 85% of the smallest's) and LongScore; kv-retrieval.png (accuracy vs pairs), u-curve-<k>.png (the U-curve: accuracy vs gold position, one line per model), heatmap*.png.
+
+    Interrupted? Run the same command again: finished prompts are kept.
+
+    Example: tape eval kv-retrieval --model runs/rope --model runs/alibi --keys 10,20,40 --positions 5 --samples 20 --out eval/kv
+    """
+    from tapecli.eval.kv_retrieval import KvRetrieval
+
+    evaluation = KvRetrieval(_numbers(keys, "--keys"), positions, samples, seed, threshold)
+    _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
+
+
+@eval_app.command("latent-list")
+def eval_latent_list(
+    model: list[str] = MODELS_OPTION,
+    lengths: str = typer.Option("1k,2k,4k,8k,16k", "--lengths", help="Comma-separated lengths in tokens (prompt + "
+                                "answer; k = 1024)."),
+    relevant_ops: str = typer.Option("1,5,20", "--relevant-ops", help="Comma-separated numbers of lines that change "
+                                     "the list (the task's complexity); the rest of each program leaves it alone."),
+    samples: int = typer.Option(20, "--samples", help="Programs per length and number of relevant lines."),
+    threshold: float = THRESHOLD_OPTION,
+    base_lengths: str | None = BASE_LENGTHS_OPTION,
+    seed: int = typer.Option(0, "--seed", help="Seeds the programs."),
+    batch_size: int = batch_size_option(1, "Prompts decoded together"),
+    out: str | None = out_option("RUN/eval-latent-list/<checkpoint name>; several models share one folder, "
+                                 "./eval-latent-list-comparison"),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """Michelangelo's Latent List: what a long Python program that changes a list prints at its end.
+
+    Programs of --relevant-ops lines that change the list `a` among distractor lines that do not, sized with the model's tokenizer; the last line prints a view of the list (the list, its length, sum, min, max, an element or a slice). Greedy answers, scored exactly (the printed value) and with partial credit.
+
+    results.json: exact and approximate accuracy per number of relevant lines and length, the average per length, effective length (RULER: 85.6; NoLiMa: 85% of the base score) and LongScore; latent-list.png, heatmap*.png.
+
+    Interrupted? Run the same command again: finished programs are kept.
+
+    Example: tape eval latent-list --model runs/rope --model runs/tape --lengths 512,1k,2k --relevant-ops 1,5 --samples 10 --out eval/latent-list
+    """
+    from tapecli.eval.latent_list import LatentList
+
+    evaluation = LatentList(_lengths(lengths), _numbers(relevant_ops, "--relevant-ops"), samples, seed, threshold,
+                            _base_lengths(base_lengths))
+    _run(evaluation, model, out, dtype, device, pe_arg, batch_size)

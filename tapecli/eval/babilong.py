@@ -31,17 +31,18 @@ samples.jsonl, results.json, babilong.png (average vs length per model), a task 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tapecli.data.babilong.samples import TOKENS_TO_GENERATE
 from tapecli.data.babilong.world import resolve_tasks
 from tapecli.errors import TapeError
-from tapecli.eval.common import generate_batch
+from tapecli.eval.common import generate_texts
 from tapecli.eval.long_context import THRESHOLD, check_base_lengths, headline, length_summary, mean_percent
 from tapecli.eval.long_context import table as score_table
-from tapecli.eval.protocol import Evaluation, Opening, run, source_of
+from tapecli.eval.protocol import Evaluation, Opening, source_of
 from tapecli.store.door import OpenedModel
 
 PLOT_FILE = "babilong.png"
@@ -224,7 +225,7 @@ class Babilong(Evaluation):
 
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         samples = [self.sample(opened.tokenizer, unit) for unit in units]
-        predictions = answer(opened, [s.prompt for s in samples], len(units))
+        predictions = generate_texts(opened, [s.prompt for s in samples], len(units), TOKENS_TO_GENERATE)
         rows = []
         for unit, sample, prediction in zip(units, samples, predictions, strict=True):
             rows.append({"task": unit[0], "length": unit[1], "depth": unit[2], "index": unit[3],
@@ -254,24 +255,6 @@ def score(task: str, target: str, prediction: str, question: str) -> bool:
     from tapecli.eval.babilong_metric import TASK_LABELS, compare_answers
 
     return compare_answers(target, prediction, question, TASK_LABELS[task])
-
-
-def answer(opened: Any, prompts: list[str], batch_size: int, max_new_tokens: int = 15,
-           stop_check: Callable[[list[int]], bool] | None = None) -> list[str]:
-    """Greedy continuations of prompt texts (after the tokenizer's default special tokens), cut at EOS, decoded and
-    stripped: what the long-context evaluations score."""
-    tokenizer = opened.tokenizer
-    eos = getattr(tokenizer, "eos_id", None)
-    stop = [eos] if eos is not None and eos >= 0 else None
-    ids = [tokenizer.encode(p, add_special_tokens=True) for p in prompts]
-    outputs = generate_batch(opened.model, ids, max_new_tokens, batch_size=batch_size, stop_tokens=stop,
-                             pad_id=eos if stop else None, stop_check=stop_check)
-    texts = []
-    for output in outputs:
-        if stop and eos in output:
-            output = output[: output.index(eos)]
-        texts.append(tokenizer.decode(output).strip())
-    return texts
 
 
 def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int], threshold: float,
@@ -331,12 +314,3 @@ def plot(results: dict[str, Any], out: Path) -> None:
                                y_labels=depths, xlabel="length (tokens)", ylabel="depth of the facts",
                                title=f"BABILong accuracy by length and depth: {m['name']}")
 
-
-def evaluate_babilong(models: list[str], out_dir: str | Path | None, **options: Any) -> dict[str, Any]:
-    """Run (or resume) BABILong for every model (`Babilong`'s fields as keyword options, plus `dtype`, `device`,
-    `pe_args`, `batch_size`, `show_progress`); returns what results.json holds."""
-    opening = {k: options.pop(k) for k in ("dtype", "device", "pe_args", "batch_size", "show_progress")
-               if k in options}
-    evaluation = Babilong(**options)
-    report = run(evaluation, models, out_dir, **opening)
-    return report.results[evaluation.name]
