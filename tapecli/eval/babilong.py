@@ -105,7 +105,7 @@ class Babilong(Evaluation):
     base_lengths: list[int] | None = None
     chosen: list[str] = field(default_factory=list, init=False, repr=False)
     sources: dict[str, Any] = field(default_factory=dict, init=False, repr=False)  # haystack or official rows
-    cache: dict[tuple, Any] = field(default_factory=dict, init=False, repr=False)  # generators per tokenizer
+    cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # see per_tokenizer
 
     def check(self, models: list[str]) -> None:
         from tapecli.data.babilong.prompts import STYLES
@@ -215,13 +215,13 @@ class Babilong(Evaluation):
 
     def generator(self, tokenizer: Any) -> Any:
         from tapecli.data.babilong.samples import Generator, Haystack
-        from tapecli.data.tokenizer import tokenizer_fingerprint
+        from tapecli.eval.common import per_tokenizer
 
-        key = tokenizer_fingerprint(tokenizer)
-        if key not in self.cache:
+        def make() -> Generator:
             haystack = Haystack(*self.sources["essay"]) if "essay" in self.sources else Haystack()
-            self.cache[key] = Generator(tokenizer, haystack, self.prompt, self.seed, self.window)
-        return self.cache[key]
+            return Generator(tokenizer, haystack, self.prompt, self.seed, self.window)
+
+        return per_tokenizer(self.cache, tokenizer, make)
 
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         samples = [self.sample(opened.tokenizer, unit) for unit in units]

@@ -10,7 +10,8 @@ An evaluation module (`tapecli.eval.addition`, `perplexity`, `passkey`, ...) hol
    writes results.json with `write_json` (atomically) at the end;
 4. decodes with `generate_batch(model, prompts, max_new_tokens)` (greedy or sampled), the one place that talks to
    `Transformer.generate`; `generate_texts(opened, prompt texts, ...)` wraps it for the long-context evaluations
-   (default special tokens + text in, greedy text cut at EOS and stripped out).
+   (default special tokens + text in, greedy text cut at EOS and stripped out);
+5. builds what depends only on the tokenizer once per distinct tokenizer with `per_tokenizer(cache, tokenizer, make)`.
 
 Output directory layout shared by all evaluations:
   settings.json   what is being evaluated (compared on resume)
@@ -177,6 +178,22 @@ def generate_texts(opened: Any, prompts: list[str], batch_size: int, max_new_tok
             output = output[: output.index(eos)]
         texts.append(tokenizer.decode(output).strip())
     return texts
+
+
+def per_tokenizer(cache: dict[Any, Any], tokenizer: Any, make: Callable[[], Any]) -> Any:
+    """What `make()` builds for `tokenizer` (a sample generator, generated samples), built once per distinct
+    tokenizer: models whose tokenizers have one fingerprint (`tokenizer_fingerprint`: the same ids for every text)
+    share it. The fingerprint, which saves the tokenizer to hash it, is computed once per tokenizer object; `cache`
+    keeps that object, so its id cannot be reused by another tokenizer while the cache lives."""
+    from tapecli.data.tokenizer import tokenizer_fingerprint
+
+    fingerprints = cache.setdefault("fingerprints", {})  # id -> (tokenizer, fingerprint); fingerprints are hex
+    held = fingerprints.get(id(tokenizer))
+    if held is None or held[0] is not tokenizer:
+        held = fingerprints[id(tokenizer)] = (tokenizer, tokenizer_fingerprint(tokenizer))
+    if held[1] not in cache:
+        cache[held[1]] = make()
+    return cache[held[1]]
 
 
 @contextmanager

@@ -81,7 +81,7 @@ class LatentList(Evaluation):
     seed: int = 0
     threshold: float = THRESHOLD
     base_lengths: list[int] | None = None
-    cache: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+    cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # see per_tokenizer
 
     def check(self, models: list[str]) -> None:
         self.lengths, self.relevant = sorted(set(self.lengths)), sorted(set(self.relevant))
@@ -111,12 +111,10 @@ class LatentList(Evaluation):
 
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         from tapecli.data.latent_list import Generator
-        from tapecli.data.tokenizer import tokenizer_fingerprint
-        from tapecli.eval.common import generate_texts
+        from tapecli.eval.common import generate_texts, per_tokenizer
 
         tokenizer = opened.tokenizer
-        key = tokenizer_fingerprint(tokenizer)
-        generator = self.cache.setdefault(key, Generator(tokenizer, self.seed))
+        generator = per_tokenizer(self.cache, tokenizer, lambda: Generator(tokenizer, self.seed))
         samples = [generator.sample(n, r, i) for n, r, i in units]
         answers = generate_texts(opened, [s.prompt for s in samples], len(units), MAX_NEW_TOKENS,
                                  stop_check=lambda ids: "\n" in tokenizer.decode(ids).strip())

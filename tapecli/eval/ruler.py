@@ -130,7 +130,7 @@ class Ruler(Evaluation):
     notify: Callable[[str], None] | None = field(default=None, repr=False)
     base_lengths: list[int] | None = None  # NoLiMa's base score and LongScore's base (default: the shortest length)
     chosen: Plan | None = field(default=None, init=False, repr=False)  # the tasks that run, their sources
-    cache: dict[tuple[str, str, int], list] = field(default_factory=dict, init=False, repr=False)  # see _samples
+    cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # see _samples
 
     def check(self, models: list[str]) -> None:
         for name, value in (("--lengths", min(self.lengths, default=0)), ("--samples", self.samples)):
@@ -213,12 +213,12 @@ def _table(entry: dict[str, Any], threshold: float, lengths: list[int]) -> str:
 def _samples(cache: dict, tokenizer: Any, task: str, length: int, samples: int, sources: Any, seed: int) -> list:
     """The official samples of (task, length) for this tokenizer, made once per tokenizer."""
     from tapecli.data.ruler.tasks import generate
-    from tapecli.data.tokenizer import tokenizer_fingerprint
+    from tapecli.eval.common import per_tokenizer
 
-    key = (tokenizer_fingerprint(tokenizer), task, length)
-    if key not in cache:
-        cache[key] = generate(task, length, lambda text: len(tokenizer.encode(text)), samples, sources, seed)
-    return cache[key]
+    made = per_tokenizer(cache, tokenizer, dict)  # (task, length) -> samples
+    if (task, length) not in made:
+        made[task, length] = generate(task, length, lambda text: len(tokenizer.encode(text)), samples, sources, seed)
+    return made[task, length]
 
 
 def _answer(opened: Any, batch: list, batch_size: int) -> list[dict[str, Any]]:
