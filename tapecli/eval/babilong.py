@@ -59,9 +59,10 @@ PROTOCOL = ("BABILong (booydar/babilong main): bAbI qa1-qa5 stories from tape's 
 Unit = tuple[str, int, str, int]  # (task, length, depth, index)
 
 
-def run_defaults(models: list[str]) -> dict[str, Any]:
+def run_defaults(models: list[str], given: set[str] = frozenset()) -> dict[str, Any]:
     """The eval keys (and the prompt style) of the runs the models come from, when they trained on kind babilong:
-    what the evaluation defaults to for them. Models from runs with other eval keys need the options given."""
+    what the evaluation defaults to for them, less the `given` ones (options set on the command line). Runs that
+    differ in a key not given need that option."""
     from tapecli.store.run import run_recipe
 
     found = []
@@ -70,11 +71,14 @@ def run_defaults(models: list[str]) -> dict[str, Any]:
         recipe = run_recipe(Path(source)) if kind == "tape" else None
         if recipe is not None and recipe.data.kind == "babilong":
             e = recipe.eval
-            found.append({"tasks": e.tasks, "lengths": e.lengths, "depths": ANY_DEPTH if e.depths is None
-                          else e.depths, "samples": e.samples, "seed": e.seed, "prompt": recipe.data.prompt})
-    if any(f != found[0] for f in found):
-        raise TapeError("the models come from babilong runs with different eval keys (or data.prompt); pass "
-                        "--tasks, --lengths, --depths, --samples, --seed and --prompt to evaluate them alike")
+            keys = {"tasks": e.tasks, "lengths": e.lengths, "depths": ANY_DEPTH if e.depths is None else e.depths,
+                    "samples": e.samples, "seed": e.seed, "prompt": recipe.data.prompt}
+            found.append({k: v for k, v in keys.items() if k not in given})
+    differ = [k for k in DEFAULTS if any(f.get(k) != found[0].get(k) for f in found)]
+    if differ:
+        options = ", ".join(f"--{k}" for k in differ)
+        raise TapeError(f"the models come from babilong runs with different eval keys ({options}); pass {options} "
+                        "to evaluate them alike")
     return found[0] if found else {}
 
 
@@ -110,7 +114,8 @@ class Babilong(Evaluation):
     def check(self, models: list[str]) -> None:
         from tapecli.data.babilong.prompts import STYLES
 
-        for key, value in {**DEFAULTS, **run_defaults(models)}.items():
+        given = {key for key in DEFAULTS if getattr(self, key) is not None}
+        for key, value in {**DEFAULTS, **run_defaults(models, given)}.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
         if isinstance(self.depths, str):

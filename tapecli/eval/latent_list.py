@@ -9,7 +9,8 @@ or an integer); it is **right** when it equals what the program prints (so "[1,2
 paper scores the task with an approximate metric that gives partial credit; its formula is not restated here, and
 tape reports, besides the exact accuracy, its own partial credit (`approximate`): for a number,
 max(0, 1 - |answer - truth| / max(1, |truth|)); for a list, the share of positions where both lists hold the same
-value, over the longer list's length; 0 for an answer that is not a literal of the right kind.
+value, over the longer list's length; 1 for an exact answer, 0 for an answer that is not a literal of the
+right kind.
 
 results.json, per model: `scores[R][length]` and `approximate[R][length]` (percentages), `average[length]` (exact,
 over the R values), `mean_prompt_tokens[length]`, and from `tapecli.eval.long_context` both effective lengths and
@@ -60,7 +61,7 @@ def score(truth: Any, answer: str) -> tuple[float, float]:
         if not isinstance(got, list):
             return 0.0, 0.0
         same = sum(1 for x, y in zip(got, truth, strict=False) if x == y and type(x) is type(y))
-        return float(got == truth), same / max(len(got), len(truth), 1)
+        return (1.0, 1.0) if got == truth else (0.0, same / max(len(got), len(truth)))
     if isinstance(got, bool) or not isinstance(got, int):
         return 0.0, 0.0
     return float(got == truth), max(0.0, 1 - abs(got - truth) / max(1, abs(truth)))

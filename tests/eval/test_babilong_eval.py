@@ -119,6 +119,24 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
         assert not where.exists()
 
 
+@pytest.mark.parametrize(("options", "message"), [
+    ({"depths": "anywhere"}, "--depths: fractions in [0, 1] or `any`, got 'anywhere'"),
+    ({"depths": []}, "--depths: fractions in [0, 1] or `any`, got []"),
+    ({"lengths": [-1, 0]}, "--lengths: token counts of 0 (facts only) or more, got [-1, 0]"),
+    ({"window": 0.0}, "--depth-window must be in (0, 1], got 0.0"),
+    ({"window": 1.5}, "--depth-window must be in (0, 1], got 1.5"),
+    ({"data": "DATA", "haystack": "essay.txt"}, "--data reads BABILong's own samples, which hold their haystack: "
+                                                 "drop --haystack"),
+    ({"tasks": "qa1,qa6"}, "--tasks: unknown task qa6"),
+])
+def test_bad_options_are_one_line_before_any_model_opens(options, message, tmp_path):
+    options = {k: str(tmp_path) if v == "DATA" else v for k, v in options.items()}
+    with pytest.raises(TapeError) as info:
+        babilong.Babilong(**options).check([])
+    assert str(info.value) == message or str(info.value).startswith(message), str(info.value)
+    assert "\n" not in str(info.value)
+
+
 def test_babilongs_own_files_replace_the_generator(tmp_path, trained, monkeypatch):
     """--data: the file's rows in BABILong's template; no depth; the target scored as in the file."""
     rows = [{"input": "Mary moved to the office. The sky is blue.", "question": "Where is Mary?", "target": "office"},
@@ -161,4 +179,13 @@ def test_a_babilong_run_is_evaluated_on_its_own_eval_keys_as_the_sweep_does(tmp_
     assert all(0 <= v["accuracy"] <= 1 for v in sweep.scores(results).values())
     rows = (sweep.results_file(checkpoint).parent / "samples.jsonl").read_text().splitlines()
     assert len(rows) == 4 and {json.loads(r)["depth"] for r in rows} == {"-", "any"}
+    # Runs with other eval keys are evaluated alike only when the options say how.
+    other = trained.copy(tmp_path / "other", *BABILONG_RUN[:-1], "eval.samples=3")
+    with pytest.raises(TapeError, match=r"^the models come from babilong runs with different eval keys \(--samples\); "
+                                        r"pass --samples to evaluate them alike$"):
+        babilong.Babilong().check([str(run_dir), str(other)])
+    evaluation = babilong.Babilong(samples=1)
+    evaluation.check([str(run_dir), str(other)])
+    assert (evaluation.samples, evaluation.lengths, evaluation.depths) == (1, [0, 512], None)
     shutil.rmtree(run_dir)
+    shutil.rmtree(other)

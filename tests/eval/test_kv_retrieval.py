@@ -55,6 +55,12 @@ def test_gold_positions_are_spread_evenly_as_in_the_paper():
         kv.gold_positions(4, 5)
     with pytest.raises(TapeError, match="--keys: at least 2 pairs"):
         kv.gold_positions(1, 1)
+    with pytest.raises(TapeError, match=r"^--keys: pass at least one number of pairs, e.g. 75,140,300$"):
+        kv_retrieval.KvRetrieval([]).check([])
+    evaluation = kv_retrieval.KvRetrieval([300, 75, 140, 75, 10])
+    evaluation.check([])  # the paper's positions for its k, else 5
+    assert evaluation.gold == {10: [0, 2, 4, 7, 9], 75: [0, 24, 49, 74], 140: [0, 34, 69, 104, 139],
+                               300: [0, 49, 99, 149, 199, 249, 299]}
 
 
 def test_accuracy_with_a_stand_in_model_equals_the_hand_computed_one(tmp_path, monkeypatch, trained):
