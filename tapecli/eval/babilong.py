@@ -291,9 +291,16 @@ def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int], 
 
 
 def table(entry: dict[str, Any], lengths: list[int]) -> str:
-    """One model's scores per task and length (Markdown), after its effective lengths."""
-    return "\n" + headline(entry["name"], entry) + "\n" + score_table({**entry["scores"], "average": entry["average"]},
+    """One model's scores per task and length (Markdown), after its effective lengths; with depths, then the average
+    over the tasks per depth and length."""
+    text = "\n" + headline(entry["name"], entry) + "\n" + score_table({**entry["scores"], "average": entry["average"]},
                                                                       lengths)
+    if "depth_average" in entry:
+        columns = [n for n in lengths if str(n) in entry["depth_average"]]
+        rows = {f"depth {d}": {str(n): entry["depth_average"][str(n)][d] for n in columns}
+                for d in entry["depth_average"][str(columns[0])]}
+        text += "\n\n" + score_table(rows, columns, first="average by depth")
+    return text
 
 
 def plot(results: dict[str, Any], out: Path) -> None:

@@ -72,6 +72,8 @@ def test_scores_with_a_stand_in_model_equal_the_hand_computed_ones(tmp_path, mon
     assert m["by_depth"]["qa1"] == {"256": {"0": 100.0, "1": 100.0}, "512": {"0": 0.0, "1": 0.0}}
     assert m["depth_average"] == {"256": {"0": 100.0, "1": 100.0}, "512": {"0": 0.0, "1": 0.0}}
     assert (m["effective_length"], m["effective_length_nolima"], m["long_score"]) == (256, 256, -50.0)
+    assert babilong.table(m, [0, 256, 512]).endswith(
+        "| average by depth | 256 | 512 |\n| --- | --- | --- |\n| depth 0 | 100.0 | 0.0 |\n| depth 1 | 100.0 | 0.0 |")
     rows = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
     # Length 0: 2 samples x 2 depths, each story once; 256 and 512: 2 per depth; two tasks.
     assert len(rows) == 2 * (4 + 2 * 2 + 2 * 2)
@@ -94,6 +96,7 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "effective length" in result.output and "| qa4 |" in result.output
+    assert "| average by depth | 1024 |" in result.output and "| depth 1 |" in result.output
     rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * 2 * (2 + 2) and {r["model"] for r in rows} == {0, 1}
     assert all(r["prompt_tokens"] + 15 <= 1024 for r in rows if r["length"] == 1024)
