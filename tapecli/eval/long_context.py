@@ -123,15 +123,19 @@ def table(rows: Mapping[str, Mapping[str, float]], columns: Sequence[Any], first
 
 def plot_lines(series: Mapping[str, Sequence[tuple[float, float]]], path: Path, xlabel: str, ylabel: str,
                title: str, threshold: float | None = None, log_x: bool = True) -> Path:
-    """Score (0-100) vs length, one line per model; the threshold dashed. Lengths of 0 (BABILong's facts only)
-    are drawn at the smallest positive length's half on a log axis."""
+    """Score (0-100) vs length, one line per model; the threshold dashed; a tick at every length evaluated. Lengths
+    of 0 (BABILong's facts only) are drawn at the smallest positive length's half on a log axis."""
     from tapecli.eval.plots import save_line_plot
 
     positive = [x for points in series.values() for x, _ in points if x > 0]
     floor = min(positive) / 2 if positive else 1
-    drawn = {name: [(x if x > 0 or not log_x else floor, y) for x, y in points] for name, points in series.items()}
+    def at(x: float) -> float:
+        return x if x > 0 or not log_x else floor
+
+    drawn = {name: [(at(x), y) for x, y in points] for name, points in series.items()}
+    ticks = {at(x): f"{x:g}" for points in series.values() for x, _ in points}
     return save_line_plot(drawn, path, xlabel=xlabel, ylabel=ylabel, title=title, log_x=log_x and bool(positive),
-                          ylim=(-3, 103), hline=threshold)
+                          ylim=(-3, 103), hline=threshold, xticks=ticks)
 
 
 def plot_grid(rows: Mapping[str, Mapping[str, float]], columns: Sequence[Any], path: Path, xlabel: str,

@@ -47,9 +47,10 @@ def save_heatmaps(panels: list[HeatmapPanel], path: str | Path) -> Path:
 
 def save_line_plot(series: dict[str, list[tuple[float, float]]], path: str | Path, xlabel: str, ylabel: str,
                    title: str, log_x: bool = False, ylim: tuple[float, float] | None = None,
-                   hline: float | None = None) -> Path:
-    """One line with markers per series name ((x, y) points, drawn in x order), and a dashed horizontal line at
-    `hline` (e.g. a threshold); written atomically as a PNG."""
+                   hline: float | None = None, xticks: dict[float, str] | None = None) -> Path:
+    """One line with markers per series name ((x, y) points, drawn in x order), a dashed horizontal line at
+    `hline` (e.g. a threshold), and the x ticks `xticks` ({x: label}; default matplotlib's); written atomically as a
+    PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,6 +64,9 @@ def save_line_plot(series: dict[str, list[tuple[float, float]]], path: str | Pat
         ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
     if log_x:
         ax.set_xscale("log", base=2)
+    if xticks:
+        ax.set_xticks(list(xticks), list(xticks.values()), fontsize=8)
+        ax.minorticks_off()
     if ylim:
         ax.set_ylim(*ylim)
     ax.set_xlabel(xlabel)
