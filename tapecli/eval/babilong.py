@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ PROTOCOL = ("BABILong (booydar/babilong main): bAbI qa1-qa5 stories from tape's 
 Unit = tuple[str, int, str, int]  # (task, length, depth, index)
 
 
-def run_defaults(models: list[str], given: set[str] = frozenset()) -> dict[str, Any]:
+def run_defaults(models: list[str], given: AbstractSet[str] = frozenset()) -> dict[str, Any]:
     """The eval keys (and the prompt style) of the runs the models come from, when they trained on kind babilong:
     what the evaluation defaults to for them, less the `given` ones (options set on the command line). Runs that
     differ in a key not given need that option."""

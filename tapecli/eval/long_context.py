@@ -129,6 +129,7 @@ def plot_lines(series: Mapping[str, Sequence[tuple[float, float]]], path: Path, 
 
     positive = [x for points in series.values() for x, _ in points if x > 0]
     floor = min(positive) / 2 if positive else 1
+
     def at(x: float) -> float:
         return x if x > 0 or not log_x else floor
 
