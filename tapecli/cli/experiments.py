@@ -43,7 +43,7 @@ def sweep(
 ) -> None:
     """Train and evaluate a grid of PEs x seeds (x --grid values) and report mean ± std over seeds.
 
-    Each cell DIR/<pe>-seed<k> (plus -key=value per --grid key) is trained exactly as `tape pretrain --recipe R --out DIR/<cell> OVERRIDES model.pe=<pe> train.seed=<k>` (plus the grid's key=value) would train it, then evaluated by the recipe's data kind: synthetic tasks as `tape eval synthetic` (whole-sequence / per-token accuracy per split), addition as `tape eval addition` (grid, inside / outside the training box), text and pairs by the validation perplexity exp(val_loss) the engine logged at the last step.
+    Each cell DIR/<pe>-seed<k> (plus -key=value per --grid key) is trained exactly as `tape pretrain --recipe R --out DIR/<cell> OVERRIDES model.pe=<pe> train.seed=<k>` (plus the grid's key=value) would train it, then evaluated by the recipe's data kind: synthetic tasks as `tape eval synthetic` (whole-sequence / per-token accuracy per split), addition as `tape eval addition` (grid, inside / outside the training box), babilong as `tape eval babilong` (the accuracy per length, on the recipe's eval keys), text and pairs by the validation perplexity exp(val_loss) the engine logged at the last step.
 
     Then one table (mean ± std and min-max over seeds per PE and split), DIR/results.json and a bar chart with min-max whiskers; `--report DIR` redoes this from the cells' files.
 

@@ -10,6 +10,7 @@ Each kind owns, in its module, its `data:` and `eval:` schemas, their checks and
     selective-copy, grid-1d/2d  tapecli.data.synthetic  SelectiveCopyData, GridData   MapFormer's synthetic tasks
     flip-flop                   tapecli.data.flipflop   FlipFlopData     flip-flop language modelling (Liu et al.)
     counting                    tapecli.data.counting   CountingData     CoPE's counting task
+    babilong                    tapecli.data.babilong.training  BabilongData   bAbI facts in distractor text (BABILong)
 
 Every dataset yields `(input_ids, labels)` LongTensors of `data.seq_len`, labels already shifted for next-token
 prediction and -100 where no loss is taken.
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tapecli.data.arithmetic import AdditionData
+from tapecli.data.babilong.training import BabilongData
 from tapecli.data.counting import CountingData
 from tapecli.data.flipflop import FlipFlopData
 from tapecli.data.pairs import PairsData
@@ -39,6 +41,7 @@ KINDS: dict[str, type[DataSchema]] = {
     "grid-2d": GridData,
     "flip-flop": FlipFlopData,
     "counting": CountingData,
+    "babilong": BabilongData,
 }
 
 

@@ -24,8 +24,8 @@ class DataSchema:
 
     Eval: ClassVar[type | None] = None  # the kind's `eval:` schema; None when the kind has no eval keys
     # How a trained run of this kind is judged (`tape sweep`): "validation" (exp of the logged validation loss),
-    # "synthetic" (`tape eval synthetic`; "synthetic-grid" adds the grid's object accuracy) or "addition"
-    # (`tape eval addition`).
+    # "synthetic" (`tape eval synthetic`; "synthetic-grid" adds the grid's object accuracy), "addition"
+    # (`tape eval addition`) or "babilong" (`tape eval babilong`).
     evaluation: ClassVar[str] = "validation"
 
     kind: str
@@ -51,8 +51,14 @@ def check_tokenized(data: Any, needs_source: bool = True) -> None:
     has no default one), its `tokenizer` (not a generated task's own) and its `val_fraction`."""
     if needs_source and not data.source:
         raise TapeError(f"data.source: data.kind '{data.kind}' needs a source (hub id, file, directory or glob)")
+    check_text_tokenizer(data)
+    if not 0 <= data.val_fraction < 1:
+        raise TapeError(f"data.val_fraction: must be in [0, 1), got {data.val_fraction}")
+
+
+def check_text_tokenizer(data: Any) -> None:
+    """A kind that tokenizes text takes `byte`, a SentencePiece model or a tokenizer.json, not the tokenizer of a
+    generated task."""
     if data.tokenizer in CHAR_TOKENIZERS:
         raise TapeError(f"data.tokenizer: '{data.tokenizer}' is the tokenizer of generated data and does not fit "
                         f"data.kind '{data.kind}'; use byte, a SentencePiece .model or a tokenizer.json")
-    if not 0 <= data.val_fraction < 1:
-        raise TapeError(f"data.val_fraction: must be in [0, 1), got {data.val_fraction}")

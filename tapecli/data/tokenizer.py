@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -404,3 +404,28 @@ def tokenizer_fingerprint(tokenizer: Tokenizer) -> str:
         for f in sorted(Path(tmp).iterdir()):
             h.update(f.name.encode() + f.read_bytes())
     return h.hexdigest()
+
+
+def train_symbol_tokenizer(out: str | Path, lines: Iterable[str], symbols: Sequence[str], vocab_size: int) -> Path:
+    """A small lossless SentencePiece BPE model (the options of `train_tokenizer`, one thread, and no dummy prefix,
+    which would glue a target's leading space to its prompt) trained on `lines`, whose user-defined `symbols` (fixed
+    phrases; a leading space belongs to the phrase) are single pieces: the tokenizers of the CPU-sized examples
+    (tapecli.data.ruler.example, tapecli.data.babilong.example). Written to `out` (a .model file) atomically."""
+    import sentencepiece as spm
+
+    from tapecli.files import atomic_path
+
+    out = Path(out)
+    with tempfile.TemporaryDirectory(prefix="tape-spm-") as tmp:
+        corpus = Path(tmp) / "corpus.txt"
+        corpus.write_text("\n".join(line for line in lines if line.strip()), encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(corpus), model_prefix=str(Path(tmp) / "sp"), vocab_size=vocab_size, model_type="bpe",
+            normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
+            split_digits=True, allow_whitespace_only_pieces=True, byte_fallback=True, character_coverage=1.0,
+            pad_id=0, unk_id=1, bos_id=2, eos_id=3, num_threads=1, minloglevel=2,
+            user_defined_symbols=[s.replace(" ", "\u2581") for s in symbols])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(out) as partial:
+            partial.write_bytes((Path(tmp) / "sp.model").read_bytes())
+    return out

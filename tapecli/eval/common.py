@@ -9,7 +9,9 @@ An evaluation module (`tapecli.eval.addition`, `perplexity`, `passkey`, ...) hol
 3. appends result rows with `log.append(rows)` (flushed at once, so a finished unit survives an interruption), and
    writes results.json with `write_json` (atomically) at the end;
 4. decodes with `generate_batch(model, prompts, max_new_tokens)` (greedy or sampled), the one place that talks to
-   `Transformer.generate`.
+   `Transformer.generate`; `generate_texts(opened, prompt texts, ...)` wraps it for the long-context evaluations
+   (default special tokens + text in, greedy text cut at EOS and stripped out);
+5. builds what depends only on the tokenizer once per distinct tokenizer with `per_tokenizer(cache, tokenizer, make)`.
 
 Output directory layout shared by all evaluations:
   settings.json   what is being evaluated (compared on resume)
@@ -158,6 +160,40 @@ def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, ba
                                     attention_mask=mask, stop_check=rows_stop)
         outputs += [(row + [fill] * max_new_tokens)[:max_new_tokens] for row in tokens[:, longest:].tolist()]
     return outputs
+
+
+def generate_texts(opened: Any, prompts: list[str], batch_size: int, max_new_tokens: int,
+                   stop_check: Callable[[list[int]], bool] | None = None) -> list[str]:
+    """Greedy continuations of prompt texts (after the tokenizer's default special tokens), cut at EOS, decoded and
+    stripped: what the long-context evaluations score."""
+    tokenizer = opened.tokenizer
+    eos = getattr(tokenizer, "eos_id", None)
+    stop = [eos] if eos is not None and eos >= 0 else None
+    ids = [tokenizer.encode(p, add_special_tokens=True) for p in prompts]
+    outputs = generate_batch(opened.model, ids, max_new_tokens, batch_size=batch_size, stop_tokens=stop,
+                             pad_id=eos if stop else None, stop_check=stop_check)
+    texts = []
+    for output in outputs:
+        if stop and eos in output:
+            output = output[: output.index(eos)]
+        texts.append(tokenizer.decode(output).strip())
+    return texts
+
+
+def per_tokenizer(cache: dict[Any, Any], tokenizer: Any, make: Callable[[], Any]) -> Any:
+    """What `make()` builds for `tokenizer` (a sample generator, generated samples), built once per distinct
+    tokenizer: models whose tokenizers have one fingerprint (`tokenizer_fingerprint`: the same ids for every text)
+    share it. The fingerprint, which saves the tokenizer to hash it, is computed once per tokenizer object; `cache`
+    keeps that object, so its id cannot be reused by another tokenizer while the cache lives."""
+    from tapecli.data.tokenizer import tokenizer_fingerprint
+
+    fingerprints = cache.setdefault("fingerprints", {})  # id -> (tokenizer, fingerprint); fingerprints are hex
+    held = fingerprints.get(id(tokenizer))
+    if held is None or held[0] is not tokenizer:
+        held = fingerprints[id(tokenizer)] = (tokenizer, tokenizer_fingerprint(tokenizer))
+    if held[1] not in cache:
+        cache[held[1]] = make()
+    return cache[held[1]]
 
 
 @contextmanager

@@ -1,6 +1,6 @@
 """The evaluation plots: addition heat-maps (training box outlined), grouped accuracy bar charts, line plots
-(perplexity or accuracy vs length) and labelled heat-maps (passkey depth x length). Each writes a PNG atomically;
-matplotlib is imported lazily."""
+(perplexity or accuracy vs length) and labelled heat-maps (passkey depth x length; side by side, one per task, for the
+long-context evaluations). Each writes a PNG atomically; matplotlib is imported lazily."""
 
 from __future__ import annotations
 
@@ -47,9 +47,10 @@ def save_heatmaps(panels: list[HeatmapPanel], path: str | Path) -> Path:
 
 def save_line_plot(series: dict[str, list[tuple[float, float]]], path: str | Path, xlabel: str, ylabel: str,
                    title: str, log_x: bool = False, ylim: tuple[float, float] | None = None,
-                   hline: float | None = None) -> Path:
-    """One line with markers per series name ((x, y) points, drawn in x order), and a dashed horizontal line at
-    `hline` (e.g. a threshold); written atomically as a PNG."""
+                   hline: float | None = None, xticks: dict[float, str] | None = None) -> Path:
+    """One line with markers per series name ((x, y) points, drawn in x order), a dashed horizontal line at
+    `hline` (e.g. a threshold), and the x ticks `xticks` ({x: label}; default matplotlib's); written atomically as a
+    PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,6 +64,9 @@ def save_line_plot(series: dict[str, list[tuple[float, float]]], path: str | Pat
         ax.axhline(hline, color="grey", linestyle="--", linewidth=1)
     if log_x:
         ax.set_xscale("log", base=2)
+    if xticks:
+        ax.set_xticks(list(xticks), list(xticks.values()), fontsize=8)
+        ax.minorticks_off()
     if ylim:
         ax.set_ylim(*ylim)
     ax.set_xlabel(xlabel)
@@ -75,7 +79,8 @@ def save_line_plot(series: dict[str, list[tuple[float, float]]], path: str | Pat
 
 def save_grid_heatmap(grid: list[list[float]], path: str | Path, x_labels: list[str], y_labels: list[str],
                       xlabel: str, ylabel: str, title: str, colorbar: str = "accuracy") -> Path:
-    """`grid[row][col]` in [0, 1] as a heat-map (row 0 at the top), each cell annotated; written atomically."""
+    """`grid[row][col]` in [0, 1] as a heat-map (row 0 at the top), each cell annotated (NaN: blank); written
+    atomically."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -85,6 +90,8 @@ def save_grid_heatmap(grid: list[list[float]], path: str | Path, x_labels: list[
     image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
     for r, row in enumerate(grid):
         for c, value in enumerate(row):
+            if value != value:  # NaN: a cell with no samples stays blank
+                continue
             ax.text(c, r, f"{value:.2f}".rstrip("0").rstrip(".") if value < 1 else "1", ha="center", va="center",
                     fontsize=7)
     ax.set_xticks(range(len(x_labels)), x_labels, fontsize=8)
@@ -93,6 +100,36 @@ def save_grid_heatmap(grid: list[list[float]], path: str | Path, x_labels: list[
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     fig.colorbar(image, ax=ax, label=colorbar)
+    return _save(fig, path)
+
+
+def save_grid_heatmaps(panels: list[tuple[str, list[list[float]]]], path: str | Path, x_labels: list[str],
+                       y_labels: list[str], xlabel: str, ylabel: str, title: str, colorbar: str = "accuracy") -> Path:
+    """Several `save_grid_heatmap` grids of one shape side by side ((panel title, grid) each; NaN: blank), one
+    shared 0..1 colour bar; written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    width = 1.0 + 0.55 * len(x_labels)
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels) + 1.0, 1.6 + 0.4 * len(y_labels)),
+                             squeeze=False)
+    image = None
+    for k, (ax, (name, grid)) in enumerate(zip(axes[0], panels, strict=True)):
+        image = ax.imshow(grid, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto", interpolation="nearest")
+        for r, row in enumerate(grid):
+            for c, value in enumerate(row):
+                if value == value:
+                    ax.text(c, r, f"{value:.2f}".rstrip("0").rstrip(".") if value < 1 else "1", ha="center",
+                            va="center", fontsize=6)
+        ax.set_xticks(range(len(x_labels)), x_labels, fontsize=7)
+        ax.set_yticks(range(len(y_labels)), y_labels if k == 0 else [], fontsize=7)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_title(name, fontsize=9)
+    axes[0][0].set_ylabel(ylabel)
+    fig.suptitle(title, fontsize=10)
+    fig.colorbar(image, ax=axes[0].tolist(), label=colorbar, fraction=0.046 / len(panels) ** 0.5)
     return _save(fig, path)
 
 

@@ -7,7 +7,9 @@ tokens_to_generate (niah 128, vt 30, cwe 120, fwe 50, qa 32), stopping at EOS. T
 scored by RULER's string match (`tapecli.eval.ruler_metric`: "all" for NIAH/vt/cwe/fwe, "part" for QA). A task's
 score at a length is the mean over its samples x 100 (rounded to 2 decimals, as RULER rounds); the average at a
 length is the mean over the tasks run. The effective length is the longest length up to which every evaluated
-length's average exceeds the threshold (RULER: Llama-2-7B's 4K average, 85.6).
+length's average exceeds the threshold (RULER: Llama-2-7B's 4K average, 85.6); results.json also holds NoLiMa's
+effective length (85% of the model's own average at the base lengths, default the shortest) and LongScore
+(`tapecli.eval.long_context`, which owns these conventions for every long-context evaluation).
 
 Local sources: the essay haystack (`--haystack`) for niah_single_2/3, multikey_1, multivalue, multiquery; SQuAD /
 HotpotQA files (`--qa-data`) for qa_1 / qa_2. With `--tasks all`, a task whose source is missing is skipped with one
@@ -24,7 +26,6 @@ heat-map per model (heatmap.png, or heatmap-<n>-<model>.png).
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +33,11 @@ from typing import Any
 
 from tapecli.errors import TapeError
 from tapecli.eval.common import generate_batch
+from tapecli.eval.long_context import THRESHOLD, check_base_lengths, headline, length_summary, mean_percent
+from tapecli.eval.long_context import table as score_table
 from tapecli.eval.protocol import Evaluation, Opening, run, source_of
 from tapecli.store.door import OpenedModel
 
-THRESHOLD = 85.6
 PLOT_FILE = "ruler.png"
 PROTOCOL = ("RULER (NVIDIA/RULER main): samples from the official generators (seed 42, base template, haystack sized "
             "with the model's tokenizer by RULER's binary search); prompt = BOS + input + answer_prefix; greedy "
@@ -64,7 +66,7 @@ def plan(tasks: str, haystack: str | None, qa_data: list[str] | None) -> Plan:
     names = resolve_tasks(tasks)
     sources, described = Sources(), {"wonderwords": wonderwords_version(), "haystack": None, "qa_data": {}}
     if haystack:
-        from tapecli.eval.scrolls_metric import sentence_splitter
+        from tapecli.data.sentences import sentence_splitter
 
         sources.essay_words, digest = read_essay(haystack)
         splitter_name, sources.split_sentences = sentence_splitter()
@@ -90,29 +92,21 @@ def plan(tasks: str, haystack: str | None, qa_data: list[str] | None) -> Plan:
     return Plan(runnable, skipped, sources, described)
 
 
-def effective_length(averages: dict[int, float], threshold: float) -> int | None:
-    """The longest length up to which every average exceeds `threshold` (None if the shortest does not)."""
-    best = None
-    for length in sorted(averages):
-        if averages[length] <= threshold:
-            break
-        best = length
-    return best
-
-
-def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int], threshold: float) -> dict[str, Any]:
-    """Scores per task and length, the average per length and the effective length of one model's rows."""
+def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int], threshold: float,
+              base_lengths: list[int] | None = None) -> dict[str, Any]:
+    """Scores per task and length, the average per length, the effective lengths and LongScore (base: the shortest
+    length unless `base_lengths` are given) of one model's rows."""
     scores: dict[str, dict[str, float]] = {}
     tokens: dict[str, dict[str, float]] = {}
     for task in tasks:
         for length in lengths:
             cell = [r for r in rows if r["task"] == task and r["length"] == length]
-            scores.setdefault(task, {})[str(length)] = round(sum(r["score"] for r in cell) / len(cell) * 100, 2)
+            scores.setdefault(task, {})[str(length)] = mean_percent([r["score"] for r in cell])
             tokens.setdefault(task, {})[str(length)] = sum(r["prompt_tokens"] for r in cell) / len(cell)
     averages = {n: round(sum(scores[t][str(n)] for t in tasks) / len(tasks), 2) for n in lengths}
     return {"scores": scores, "average": {str(n): a for n, a in averages.items()},
             "passes": {str(n): a > threshold for n, a in averages.items()},
-            "effective_length": effective_length(averages, threshold), "mean_prompt_tokens": tokens}
+            **length_summary(averages, threshold, base_lengths or [min(lengths)]), "mean_prompt_tokens": tokens}
 
 
 @dataclass
@@ -134,13 +128,15 @@ class Ruler(Evaluation):
     haystack: str | None = None
     qa_data: list[str] | None = None
     notify: Callable[[str], None] | None = field(default=None, repr=False)
+    base_lengths: list[int] | None = None  # NoLiMa's base score and LongScore's base (default: the shortest length)
     chosen: Plan | None = field(default=None, init=False, repr=False)  # the tasks that run, their sources
-    cache: dict[tuple[str, str, int], list] = field(default_factory=dict, init=False, repr=False)  # see _samples
+    cache: dict[Any, Any] = field(default_factory=dict, init=False, repr=False)  # see _samples
 
     def check(self, models: list[str]) -> None:
         for name, value in (("--lengths", min(self.lengths, default=0)), ("--samples", self.samples)):
             if value < 1:
                 raise TapeError(f"{name} must be a positive integer, got {value}")
+        self.base_lengths = check_base_lengths(self.base_lengths, self.lengths)
         self.chosen = plan(self.tasks, self.haystack, self.qa_data)
         for line in self.chosen.skipped:
             (self.notify or (lambda _: None))(line)
@@ -168,7 +164,8 @@ class Ruler(Evaluation):
         return _answer(opened, [cell[i] for _, _, i in units], len(units))
 
     def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
-        return {**opened.record(), **summarise(rows, self.chosen.tasks, settings["lengths"], self.threshold)}
+        return {**opened.record(), **summarise(rows, self.chosen.tasks, settings["lengths"], self.threshold,
+                                                  self.base_lengths)}
 
     def combine(self, settings: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
         return {"task": "ruler", "protocol": PROTOCOL, "threshold": self.threshold, "skipped": self.chosen.skipped,
@@ -208,24 +205,20 @@ def evaluate_ruler(
 
 
 def _table(entry: dict[str, Any], threshold: float, lengths: list[int]) -> str:
-    """One model's scores as a Markdown table, after a line with its effective length."""
-    lines = [f"\n{entry['name']}: effective length {entry['effective_length'] or 'none'} (threshold {threshold})"]
-    for cells in [["task", *map(str, lengths)], ["---"] * (len(lengths) + 1),
-                  *[[t, *(f"{entry['scores'][t][str(n)]:.1f}" for n in lengths)] for t in entry["scores"]],
-                  ["average", *(f"{entry['average'][str(n)]:.1f}" for n in lengths)]]:
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    """One model's scores as a Markdown table, after a line with its effective lengths."""
+    return "\n" + headline(entry["name"], entry) + "\n" + score_table({**entry["scores"], "average": entry["average"]},
+                                                                      lengths)
 
 
 def _samples(cache: dict, tokenizer: Any, task: str, length: int, samples: int, sources: Any, seed: int) -> list:
     """The official samples of (task, length) for this tokenizer, made once per tokenizer."""
     from tapecli.data.ruler.tasks import generate
-    from tapecli.data.tokenizer import tokenizer_fingerprint
+    from tapecli.eval.common import per_tokenizer
 
-    key = (tokenizer_fingerprint(tokenizer), task, length)
-    if key not in cache:
-        cache[key] = generate(task, length, lambda text: len(tokenizer.encode(text)), samples, sources, seed)
-    return cache[key]
+    made = per_tokenizer(cache, tokenizer, dict)  # (task, length) -> samples
+    if (task, length) not in made:
+        made[task, length] = generate(task, length, lambda text: len(tokenizer.encode(text)), samples, sources, seed)
+    return made[task, length]
 
 
 def _answer(opened: Any, batch: list, batch_size: int) -> list[dict[str, Any]]:
@@ -252,20 +245,16 @@ def _answer(opened: Any, batch: list, batch_size: int) -> list[dict[str, Any]]:
 
 
 def _plot(results: dict[str, Any], out: Path) -> None:
-    from tapecli.eval.plots import save_grid_heatmap, save_line_plot
+    from tapecli.eval.long_context import plot_grid, plot_lines, safe_name
 
     models = results["models"]
     lengths = results["settings"]["lengths"]
     series = {m["name"]: [(n, m["average"][str(n)]) for n in lengths] for m in models}
-    save_line_plot(series, out / PLOT_FILE, xlabel="sequence length (tokens)", ylabel="RULER average score",
-                   title=f"RULER ({len(results['settings']['tasks'])} tasks); dashed: threshold {results['threshold']}",
-                   log_x=True, ylim=(-3, 103), hline=results["threshold"])
+    plot_lines(series, out / PLOT_FILE, xlabel="sequence length (tokens)", ylabel="RULER average score",
+               title=f"RULER ({len(results['settings']['tasks'])} tasks); dashed: threshold {results['threshold']}",
+               threshold=results["threshold"])
     for k, m in enumerate(models):
-        rows = [*results["settings"]["tasks"], "average"]
-        grid = [[(m["scores"][t] if t != "average" else m["average"])[str(n)] / 100 for n in lengths] for t in rows]
-        name = "heatmap.png" if len(models) == 1 else f"heatmap-{k}-{re.sub(r'[^A-Za-z0-9._-]+', '_', m['name'])}.png"
+        name = "heatmap.png" if len(models) == 1 else f"heatmap-{k}-{safe_name(m['name'])}.png"
         eff = m["effective_length"]
-        save_grid_heatmap(grid, out / name, x_labels=[str(n) for n in lengths], y_labels=rows,
-                          xlabel="sequence length (tokens)", ylabel="task",
-                          title=f"RULER: {m['name']} (effective length: {eff if eff else 'none'})",
-                          colorbar="score / 100")
+        plot_grid({**m["scores"], "average": m["average"]}, lengths, out / name, xlabel="sequence length (tokens)",
+                  ylabel="task", title=f"RULER: {m['name']} (effective length: {eff if eff else 'none'})")

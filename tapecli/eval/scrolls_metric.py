@@ -29,9 +29,10 @@ import functools
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tapecli.data.sentences import sentence_splitter
 from tapecli.errors import TapeError
 
 # Task -> (metric family, score key, display keys), as `DATASET_TO_METRICS` in the official script.
@@ -71,19 +72,6 @@ def token_f1(prediction: str, reference: str) -> float:
 
 
 @functools.cache
-def sentence_splitter() -> tuple[str, Callable[[str], list[str]]]:
-    """(name, function) of the sentence splitter in use: nltk's English Punkt model when installed, as the
-    official metric uses, else nltk's untrained Punkt tokenizer (see the module docstring)."""
-    import nltk
-    from nltk.tokenize.punkt import PunktSentenceTokenizer
-
-    try:
-        nltk.data.find("tokenizers/punkt_tab/english/")
-    except LookupError:
-        return "nltk PunktSentenceTokenizer (untrained; punkt_tab not installed)", PunktSentenceTokenizer().tokenize
-    return "nltk.sent_tokenize (punkt_tab english)", nltk.sent_tokenize
-
-
 def rouge_text(text: str) -> str:
     """The official ROUGE preprocessing: one sentence per line (`rouge_postprocess_text`)."""
     return "\n".join(sentence_splitter()[1](text))

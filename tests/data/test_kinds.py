@@ -27,7 +27,7 @@ SCHEMAS = sorted({*KINDS.values(), *(k.Eval for k in KINDS.values() if k.Eval)},
 
 def test_the_table_names_every_kind_and_each_schema_its_own():
     assert list(KINDS) == ["text", "pairs", "addition", "scrolls", "selective-copy", "grid-1d", "grid-2d",
-                           "flip-flop", "counting"]
+                           "flip-flop", "counting", "babilong"]
     for kind, schema in KINDS.items():
         assert issubclass(schema, DataSchema) and dataclasses.is_dataclass(schema)
         first = dataclasses.fields(schema)[0]
@@ -91,8 +91,8 @@ def test_data_kind_chooses_the_schema(tmp_path):
     assert "data.kind" in pairs.set_keys and "data.kind" not in load_recipe(str(path)).set_keys
     with pytest.raises(TapeError, match=rf"^{re.escape(str(path))}: data.source is not a key of kind grid-2d$"):
         load_recipe(str(path), ["data.kind=grid-2d"])  # the file was written for a kind that reads files
-    with pytest.raises(TapeError, match=r"^data.kind: expected one of text, pairs, addition, scrolls, "
-                                        r"selective-copy, grid-1d, grid-2d, flip-flop, counting; got 'images'$"):
+    with pytest.raises(TapeError, match=r"^data.kind: expected one of text, pairs, addition, scrolls, selective-copy, "
+                                        r"grid-1d, grid-2d, flip-flop, counting, babilong; got 'images'$"):
         load_recipe(str(path), ["data.kind=images"])
 
 

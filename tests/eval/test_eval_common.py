@@ -1,4 +1,5 @@
-"""tapecli.eval.common: --pe-arg values, the resumable log, batched greedy decoding (opening models: test_door)."""
+"""tapecli.eval.common: --pe-arg values, the resumable log, batched greedy decoding, what is built once per tokenizer
+(opening models: test_door)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from tapecli.errors import TapeError
-from tapecli.eval.common import SamplesLog, generate_batch, parse_pe_args
+from tapecli.eval.common import SamplesLog, generate_batch, parse_pe_args, per_tokenizer
 from tapecli.files import read_jsonl
 from tapecli.model import ModelConfig, Transformer
 
@@ -54,3 +55,26 @@ def test_generate_batch_equals_one_prompt_at_a_time():
     for prompt, continuation in zip(prompts, batched, strict=True):
         alone = model.generate(torch.tensor([prompt]), max_new_tokens=4, use_cache=False)[0, len(prompt):]
         assert continuation == alone.tolist()
+
+
+def test_per_tokenizer_builds_once_per_distinct_tokenizer(monkeypatch):
+    """Two objects of one tokenizer share what was built; another tokenizer gets its own; each object is
+    fingerprinted once."""
+    from tapecli.data import tokenizer as tokenizers
+
+    made, fingerprinted = [], []
+    real = tokenizers.tokenizer_fingerprint
+    monkeypatch.setattr(tokenizers, "tokenizer_fingerprint", lambda t: fingerprinted.append(t) or real(t))
+    cache: dict = {}
+    first, same, other = tokenizers.load_tokenizer("byte"), tokenizers.load_tokenizer("byte"), \
+        tokenizers.load_tokenizer("addition")
+
+    def build(name):
+        return lambda: made.append(name) or name
+
+    assert per_tokenizer(cache, first, build("byte")) == "byte"
+    assert per_tokenizer(cache, first, build("again")) == "byte"
+    assert per_tokenizer(cache, same, build("same")) == "byte"
+    assert per_tokenizer(cache, other, build("addition")) == "addition"
+    assert made == ["byte", "addition"]
+    assert [id(t) for t in fingerprinted] == [id(first), id(same), id(other)]

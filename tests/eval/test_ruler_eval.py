@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from tapecli.cli import app
 from tapecli.data.tokenizer import load_tokenizer
 from tapecli.eval import ruler
+from tapecli.eval.long_context import effective_length
 from tapecli.eval.ruler_metric import postprocess, sample_score, string_match_all, string_match_part
 from tapecli.model import ModelConfig, Transformer
 from tapecli.store.checkpoint import save_model
@@ -42,8 +43,8 @@ def test_metric_reproduces_rulers_string_match():
 
 
 def test_effective_length():
-    assert ruler.effective_length({1024: 90.0, 2048: 86.0, 4096: 85.6, 8192: 90.0}, 85.6) == 2048
-    assert ruler.effective_length({1024: 80.0, 2048: 95.0}, 85.6) is None
+    assert effective_length({1024: 90.0, 2048: 86.0, 4096: 85.6, 8192: 90.0}, 85.6) == 2048
+    assert effective_length({1024: 80.0, 2048: 95.0}, 85.6) is None
 
 
 @pytest.mark.slow

@@ -65,7 +65,7 @@ def test_shipped_recipe_documents_exactly_what_its_kind_uses(name):
     assert set(yaml.safe_load(text)) == set(sections)
     assert ("extend" in sections) == name.startswith("context-extension")
     assert ("eval" in sections) == (recipe.data.kind in {"addition", "selective-copy", "grid-1d", "grid-2d",
-                                                          "flip-flop", "counting"})
+                                                          "flip-flop", "counting", "babilong"})
     lines = _key_lines(text)
     for section, keys in sections.items():
         assert {key for s, key, _, _ in lines if s == section} == keys, section

@@ -17,7 +17,6 @@ docs/results/ruler-cpu.md).
 from __future__ import annotations
 
 import argparse
-import tempfile
 from pathlib import Path
 
 TASK = "niah_single_1"
@@ -36,26 +35,12 @@ SYMBOLS = [
 def train_tokenizer(out: Path, vocab_size: int = 600, seed: int = 999) -> Path:
     """OUT (a .model file): see the module docstring. (Not `tape tokenizer train`: that one takes no user-defined
     symbols and keeps SentencePiece's dummy prefix, which would glue the target's leading space to the prompt.)"""
-    import sentencepiece as spm
-
     from tapecli.data.ruler.tasks import generate
-    from tapecli.files import atomic_path
+    from tapecli.data.tokenizer import train_symbol_tokenizer
 
     samples = generate(TASK, 512, lambda text: len(text) // 4, 300, seed=seed)
-    with tempfile.TemporaryDirectory(prefix="tape-ruler-") as tmp:
-        corpus = Path(tmp) / "corpus.txt"
-        corpus.write_text("\n".join(line for s in samples for line in (s.prompt + " " + s.outputs[0]).splitlines()
-                                    if line.strip()))
-        spm.SentencePieceTrainer.train(
-            input=str(corpus), model_prefix=str(Path(tmp) / "sp"), vocab_size=vocab_size, model_type="bpe",
-            normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
-            split_digits=True, allow_whitespace_only_pieces=True, byte_fallback=True, character_coverage=1.0,
-            pad_id=0, unk_id=1, bos_id=2, eos_id=3, num_threads=1, minloglevel=2,
-            user_defined_symbols=[s.replace(" ", "\u2581") for s in SYMBOLS])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(out) as partial:
-            partial.write_bytes((Path(tmp) / "sp.model").read_bytes())
-    return out
+    lines = [line for s in samples for line in (s.prompt + " " + s.outputs[0]).splitlines()]
+    return train_symbol_tokenizer(out, lines, SYMBOLS, vocab_size)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,6 +8,8 @@ kind's own module; `EVALUATIONS` maps the names to what they run).
                                        (grid)       (`synthetic-grid`)
     addition                           addition     `tape eval addition --model RUN`: the grid's mean accuracy and
                                                     the means inside / outside the training box (+ the grid itself)
+    babilong                           babilong     `tape eval babilong --model RUN` (the run's eval keys): the
+                                                    accuracy averaged over the tasks, one split per length
     text, pairs, scrolls               validation   perplexity = exp(validation loss) of the final checkpoint, i.e.
                                                     the loss the engine logged in RUN/metrics.jsonl at
                                                     train.max_steps (target tokens of the first train.eval_batches
@@ -80,6 +82,18 @@ def _addition_scores(results: dict[str, Any]) -> Scores:
             "out of box": {"accuracy": results["out_of_box_accuracy"]}}
 
 
+def _babilong(run_dir: Path) -> None:
+    from tapecli.eval.babilong import Babilong
+    from tapecli.eval.protocol import run
+
+    run(Babilong(), [str(run_dir)], batch_size=8)  # `tape eval babilong --model RUN`: the run's eval keys
+
+
+def _babilong_scores(results: dict[str, Any]) -> Scores:
+    average = results["models"][0]["average"]
+    return {f"{n} tokens": {"accuracy": average[n] / 100} for n in average}
+
+
 def _validation(run_dir: Path) -> None:
     """results.json from the validation loss the engine logged at the final checkpoint's step."""
     from tapecli.store.checkpoint import checkpoint_step, resolve_checkpoint
@@ -112,6 +126,10 @@ SYNTHETIC_GRID = dataclasses.replace(
 ADDITION = Evaluation(
     name="addition", metrics=("accuracy",), labels=("accuracy",), title="accuracy (greedy, exact match)",
     run=_addition, scores=_addition_scores, command="tape eval addition --model {run}", digits=1, heatmaps=True)
+BABILONG = Evaluation(
+    name="babilong", metrics=("accuracy",), labels=("accuracy",),
+    title="BABILong accuracy per length (mean over the tasks)", run=_babilong, scores=_babilong_scores,
+    command="tape eval babilong --model {run}", digits=1)
 VALIDATION = Evaluation(
     name="validation", metrics=("perplexity",), labels=("perplexity",), title="validation perplexity",
     run=_validation, scores=lambda r: {"validation": {"perplexity": r["perplexity"]}}, command=None, percent=False,
@@ -119,7 +137,7 @@ VALIDATION = Evaluation(
 
 # Keyed by the names data kinds give (`DataSchema.evaluation`); the grid's variant writes where `synthetic` does.
 EVALUATIONS: dict[str, Evaluation] = {"synthetic": SYNTHETIC, "synthetic-grid": SYNTHETIC_GRID,
-                                      "addition": ADDITION, "validation": VALIDATION}
+                                      "addition": ADDITION, "babilong": BABILONG, "validation": VALIDATION}
 
 
 def evaluation_for(kind: str) -> Evaluation:
