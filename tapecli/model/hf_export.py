@@ -1,13 +1,15 @@
-"""Export a tape model as a Hugging Face Llama directory (`tape export`), the inverse of `tapecli.model.hf`.
+"""Export a tape model as a Hugging Face directory (`tape export`), the inverse of `tapecli.model.hf`.
 
     export_hf(model, tokenizer, out, dtype=torch.bfloat16) -> out
 
-Writes config.json (LlamaForCausalLM, with `rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards
-with model.safetensors.index.json), generation_config.json and the tokenizer (tokenizer.json or tokenizer.model,
-with tokenizer_config.json naming its special tokens), so `AutoModelForCausalLM.from_pretrained(out)` computes the
-same logits as tape. Only PEs transformers' Llama can run are exported: RoPE with any of its scalings. LoRA must be
-merged first (`tapecli.store.door.open_model` does). Everything is written to a temporary directory renamed into
-place at the end.
+Writes config.json (the class that runs the model, tapecli.model.hf_arch: Llama, Mistral with a window in every
+layer, SmolLM3 with NoPE layers or windows in some layers, Qwen2 with q/k/v biases, Qwen3 with QK-norm; with
+`rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards with model.safetensors.index.json),
+generation_config.json and the tokenizer (tokenizer.json or tokenizer.model, with tokenizer_config.json naming its
+special tokens), so `AutoModelForCausalLM.from_pretrained(out)` computes the same logits as tape. Only layers
+transformers can run are exported: RoPE (any of its scalings, the same in every RoPE layer) or NoPE, with one window
+size. LoRA must be merged first (`tapecli.store.door.open_model` does). Everything is written to a temporary
+directory renamed into place at the end.
 """
 
 from __future__ import annotations
@@ -29,10 +31,18 @@ SHARD_BYTES = 5 * 2**30
 
 
 def rope_parameters(model: Transformer) -> tuple[dict[str, Any], int]:
-    """(transformers' rope_parameters, max_position_embeddings) for a RoPE model; see tapecli.model.pe.rope."""
-    pe = model.model.pe
-    params: dict[str, Any] = {"rope_theta": pe.theta, "rope_type": "default"}
+    """(transformers' rope_parameters, max_position_embeddings) for a model's RoPE layers (transformers' defaults
+    when it has none: its NoPE layers ignore them); see tapecli.model.pe.rope."""
+    from tapecli.model.hybrid import layer_groups
+
     max_pos = model.config.max_seq_len
+    specs = model.config.layers()
+    if not any(spec.pe == "rope" for spec in specs):
+        return {"rope_theta": 10000.0, "rope_type": "default"}, max_pos
+    first = next(i for i, spec in enumerate(specs) if spec.pe == "rope")
+    pe = layer_groups(model.model.pe, len(specs))[first][1]
+    args = specs[first].pe_args
+    params: dict[str, Any] = {"rope_theta": pe.theta, "rope_type": "default"}
     if pe.scaling == "none":
         return params, max_pos
     params.update(rope_type=pe.scaling, factor=pe.factor)
@@ -40,7 +50,6 @@ def rope_parameters(model: Transformer) -> tuple[dict[str, Any], int]:
         max_pos = pe.original_max_len  # transformers' dynamic NTK measures growth from max_position_embeddings
     else:
         params["original_max_position_embeddings"] = pe.original_max_len
-    args = model.config.pe_args
     if pe.scaling == "yarn":
         params.update(beta_fast=args.get("beta_fast", 32.0), beta_slow=args.get("beta_slow", 1.0),
                       truncate=args.get("truncate", True), attention_factor=pe.attention_factor)
@@ -52,32 +61,33 @@ def rope_parameters(model: Transformer) -> tuple[dict[str, Any], int]:
     return params, max_pos
 
 
-def check_exportable(model: Transformer) -> None:
+def check_exportable(model: Transformer) -> tuple[str, dict[str, Any]]:
+    """(the Hugging Face class, its layer keys) the model exports as (tapecli.model.hf_arch.export_layout), or a
+    TapeError naming why it cannot."""
+    from tapecli.model.hf_arch import export_layout
+
     c = model.config
-    if c.pe != "rope":
-        raise TapeError(f"pe {c.pe!r} has no Hugging Face Llama equivalent (only rope exports); keep the native "
-                        "checkpoint, which every `tape eval` opens")
-    if c.attention_keys():
-        raise TapeError(f"model {', '.join(c.attention_keys())}: sliding windows, attention temperatures, length "
-                        "scales and layer schedules do not export to a Hugging Face Llama yet; keep the native "
-                        "checkpoint, which every `tape eval` opens")
     if c.abacus or not c.causal:
         raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
                         "native checkpoint")
     if any("lora_" in name for name, _ in model.named_parameters()):
         raise TapeError("merge LoRA adapters before exporting (tapecli.model.lora.merge_lora)")
+    return export_layout(c)
 
 
 def _config(model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype) -> dict[str, Any]:
+    from tapecli.model.hf_arch import model_type
+
     c = model.config
+    arch, layers = check_exportable(model)
     rope, max_pos = rope_parameters(model)
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
+        "architectures": [arch], "model_type": model_type(arch), "vocab_size": c.vocab_size,
         "hidden_size": c.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
         "max_position_embeddings": max_pos, "rms_norm_eps": c.norm_eps, "tie_word_embeddings": c.tie_embeddings,
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "initializer_range": c.init_std,
-        "rope_parameters": rope, "dtype": str(dtype).removeprefix("torch."),
+        "hidden_act": "silu", "initializer_range": c.init_std, "rope_parameters": rope,
+        "dtype": str(dtype).removeprefix("torch."), **layers,
     }
     if tokenizer is not None:
         config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)
