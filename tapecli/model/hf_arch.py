@@ -140,7 +140,7 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
     n = hf["num_hidden_layers"]
     for key in _BIAS_KEYS[arch]:
         if _flag(hf, key, where):
-            raise TapeError(f"{where}: {key}=true is not supported for {arch} (tape has no such biases)")
+            raise TapeError(f"{where}: {key}={hf[key]!r} is not supported for {arch} (tape has no such biases)")
     types = _layer_types(hf, n, where)
     window = _window(hf, where)
     rope = [True] * n
