@@ -3,10 +3,11 @@
     report = run_doctor(device="auto")      # prints; returns {"environment": ..., "checks": {pe: {...}}}
 
 The environment: Python, torch, CUDA and the GPU's name, bf16 support, the optional kernels (flash-attn, fla,
-triton) and whether torch.compile works here (a tiny function is really compiled). Then one line per PE, for a small
+triton), whether torch.compile works here (a tiny function is really compiled) and the Hugging Face classes tape
+imports and exports (tapecli.model.hf_arch). Then one line per PE, for a small
 trained-like model (every PE parameter random, so TAPE's, CoPE's and PaTH's zero starts hide nothing) on the
 device, and one per hybrid layout (HYBRID_CHECKS: sliding windows shorter than the batch, temperatures, length
-scales, several PEs in one model):
+scales, several PEs in one model, the NoPE layers, biases and QK-norm of imported SmolLM3 / Qwen models):
 
   paths   the attention paths a training step and an evaluation forward take (`tapecli.model.attention`)
   logits  max |logits - fp64 CPU reference| for a left-padded batch, the reference computed with every [T, T]
@@ -51,6 +52,9 @@ HYBRID_CHECKS: dict[str, dict] = {
         "layers": ["tape", "cope", "local-tape", "path"],
         "kinds": {"local-tape": {"window": 16}, "cope": {"pe": "cope", "window": 16, "temperature": 0.9},
                   "path": {"pe": "path", "temperature": 1.1}}}},
+    # What SmolLM3, Qwen2 and Qwen3 imports use: NoPE layers, windowed RoPE layers, q/k/v biases, QK-norm.
+    "hf-hybrid": {"pe": "rope", "qk_norm": True, "qkv_bias": True, "schedule": {
+        "pattern": ["local", "local", "local", "nope"], "kinds": {"local": {"window": 16}}}},
 }
 
 
@@ -87,18 +91,21 @@ def environment(device: torch.device) -> dict[str, str]:
     for name, package in (("flash-attn", "flash-attn"), ("fla", "flash-linear-attention"), ("triton", "triton")):
         env[name] = package_version(package)
     env["torch.compile"] = compile_works()
+    from tapecli.model.hf_arch import ARCHITECTURES
+
+    env["hf import"] = f"{', '.join(ARCHITECTURES)} (transformers {package_version('transformers')})"
     return env
 
 
 def tiny_model(keys: dict) -> Transformer:
     """2 layers (4 for a hybrid), dim 64, 4 query heads over 2 key heads; `keys` the PE (and hybrid) model keys;
-    every PE parameter random (as after training)."""
+    every PE parameter, q/k/v bias and q/k norm random (as after training)."""
     torch.manual_seed(0)
     model = Transformer(ModelConfig(vocab_size=VOCAB, dim=64, n_layers=4 if "schedule" in keys else 2, n_heads=4,
                                     n_kv_heads=2, max_seq_len=64, **keys))
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if ".pe." in name:
+            if ".pe." in name or name.endswith(("_proj.bias", "q_norm.weight", "k_norm.weight")):
                 p.normal_(0, 0.3)
     return model
 

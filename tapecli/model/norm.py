@@ -29,8 +29,16 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+class HeadNorm(RMSNorm):
+    """RMSNorm over each head's vector that returns its input's dtype: under autocast a bf16 query stays bf16 (its
+    fp32 weight would otherwise promote it, and queries, keys and values would disagree); in fp32 it is RMSNorm."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x).to(x.dtype)
+
+
 def head_norms(config) -> tuple[nn.Module, nn.Module]:
-    """(q_norm, k_norm) of one attention layer: RMSNorms over head_dim with `config.qk_norm`, else identities."""
+    """(q_norm, k_norm) of one attention layer: HeadNorms over head_dim with `config.qk_norm`, else identities."""
     if not config.qk_norm:
         return nn.Identity(), nn.Identity()
-    return RMSNorm(config.head_dim, config.norm_eps), RMSNorm(config.head_dim, config.norm_eps)
+    return HeadNorm(config.head_dim, config.norm_eps), HeadNorm(config.head_dim, config.norm_eps)
