@@ -17,9 +17,10 @@ What transformers 5's modeling code does with the keys transformers itself write
 
 A sliding layer sees `sliding_window` keys, itself included (transformers' mask: key > query - sliding_window), which
 is what tape's `window` counts. Layers that are all alike become model-level keys (`window: 4096`); otherwise a
-`model.schedule` with one name per layer (`layers`, as layer_types), named `rope`, `nope`, `local` (RoPE in a window)
-and `nope_local`. Anything the modeling code would run differently from this table (a layer_types naming sliding
-layers without a window; Mistral's layer_types, which its modeling code ignores; biases or activations other than the
+`model.schedule` with one name per layer (`layers`, as layer_types): `global` and `local` (in a window) take the
+model's PE (RoPE, or TAPE once `extend-context --method tape` grows it), `nope` and `nope_local` have none.
+Anything the modeling code would run differently from this table (a layer_types naming sliding layers without a
+window; Mistral's layer_types, which its modeling code ignores; biases or activations other than the
 above) is refused in one line naming the key, as is every other architecture.
 """
 
@@ -81,16 +82,14 @@ class Layout:
             return {**keys, "pe": "rope" if rope else "nope", "pe_args": pe_args, "window": window}
         names = [_layer_name(rope, window) for rope, window in pairs]
         window = next(w for w in self.windows if w is not None) if any(self.windows) else None
-        kinds = {"local": {"window": window}, "nope_local": {"pe": "nope", "window": window}}
+        kinds = {"global": {}, "local": {"window": window}, "nope_local": {"pe": "nope", "window": window}}
         schedule = {"layers": names, "kinds": {name: body for name, body in kinds.items() if name in names}}
-        if not schedule["kinds"]:
-            del schedule["kinds"]
         return {**keys, "pe": "rope" if any(self.rope) else "nope", "pe_args": pe_args, "schedule": schedule}
 
 
 def _layer_name(rope: bool, window: int | None) -> str:
     if window is None:
-        return "rope" if rope else "nope"
+        return "global" if rope else "nope"
     return "local" if rope else "nope_local"
 
 

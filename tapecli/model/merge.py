@@ -14,7 +14,10 @@ the user set (recipe file or override: `Recipe.set_values("model")`), never defa
   over the saved `pe_args` (so RoPE's theta and scaling carry over into TAPE unless the recipe changes them);
 - `schedule` (and the per-layer keys it sets) may change what does not change a weight's shape: windows,
   temperatures, length scales, PEs without weights (rope <-> nope <-> alibi); a schedule that changes a shape is
-  refused naming the first tensor. A model with a schedule does not grow (the growth rule is for one PE).
+  refused naming the first tensor. In a model with a schedule, growing `pe` grows the layers that take the model's PE
+  (kinds that name no other `pe`): an imported SmolLM3's RoPE layers become TAPE layers, its NoPE layers stay NoPE,
+  and every window stays (tapecli.model.hybrid: the TAPE state passes the NoPE layers unchanged, so step 0 is still
+  the base).
 
     shapes = parameter_shapes(config)      # {tensor name: shape} of a model built with config (meta device)
 """
@@ -56,7 +59,6 @@ def merge_model_config(saved: dict[str, Any], requested: dict[str, Any], origin:
 
     merged = dict(saved)
     grown = False
-    scheduled = bool(saved.get("schedule") or requested.get("schedule"))
     for key, value in requested.items():
         if key == "vocab_size" and value is None:
             continue  # "take it from the tokenizer": the saved model's vocabulary
@@ -67,19 +69,19 @@ def merge_model_config(saved: dict[str, Any], requested: dict[str, Any], origin:
         if value == saved.get(key):
             continue
         if key in SHAPE_KEYS:
-            if key == "pe" and (saved.get("pe"), value) in GROWTH and not scheduled:
+            if key == "pe" and (saved.get("pe"), value) in GROWTH:
                 grown = True
             else:
                 raise TapeError(f"model.{key}: the recipe asks for {value!r} but {origin} has {saved.get(key)!r}; "
-                                "shapes cannot change (only pe may grow from rope to tape, in a model without a "
-                                "schedule)")
+                                "shapes cannot change (only pe may grow from rope to tape)")
         merged[key] = value
     try:
         config = ModelConfig.from_dict(merged)
     except ValueError as e:
         raise TapeError(f"{origin}: {e}") from None
     if (merged.get("schedule") or {}) != (saved.get("schedule") or {}):
-        check_same_shapes(ModelConfig.from_dict(saved), config, "model.schedule", origin)
+        grown_from = {**saved, "pe": merged["pe"], "pe_args": merged["pe_args"]} if grown else saved
+        check_same_shapes(ModelConfig.from_dict(grown_from), config, "model.schedule", origin)
     return config, grown
 
 

@@ -98,8 +98,8 @@ def test_layouts_read_as_schedules(tmp_path):
     build(tmp_path, "smollm3-window")
     config = open_model(str(tmp_path / "smollm3-window"), device="cpu").model.config
     assert (config.pe, config.window) == ("rope", None)
-    assert config.schedule == {"layers": ["rope", "nope_local", "rope", "nope_local"],
-                               "kinds": {"nope_local": {"pe": "nope", "window": WINDOW}}}
+    assert config.schedule == {"layers": ["global", "nope_local", "global", "nope_local"],
+                               "kinds": {"global": {}, "nope_local": {"pe": "nope", "window": WINDOW}}}
     build(tmp_path, "mistral-window")
     config = open_model(str(tmp_path / "mistral-window"), device="cpu").model.config
     assert (config.window, config.schedule, config.qk_norm, config.qkv_bias) == (WINDOW, {}, False, False)

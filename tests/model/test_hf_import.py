@@ -148,3 +148,10 @@ def test_weights_must_fit_config(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(TapeError, match="mlp.*shape"):
         open_model(str(tmp_path / "hf"), device="cpu")
+
+
+def test_every_short_name_is_in_the_help():
+    from tapecli.cli.train import _BASE_HELP
+    from tapecli.store.door import SHORT_NAMES
+
+    assert all(f" {name}," in _BASE_HELP or f" {name}." in _BASE_HELP for name in SHORT_NAMES)
