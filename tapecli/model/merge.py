@@ -80,8 +80,7 @@ def merge_model_config(saved: dict[str, Any], requested: dict[str, Any], origin:
     except ValueError as e:
         raise TapeError(f"{origin}: {e}") from None
     if (merged.get("schedule") or {}) != (saved.get("schedule") or {}):
-        grown_from = {**saved, "pe": merged["pe"], "pe_args": merged["pe_args"]} if grown else saved
-        check_same_shapes(ModelConfig.from_dict(grown_from), config, "model.schedule", origin)
+        check_same_shapes(ModelConfig.from_dict(saved), config, "model.schedule", origin, ignore_pe=grown)
     return config, grown
 
 
@@ -95,10 +94,12 @@ def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         return {name: tuple(t.shape) for name, t in Transformer(config).state_dict().items()}
 
 
-def check_same_shapes(before: ModelConfig, after: ModelConfig, what: str, origin: str) -> None:
-    """TapeError naming `what` and the first tensor whose shape (or presence) `after` changes."""
+def check_same_shapes(before: ModelConfig, after: ModelConfig, what: str, origin: str, ignore_pe: bool = False) -> None:
+    """TapeError naming `what` and the first tensor whose shape (or presence) `after` changes; with `ignore_pe`, the
+    PE's tensors may come (a grown PE's new parameters, in the layers that take it)."""
     old, new = parameter_shapes(before), parameter_shapes(after)
-    changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name))
+    changed = sorted(name for name in old.keys() | new.keys() if old.get(name) != new.get(name)
+                     and not (ignore_pe and name not in old and ".pe." in f".{name}"))
     if changed:
         name = changed[0]
         raise TapeError(f"{what}: changes the shape of {origin}'s weights ({name}: {old.get(name)} -> "
