@@ -57,6 +57,7 @@ def merge_model_config(saved: dict[str, Any], requested: dict[str, Any], origin:
     would change a shape."""
     from tapecli.model.config import ModelConfig
 
+    saved = {**config_defaults(), **saved}  # a key newer than the checkpoint means what its default means
     merged = dict(saved)
     grown = False
     for key, value in requested.items():
@@ -82,6 +83,17 @@ def merge_model_config(saved: dict[str, Any], requested: dict[str, Any], origin:
     if (merged.get("schedule") or {}) != (saved.get("schedule") or {}):
         check_same_shapes(ModelConfig.from_dict(saved), config, "model.schedule", origin, ignore_pe=grown)
     return config, grown
+
+
+def config_defaults() -> dict[str, Any]:
+    """ModelConfig's default of every key that has one (what a saved config without the key meant)."""
+    import dataclasses
+
+    from tapecli.model.config import ModelConfig
+
+    return {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(ModelConfig)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
 
 
 def parameter_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -45,7 +45,7 @@ def _key_lines(text: str) -> list[tuple[str, str, bool, str]]:
     for line in text.splitlines():
         if re.match(r"^\w+:", line):
             section = line.split(":")[0]
-        elif section and (match := re.match(r"^\s+(#\s*)?(\w+):", line)):
+        elif section and (match := re.match(r"^  (#\s*)?(\w+):", line)):  # a section's own keys, not nested ones
             found.append((section, match.group(2), bool(match.group(1)), line))
     return found
 
