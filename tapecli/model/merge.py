@@ -80,6 +80,9 @@ def merge_model_config(saved: dict[str, Any], requested: dict[str, Any], origin:
         config = ModelConfig.from_dict(merged)
     except ValueError as e:
         raise TapeError(f"{origin}: {e}") from None
+    if grown and not any(spec.pe == config.pe for spec in config.layers()):
+        raise TapeError(f"model.pe: {config.pe} would grow in no layer: every kind of the schedule names its own pe; "
+                        "give the layers that should grow a kind without `pe` (e.g. global: {})")
     if (merged.get("schedule") or {}) != (saved.get("schedule") or {}):
         check_same_shapes(ModelConfig.from_dict(saved), config, "model.schedule", origin, ignore_pe=grown)
     return config, grown

@@ -116,3 +116,9 @@ def test_convert_then_evaluate_beside_the_base_from_the_cli(base, tmp_path):
     models = json.loads((tmp_path / "ppl" / "results.json").read_text())["models"]
     assert [m.get("schedule", {}) for m in models] == [{}, {"pattern": "rope+rope+rope+nope"}]
     assert all(set(m["lengths"]) == {str(BASE_LEN), str(2 * BASE_LEN)} for m in models)
+
+
+def test_tape_that_would_grow_in_no_layer_is_one_line(base):
+    with pytest.raises(TapeError, match="model.pe: tape would grow in no layer") as info:
+        converted(base, "tape", *NOPE_EVERY_4TH)  # every name is a PE's own name: rope stays rope
+    assert "\n" not in str(info.value)
