@@ -190,3 +190,35 @@ def test_tape_model_with_a_schedule_exports_as_smollm3(tmp_path):
     x = torch.randint(0, 259, (2, 30), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(hf(x).logits, model(x), rtol=0, atol=2e-5)
+
+
+GRID = [dict(use_sliding_window=use, sliding_window=window, max_window_layers=first)
+        for use in (False, True) for window in (None, 3) for first in (0, 2, 5)]
+
+
+@pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "Qwen3ForCausalLM", "SmolLM3ForCausalLM"])
+@pytest.mark.parametrize("drop_layer_types", [False, True], ids=["as-written", "without-layer_types"])
+def test_every_window_layout_transformers_writes_reads_as_its_modeling_code_runs_it(arch, drop_layer_types):
+    """Configs only (no weights): for each use_sliding_window x sliding_window x max_window_layers (and, for SmolLM3,
+    NoPE intervals), the config.json transformers writes -- and the same without layer_types, as 4.x wrote it --
+    gives each layer the window and RoPE that transformers' modeling code gives it (its `layer_types`, its
+    `sliding_window`, SmolLM3's `no_rope_layers`)."""
+    from tapecli.model.hf import hf_model_config
+
+    cls = getattr(transformers, arch).config_class
+    grid = GRID if arch != "SmolLM3ForCausalLM" else [
+        {**keys, "no_rope_layer_interval": interval} for keys in GRID for interval in (2, 4)]
+    for keys in grid:
+        config = cls(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                     num_attention_heads=4, num_key_value_heads=2, head_dim=16, **keys)
+        written = {**json.loads(config.to_json_string()), "architectures": [arch]}
+        if drop_layer_types:
+            written.pop("layer_types")
+        expected_windows = [config.sliding_window if kind == "sliding_attention" else None
+                            for kind in config.layer_types]
+        expected_rope = [bool(r) for r in getattr(config, "no_rope_layers", [1] * 4)]
+        if "sliding_attention" in config.layer_types and config.sliding_window is None:
+            continue  # transformers cannot build such a model (its cache needs the window): refused, tested above
+        layers = hf_model_config(written).layers()
+        assert [spec.window for spec in layers] == expected_windows, keys
+        assert [spec.pe == "rope" for spec in layers] == expected_rope, keys
