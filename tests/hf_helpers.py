@@ -199,3 +199,30 @@ def make_trained_llama(directory: Path, style: str, text: str, steps: int = 40, 
         optimizer.step()
     model.save_pretrained(directory)
     return directory
+
+
+def make_hf_model(directory: Path, arch: str, *, seed: int = 0, perturb: float = 0.1, drop: tuple[str, ...] = (),
+                  **config) -> torch.nn.Module:
+    """Save a random tiny model of transformers class `arch` (e.g. "Qwen2ForCausalLM"; 4 layers, 4 heads, 2 KV
+    heads, hidden 64, BPE tokenizer) built with `config` over those sizes; returns it (eval mode). Every parameter
+    (norms, biases, q/k norms included) moves by N(0, perturb) so none is at its neutral initial value. `drop`:
+    keys removed from config.json afterwards (as older transformers versions wrote it)."""
+    import transformers
+
+    kwargs = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    kwargs.update(config)
+    cls = getattr(transformers, arch)
+    torch.manual_seed(seed)
+    model = cls(cls.config_class(**kwargs)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * perturb)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    if drop:
+        saved = json.loads((directory / "config.json").read_text())
+        (directory / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k not in drop}))
+    save_bpe_tokenizer(directory)
+    return model

@@ -3,7 +3,8 @@
     report = run_doctor(device="auto")      # prints; returns {"environment": ..., "checks": {pe: {...}}}
 
 The environment: Python, torch, CUDA and the GPU's name, bf16 support, the optional kernels (flash-attn, fla,
-triton) and whether torch.compile works here (a tiny function is really compiled). Then one line per PE: the
+triton), whether torch.compile works here (a tiny function is really compiled) and the Hugging Face classes
+tape imports and exports (tapecli.model.hf_arch). Then one line per PE: the
 attention paths a training step and an evaluation forward take on the device (`tapecli.model.attention`), and four
 checks of `tape pe check` (tapecli.experiments.pe_check, their one owner) on the device, with the same tiny
 trained-like models:
@@ -15,7 +16,8 @@ trained-like models:
   finite           a training step in fp32 and under bf16 autocast has finite logits and gradients
 
 and the same checks of hybrid layouts (HYBRID_CHECKS: 4 layers, sliding windows shorter than the batch,
-temperatures, length scales, several PEs in one model).
+temperatures, length scales, several PEs in one model, the NoPE layers, biases and QK-norm of imported SmolLM3 and
+Qwen models).
 
 A check that fails marks its line and makes the command exit with 1; a PE whose check raises gets one line,
 "failed: <the error>", and the other PEs are still checked.
@@ -51,6 +53,9 @@ HYBRID_CHECKS: dict[str, dict] = {
         "layers": ["tape", "cope", "local-tape", "path"],
         "kinds": {"local-tape": {"window": 16}, "cope": {"pe": "cope", "window": 16, "temperature": 0.9},
                   "path": {"pe": "path", "temperature": 1.1}}}},
+    # What SmolLM3, Qwen2 and Qwen3 imports use: NoPE layers, windowed RoPE layers, q/k/v biases, QK-norm.
+    "hf-hybrid": {"pe": "rope", "qk_norm": True, "qkv_bias": True, "schedule": {
+        "pattern": ["local", "local", "local", "nope"], "kinds": {"local": {"window": 16}}}},
 }
 
 
@@ -87,6 +92,9 @@ def environment(device: torch.device) -> dict[str, str]:
     for name, package in (("flash-attn", "flash-attn"), ("fla", "flash-linear-attention"), ("triton", "triton")):
         env[name] = package_version(package)
     env["torch.compile"] = compile_works()
+    from tapecli.model.hf_arch import ARCHITECTURES
+
+    env["hf import"] = f"{', '.join(ARCHITECTURES)} (transformers {package_version('transformers')})"
     return env
 
 

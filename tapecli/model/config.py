@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The keys that shape attention beyond the PE (their defaults: what every model was before they existed).
-ATTENTION_KEYS = ("window", "temperature", "length_scale", "length_scale_args", "schedule")
+ATTENTION_KEYS = ("window", "temperature", "length_scale", "length_scale_args", "schedule", "qk_norm", "qkv_bias")
 
 
 @dataclass
@@ -25,7 +25,9 @@ class ModelConfig:
     `window` (keys each query sees, itself included; None: all), `temperature` (softmax(logits / T)) and
     `length_scale` (+ `length_scale_args`: a query scale by position, tapecli.model.attention.scaling) shape every
     layer's attention; `schedule` changes any of these per layer (tapecli.model.schedule). Their defaults are what
-    a model without these keys always was, so older configs mean what they meant.
+    a model without these keys always was, so older configs mean what they meant. `qk_norm` (Qwen3's per-head
+    RMSNorm of queries and keys before the PE, tapecli.model.norm) and `qkv_bias` (biases on the query, key and
+    value projections, as Qwen2) add weights to every layer.
     """
 
     vocab_size: int
@@ -53,6 +55,8 @@ class ModelConfig:
     length_scale: str = "none"  # none | llama4 | log: queries scaled by a function of their position
     length_scale_args: dict[str, Any] = field(default_factory=dict)
     schedule: dict[str, Any] = field(default_factory=dict)  # per-layer PE / window / temperature / length scale
+    qk_norm: bool = False  # RMSNorm of each head's query and key before the PE (Qwen3)
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
 
     def __post_init__(self) -> None:
         from tapecli.model.pe import resolve_pe

@@ -8,10 +8,12 @@
 Which directory, hub id or short name to open, and in which dtype, is decided by `tapecli.store.door`, the one door
 every command opens models through. A directory holds `config.json`, `model.safetensors` or shards listed in
 `model.safetensors.index.json`, `tokenizer.json` and/or `tokenizer.model`.
-Supported: `LlamaForCausalLM` and `MistralForCausalLM` without sliding window; grouped-query attention; an explicit
-`head_dim`; tied or untied embeddings; RoPE given as `rope_parameters` (transformers 5) or as the older
-`rope_theta` / `rope_scaling` keys, of type default, linear, dynamic, yarn or llama3. Anything else (biases, sliding
-window, other activations or architectures) is a TapeError naming the config key.
+Supported: `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and
+`SmolLM3ForCausalLM`, with their sliding windows, NoPE layers, q/k/v biases and QK-norm as
+`tapecli.model.hf_arch` reads them; grouped-query attention; an explicit `head_dim`; tied or untied embeddings;
+RoPE given as `rope_parameters` (transformers 5) or as the older `rope_theta` / `rope_scaling` keys, of type default,
+linear, dynamic, yarn or llama3. Anything else (other biases, activations or architectures) is a TapeError naming
+the config key.
 
 `partial_rotary_factor` is read as the architecture's transformers class reads it (`PARTIAL_ROTARY`): where the
 class rotates only the first factor x head_dim dims of a head (GPT-NeoX, Phi, ...), it becomes RoPE's
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tapecli.errors import TapeError
+from tapecli.model.hf_arch import architecture, read_layout
 from tapecli.model.hf_files import read_json_object, read_weights, weight_files
 
 if TYPE_CHECKING:
@@ -43,10 +46,8 @@ if TYPE_CHECKING:
     from tapecli.data.tokenizer import Tokenizer
     from tapecli.model import ModelConfig, Transformer
 
-ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM")
-MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}  # what transformers loads them as
 # Whether the architecture's transformers class rotates only the first partial_rotary_factor of each head (the
-# module docstring): neither Llama nor Mistral does.
+# module docstring): neither Llama nor Mistral does; for the other classes such a config is refused.
 PARTIAL_ROTARY = {"LlamaForCausalLM": False, "MistralForCausalLM": False}
 HF_CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -90,6 +91,9 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
                         f"{', '.join(_ROPE_TYPES)}")
     args: dict[str, Any] = {"theta": float(params["rope_theta"])}
     partial = float(params.get("partial_rotary_factor", 1.0))
+    if partial != 1.0 and architecture not in PARTIAL_ROTARY:
+        raise TapeError(f"{where}: partial_rotary_factor {partial:g} is not supported for {architecture} (tape reads "
+                        "it as transformers does for Llama and Mistral only)")
     if partial != 1.0 and PARTIAL_ROTARY[architecture]:
         args["partial_rotary_factor"] = partial
     elif partial != 1.0 and kind == "default":
@@ -142,39 +146,15 @@ _SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads
           "max_position_embeddings")
 
 
-def _architecture(hf: dict[str, Any], where: str) -> str:
-    """The one supported class config.json names; without `architectures`, the class transformers loads its
-    `model_type` as (said on stderr), and a TapeError when neither names a class tape imports."""
-    arch = hf.get("architectures")
-    if not arch:
-        model_type = hf.get("model_type")
-        assumed = MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
-        if assumed is None:
-            raise TapeError(f"{where} names no architecture (no architectures, model_type {model_type!r}); tape "
-                            f"imports {', '.join(ARCHITECTURES)}: add \"architectures\": [\"LlamaForCausalLM\"] if "
-                            "it is a Llama")
-        print(f"note: {where} has no architectures; read as {assumed}, as transformers does for model_type "
-              f"{model_type!r}", file=sys.stderr)
-        return assumed
-    if not isinstance(arch, list) or len(arch) != 1 or arch[0] not in ARCHITECTURES:
-        raise TapeError(f"{where}: architectures {arch} is not supported; supported: {', '.join(ARCHITECTURES)}")
-    return arch[0]
-
-
 def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
     """tape's ModelConfig for a Llama-family config.json (a dict; `where` names it in messages); an unsupported
-    architecture or key, a missing key or a value of the wrong type raises TapeError naming the key."""
+    architecture or key, a missing key or a value of the wrong type raises TapeError naming the key. Which layers
+    slide or have no RoPE, and the attention's biases and norms, are `tapecli.model.hf_arch`'s reading."""
     from tapecli.model import ModelConfig
 
-    architecture = _architecture(hf, where)
-    for key in ("attention_bias", "mlp_bias", "sliding_window", "use_sliding_window"):
-        if hf.get(key):
-            raise TapeError(f"{where}: {key}={hf[key]!r} is not supported (Llama without it only)")
+    arch = architecture(hf, where)
     if hf.get("hidden_act", "silu") != "silu":
         raise TapeError(f"{where}: hidden_act={hf['hidden_act']!r} is not supported (only silu)")
-    layer_types = hf.get("layer_types") or []
-    if not isinstance(layer_types, list) or set(map(str, layer_types)) - {"full_attention"}:
-        raise TapeError(f"{where}: layer_types {layer_types!r} is not supported (full_attention only)")
     for key in (*_SIZES, "num_key_value_heads", "head_dim"):
         value = hf.get(key)
         if key in _SIZES and value is None:
@@ -182,19 +162,20 @@ def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise TapeError(f"{where}: {key} must be a positive integer, got {value!r}")
     try:
-        pe_args = _pe_args(hf, where, architecture)
+        pe_args = _pe_args(hf, where, arch)
         norm_eps, init_std = float(hf.get("rms_norm_eps", 1e-6)), float(hf.get("initializer_range", 0.02))
     except KeyError as e:
         raise TapeError(f"{where}: missing key {e.args[0]}") from None
     except (TypeError, ValueError) as e:  # a number written as text, a list or null
         raise TapeError(f"{where}: a RoPE or norm setting is not a number ({e})") from None
+    layers = read_layout(hf, arch, where).model_keys(pe_args)
     try:
         return ModelConfig(
             vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
             n_heads=hf["num_attention_heads"], n_kv_heads=hf.get("num_key_value_heads"),
             head_dim=hf.get("head_dim"), ffn_dim=hf["intermediate_size"],
-            max_seq_len=hf["max_position_embeddings"], pe="rope", pe_args=pe_args, norm_eps=norm_eps,
-            tie_embeddings=bool(hf.get("tie_word_embeddings", False)), init_std=init_std)
+            max_seq_len=hf["max_position_embeddings"], norm_eps=norm_eps,
+            tie_embeddings=bool(hf.get("tie_word_embeddings", False)), init_std=init_std, **layers)
     except ValueError as e:
         raise TapeError(f"{where}: {e}") from None
 

@@ -1,12 +1,14 @@
-"""Export a tape model as a Hugging Face Llama directory (`tape export`), the inverse of `tapecli.model.hf`.
+"""Export a tape model as a Hugging Face directory (`tape export`), the inverse of `tapecli.model.hf`.
 
     export_hf(model, tokenizer, out, dtype=torch.bfloat16) -> out
 
-Writes config.json (LlamaForCausalLM, with `rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards
-with model.safetensors.index.json), generation_config.json and the tokenizer (tokenizer.json or tokenizer.model,
-with tokenizer_config.json naming its special tokens), so `AutoModelForCausalLM.from_pretrained(out)` computes the
-same logits as tape. Only PEs transformers' Llama can run are exported: RoPE with any of its scalings, and a
-plugin PE whose class defines `hf_export` (tapecli.pe). LoRA must be
+Writes config.json (the class that runs the model, tapecli.model.hf_arch: Llama, Mistral with a window in every
+layer, SmolLM3 with NoPE layers or windows in some layers, Qwen2 with q/k/v biases, Qwen3 with QK-norm; with
+`rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards with model.safetensors.index.json),
+generation_config.json and the tokenizer (tokenizer.json or tokenizer.model, with tokenizer_config.json naming its
+special tokens), so `AutoModelForCausalLM.from_pretrained(out)` computes the same logits as tape. Only layers
+transformers can run are exported: RoPE (any of its scalings, the same in every RoPE layer) or NoPE, with one window
+size, and a plugin PE whose class defines `hf_export` (tapecli.pe; as a Llama, every layer alike). LoRA must be
 merged first (`tapecli.store.door.open_model` does). Everything is written to a temporary directory renamed into
 place at the end.
 """
@@ -29,51 +31,70 @@ if TYPE_CHECKING:
 SHARD_BYTES = 5 * 2**30
 
 
-# RoPE's frequency options (tapecli.model.pe.rope) and their plain values: no Llama config expresses another.
+# RoPE's frequency options (tapecli.model.pe.rope) and their plain values: no Hugging Face config expresses another.
 FREQUENCY_OPTIONS = {"frequency_fraction": 1.0, "hope": False, "fope": False, "partial_rotary_factor": 1.0}
 
 
 def pe_entries(model: Transformer) -> dict[str, Any] | None:
-    """The LlamaConfig entries of the model's PE (`PositionalEncoding.hf_export`: RoPE's `rope_parameters` and
-    `max_position_embeddings`), or None when its class defines no export of its own (a subclass of RoPE is not
-    RoPE)."""
+    """The config.json entries of the model's PE (`rope_parameters`, `max_position_embeddings`): for layers of RoPE
+    and NoPE, the first RoPE layer's `RoPE.hf_export` (transformers' defaults when every layer is NoPE: its NoPE
+    layers ignore them); for a plugin PE whose class defines `hf_export` (tapecli.pe), its own; None when the
+    model's PE has no export (a subclass of RoPE is not RoPE)."""
+    from tapecli.model.hybrid import layer_groups
+
+    specs = model.config.layers()
+    if all(spec.pe in ("rope", "nope") for spec in specs):
+        first = next((i for i, spec in enumerate(specs) if spec.pe == "rope"), None)
+        if first is None:
+            return {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+                    "max_position_embeddings": model.config.max_seq_len}
+        return layer_groups(model.model.pe, len(specs))[first][1].hf_export()
     pe = model.model.pe
     export = type(pe).__dict__.get("hf_export")
     return None if export is None else export(pe)
 
 
-def check_exportable(model: Transformer) -> None:
+def check_exportable(model: Transformer) -> tuple[str, dict[str, Any]]:
+    """(the Hugging Face class, its layer keys) the model exports as (tapecli.model.hf_arch.export_layout), or a
+    TapeError naming why it cannot."""
+    from tapecli.model.hf_arch import export_layout
+
     c = model.config
-    keys = c.attention_keys()
-    if pe_entries(model) is None and "schedule" not in keys:
-        raise TapeError(f"pe {c.pe!r} has no Hugging Face Llama equivalent (only rope, and plugins whose class "
-                        "defines hf_export, export); keep the native checkpoint, which every `tape eval` opens")
-    if keys:
-        raise TapeError(f"model {', '.join(keys)}: sliding windows, attention temperatures, length scales and "
-                        "layer schedules do not export to a Hugging Face Llama yet; keep the native checkpoint, "
-                        "which every `tape eval` opens")
-    for key, plain in FREQUENCY_OPTIONS.items() if c.pe == "rope" else ():
-        if c.pe_args.get(key, plain) != plain:
-            raise TapeError(f"pe_args.{key}: {c.pe_args[key]!r} has no Hugging Face Llama equivalent (transformers' "
-                            "Llama rotates every dim of a head at its rope type's frequencies); keep the native "
-                            "checkpoint, which every `tape eval` opens")
     if c.abacus or not c.causal:
         raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
                         "native checkpoint")
     if any("lora_" in name for name, _ in model.named_parameters()):
         raise TapeError("merge LoRA adapters before exporting (tapecli.model.lora.merge_lora)")
+    if pe_entries(model) is None:
+        raise TapeError(f"pe {c.pe!r} has no Hugging Face equivalent (rope and nope layers export, and plugins whose "
+                        "class defines hf_export); keep the native checkpoint, which every `tape eval` opens")
+    for spec in c.layers():
+        for key, plain in FREQUENCY_OPTIONS.items() if spec.pe == "rope" else ():
+            if spec.pe_args.get(key, plain) != plain:
+                raise TapeError(f"pe_args.{key}: {spec.pe_args[key]!r} has no Hugging Face equivalent (transformers "
+                                "rotates every dim of a head at its rope type's frequencies); keep the native "
+                                "checkpoint, which every `tape eval` opens")
+    if c.pe not in ("rope", "nope"):  # a plugin with an export of its own: a Llama, every layer alike
+        if c.attention_keys():
+            raise TapeError(f"model {', '.join(c.attention_keys())}: a plugin PE exports as a Llama with every layer "
+                            "alike; keep the native checkpoint, which every `tape eval` opens")
+        return "LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False}
+    return export_layout(c)
 
 
 def _config(model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype) -> dict[str, Any]:
+    from tapecli.model.hf_arch import model_type
+
     c = model.config
+    arch, layers = check_exportable(model)
     entries = pe_entries(model)
     config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": c.vocab_size,
+        "architectures": [arch], "model_type": model_type(arch), "vocab_size": c.vocab_size,
         "hidden_size": c.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
         "max_position_embeddings": c.max_seq_len, "rms_norm_eps": c.norm_eps, "tie_word_embeddings": c.tie_embeddings,
-        "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "initializer_range": c.init_std,
-        "dtype": str(dtype).removeprefix("torch."), **entries,
+        "hidden_act": "silu", "initializer_range": c.init_std,
+        "dtype": str(dtype).removeprefix("torch."), **entries, **layers,
     }
     if tokenizer is not None:
         config.update(bos_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id)

@@ -37,17 +37,16 @@ class LoraSpec:
 
 
 class LoRALinear(nn.Linear):
-    """A bias-free nn.Linear plus a low-rank update; `weight` is the base layer's own parameter (shared, not copied).
+    """An nn.Linear plus a low-rank update; `weight` (and `bias`, if any) is the base layer's own parameter (shared,
+    not copied).
 
-    Parameters: weight [out, in] (frozen by the caller), lora_A [r, in], lora_B [out, r]."""
+    Parameters: weight [out, in] and bias [out] or None (frozen by the caller), lora_A [r, in], lora_B [out, r]."""
 
     def __init__(self, base: nn.Linear, spec: LoraSpec) -> None:
         nn.Module.__init__(self)  # not nn.Linear.__init__: that would allocate a second weight
-        if base.bias is not None:
-            raise ValueError("LoRA here wraps bias-free linear layers only")
         self.in_features, self.out_features = base.in_features, base.out_features
         self.weight = base.weight
-        self.register_parameter("bias", None)
+        self.bias = base.bias  # a parameter or None (registered either way)
         # Adapters train in fp32 even over a bf16 base (they are tiny); the forward casts them to the input dtype.
         kwargs = {"device": base.weight.device, "dtype": torch.float32}
         self.lora_A = nn.Parameter(torch.empty(spec.rank, self.in_features, **kwargs))
@@ -62,7 +61,7 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         update = F.linear(F.linear(self.dropout(x), self.lora_A.to(x.dtype)), self.lora_B.to(x.dtype))
-        return F.linear(x, self.weight) + update * self.scaling
+        return F.linear(x, self.weight, self.bias) + update * self.scaling
 
     @torch.no_grad()
     def merged_weight(self) -> Tensor:
@@ -93,4 +92,5 @@ def merge_lora(model: nn.Module) -> None:
             if isinstance(child, LoRALinear):
                 plain = nn.Linear(child.in_features, child.out_features, bias=False, device="meta")
                 plain.weight = nn.Parameter(child.merged_weight(), requires_grad=child.weight.requires_grad)
+                plain.bias = child.bias
                 setattr(module, child_name, plain)

@@ -73,9 +73,7 @@ class ShiftedSparseAttention(Attention):
             return super().forward(x, pe, state, k_pos, key_mask, cache, aggregation)
         if T % group or group % 2:
             raise ValueError(f"S²-Attn: {T} tokens cannot be cut into groups of {group} (an even divisor)")
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project(x)
         q, k = pe.rotate(q, k, state)
         if k.shape[1] != q.shape[1]:
             k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
@@ -89,9 +87,11 @@ def enable_s2_attn(model: nn.Module, fraction: float = 0.25) -> None:
     """Switch every Attention of `model` to S²-Attn in place (same parameters, same names, LoRA layers kept)."""
     if model.config.pe not in ("rope", "nope"):
         raise ValueError(f"S²-Attn (longlora) needs a RoPE model, not pe {model.config.pe!r}")
-    if model.config.attention_keys():
+    kept = {"qk_norm", "qkv_bias"}  # the projections (Attention.project) are the same in S²-Attn
+    if set(model.config.attention_keys()) - kept:
         raise ValueError(f"S²-Attn (longlora) replaces attention whole: it keeps no "
-                         f"{', '.join(model.config.attention_keys())} (a plain RoPE model only)")
+                         f"{', '.join(sorted(set(model.config.attention_keys()) - kept))} (a plain RoPE model "
+                         "only)")
     for module in model.modules():
         if type(module) is Attention:
             module.__class__ = ShiftedSparseAttention  # a subclass adding no state: only forward changes

@@ -37,21 +37,9 @@ from tapecli.model.cache import KVCache, LayerCache
 from tapecli.model.config import ModelConfig
 from tapecli.model.generation import generate
 from tapecli.model.hybrid import HybridState, layer_groups, model_pe
+from tapecli.model.norm import RMSNorm, head_norms
 from tapecli.model.pe import LayerPE, PositionState
 from tapecli.model.schedule import LayerSpec
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        # Normalise in fp32 like Llama (fp64 stays fp64), then return to the input dtype.
-        h = x.to(torch.promote_types(x.dtype, torch.float32))
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
 
 
 class MLP(nn.Module):
@@ -74,10 +62,19 @@ class Attention(nn.Module):
         self.causal = config.causal
         self.window, self.temperature = spec.window, spec.temperature
         self.query_scale = QueryScale.of(spec.length_scale, spec.length_scale_args, config.max_seq_len)
-        self.q_proj = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=False)
-        self.k_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
-        self.v_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=False)
+        self.q_proj = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
+        self.q_norm, self.k_norm = head_norms(config)  # per-head query/key norms (model.qk_norm), else identities
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries [B, H, T, d], keys and values [B, H_kv, T, d] of `x` [B, T, dim], before the PE."""
+        B, T, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(B, T, self.n_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v
 
     def forward(self, x: Tensor, pe: LayerPE, state: PositionState, k_pos: Tensor, key_mask: Tensor | None,
                 cache: LayerCache | None, aggregation: str | None) -> tuple[Tensor, Tensor | None]:
@@ -85,9 +82,7 @@ class Attention(nn.Module):
         positional state, computed with the very same attention weights. What attention does beyond q.k is the
         PE's declared need; how it is done is `tapecli.model.attention`'s choice."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.project(x)
         q, k = pe.rotate(q, k, state)
         if self.query_scale is not None:
             q = self.query_scale(q, state.positions)
@@ -171,10 +166,14 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Llama's init: N(0, init_std) for every linear and embedding weight, ones for norms; then each PE's own."""
+        """Llama's init: N(0, init_std) for every linear and embedding weight, ones for norms, zeros for the
+        attention's biases (model.qkv_bias); then each PE's own."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+            elif isinstance(module, Attention) and self.config.qkv_bias:
+                for projection in (module.q_proj, module.k_proj, module.v_proj):
+                    nn.init.zeros_(projection.bias)
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
         for module in self.modules():

@@ -63,6 +63,8 @@ class ModelSection:
     length_scale: str = "none"  # none | llama4 | log: queries scaled by a function of their position
     length_scale_args: dict[str, Any] = field(default_factory=dict)  # the length scale's options; {} = defaults
     schedule: dict[str, Any] = field(default_factory=dict)  # per-layer pe, window, temperature, length scale
+    qk_norm: bool = False  # RMS-normalise each head's query and key before the PE (Qwen3's q_norm / k_norm)
+    qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
 
     def check(self, pe_args: bool = True) -> None:
         """`ModelConfig` checks the section (shapes, pe and, with `pe_args`, the PE's arguments). What comes from

@@ -61,17 +61,25 @@ if TYPE_CHECKING:
     from tapecli.model import ModelConfig, Transformer
     from tapecli.model.lora import LoraSpec
 
-# Short names for common Llama-family bases (hub ids; the meta-llama ones are gated: `hf auth login`).
+# Short names for common bases of the classes tape imports (hub ids; the meta-llama ones are gated: `hf auth login`).
 SHORT_NAMES: dict[str, str] = {
     "llama2-7b": "meta-llama/Llama-2-7b-hf",
     "llama2-13b": "meta-llama/Llama-2-13b-hf",
     "llama3-8b": "meta-llama/Meta-Llama-3-8B",
     "llama3.2-1b": "meta-llama/Llama-3.2-1B",
     "mistral-7b": "mistralai/Mistral-7B-v0.3",
+    "mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1",  # sliding window of 4096 in every layer
     "tinyllama": "TinyLlama/TinyLlama_v1.1",
     "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",
     "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",
     "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
+    "smollm3-3b": "HuggingFaceTB/SmolLM3-3B-Base",  # NoPE every 4th layer
+    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",  # q/k/v biases
+    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
+    "qwen3-0.6b": "Qwen/Qwen3-0.6B-Base",  # QK-norm
+    "qwen3-1.7b": "Qwen/Qwen3-1.7B-Base",
+    "qwen3-8b": "Qwen/Qwen3-8B-Base",
 }
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _KINDS = "a tape run directory, a checkpoint directory or a Hugging Face model directory or hub id"

@@ -12,6 +12,14 @@ Two independent choices:
   `extend.theta`, 1e6), none (refused for longlora, which is defined with interpolation: LongLoRA's fine-tune.py).
 `extend.compat: official` reproduces the official scripts: interpolation by N/L under every method (theta
 included) and TAPE's post-attention map left frozen at zero.
+
+A recipe that sets the layer keys (`model.schedule`, `model.window`) converts the base's layers the same way: a
+RoPE model trained on as a RoPE/NoPE hybrid or with sliding-window local layers (SWAN-GPT, arXiv 2504.08719; DroPE,
+arXiv 2512.12167), with the same methods, checkpoints and resume. Such a conversion may stay at the base's length
+(`model.max_seq_len` equal to it, with `--scaling none`). What step 0 computes: with TAPE grown in the layers that
+keep the model's PE, exactly the converted layout (TAPE's updates start at zero); a windowed layer, exactly the base
+on the first `window` tokens of every sequence; a layer whose RoPE is removed, the base without that rotation (no
+parameter can make that exact; `tape eval perplexity` of the run and the base measures the gap and the recovery).
 """
 
 from __future__ import annotations
@@ -71,9 +79,14 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
             raise TapeError(f"{key}: extend-context trains what --method says plus extend.trainable; "
                             "remove the key and use extend.trainable")
     base_len, target = base["max_seq_len"], recipe.model.max_seq_len
-    if target <= base_len:
+    converts = bool({"model.schedule", "model.window"} & recipe.set_keys)
+    if target < base_len or (target == base_len and not converts):
         raise TapeError(f"model.max_seq_len: the target context {target} must exceed the base's {base_len} "
-                        f"({origin} max_position_embeddings)")
+                        f"({origin} max_position_embeddings), or equal it in a conversion of the layers "
+                        "(model.schedule, model.window)")
+    if target == base_len and x.scaling != "none":
+        raise TapeError(f"extend.scaling: {x.scaling} stretches positions from {base_len} to {target} tokens, which "
+                        "is no stretch; a conversion at the base's length takes --scaling none")
     if x.method == "longlora" and x.scaling == "none" and x.compat != "official":
         raise TapeError("extend.scaling: none with method longlora is not LongLoRA, which is defined with position "
                         "interpolation (its fine-tune.py scales RoPE linearly by ceil(N/L) whenever N > L; S²-Attn "
@@ -102,6 +115,11 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
     summary = (f"extend-context: {origin} from {base_len} to {target} tokens; method {x.method}, scaling {how}; "
                f"protocol {x.compat}" + (" (PI under every method, TAPE's post-attention map frozen)"
                                          if x.compat == "official" else ""))
+    if converts:
+        from tapecli.model import ModelConfig
+        from tapecli.model.schedule import describe
+
+        summary += f"; layers {describe(ModelConfig.from_dict(base).layers())} -> {describe(config.layers())}"
     return Plan(config=config, grown=grown, lora=lora, unfreeze=METHOD_PARAMETERS[x.method] + list(x.trainable),
                 freeze_after=freeze_after, s2_fraction=x.group_fraction if x.method == "longlora" else None,
                 summary=summary)

@@ -85,12 +85,13 @@ def test_doctor_reports_the_machine_and_checks_each_pe():
     hybrids: windows, temperatures, length scales, several PEs in one model); exit 0."""
     result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "rope,alibi,cope"])
     assert result.exit_code == 0, result.output
-    for key in ("torch", "cuda", "bf16", "flash-attn", "fla", "triton", "torch.compile"):
+    for key in ("torch", "cuda", "bf16", "flash-attn", "fla", "triton", "torch.compile", "hf import"):
         assert f"  {key} " in result.output, key
     assert "torch.compile  works" in result.output
     lines = {line.split()[0].rstrip(":"): line for line in result.output.splitlines()
              if line.startswith("  ") and " train: " in line}
-    assert set(lines) == {"rope", "alibi", "cope", "irope", "bias-mix", "state-mix"}
+    assert set(lines) == {"rope", "alibi", "cope", "irope", "bias-mix", "state-mix", "hf-hybrid"}
+    assert "Qwen3ForCausalLM" in result.output and "SmolLM3ForCausalLM" in result.output
     assert "train: chunked" in lines["alibi"] and "train: cope-recompute" in lines["cope"]
     assert "train: chunked, cope-recompute, path-recompute" in lines["state-mix"]
     for line in lines.values():

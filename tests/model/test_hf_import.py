@@ -84,7 +84,7 @@ def test_sentencepiece_tokenizer_and_config_ids(tmp_path):
     ({"attention_bias": True}, "attention_bias"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"sliding_window": 4096}, "sliding_window"),
-    ({"architectures": ["Qwen2ForCausalLM"]}, "architectures"),
+    ({"architectures": ["Gemma3ForCausalLM"]}, "architectures"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type"),
     # transformers' Llama cannot run these (its linear frequencies cover half a head, its rotation all of it)
@@ -153,3 +153,10 @@ def test_weights_must_fit_config(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
     with pytest.raises(TapeError, match="mlp.*shape"):
         open_model(str(tmp_path / "hf"), device="cpu")
+
+
+def test_every_short_name_is_in_the_help():
+    from tapecli.cli.train import _BASE_HELP
+    from tapecli.store.door import SHORT_NAMES
+
+    assert all(f" {name}," in _BASE_HELP or f" {name}." in _BASE_HELP for name in SHORT_NAMES)

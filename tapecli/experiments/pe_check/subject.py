@@ -4,11 +4,11 @@
     model = subject.model()                  # 2 layers, dim 64, 4 query / 2 key heads, eval mode, exact dtype
     x = subject.tokens(2, 24, seed=1)        # [2, 24] on the device
 
-Models: the same seed for every build, then every PE parameter moved away from its initial value (zeros, which
-hide what TAPE's and CoPE's maps do, become N(0, 0.3); any other value is scaled by exp(N(0, 0.5)), which keeps its
-sign and magnitude), as after training. Exact checks compare two computations of the same thing: in fp64 on the
-CPU (tolerance 1e-9 on logits of order 1e-1, where a bug shows as 1e-4 or more) and in fp32 on CUDA (2e-3, TF32
-matmuls included).
+Models: the same seed for every build, then every PE parameter (and q/k/v bias and q/k norm) moved away from its
+initial value (zeros, which hide what TAPE's and CoPE's maps do, become N(0, 0.3); any other value is scaled by
+exp(N(0, 0.5)), which keeps its sign and magnitude), as after training. Exact checks compare two computations of the
+same thing: in fp64 on the CPU (tolerance 1e-9 on logits of order 1e-1, where a bug shows as 1e-4 or more) and in
+fp32 on CUDA (2e-3, TF32 matmuls included).
 """
 
 from __future__ import annotations
@@ -64,7 +64,8 @@ class Subject:
         generator = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if ".pe." not in f".{name}" or name in model.inert_parameters:
+                attention_extras = name.endswith(("_proj.bias", "q_norm.weight", "k_norm.weight"))  # qkv_bias, qk_norm
+                if (".pe." not in f".{name}" and not attention_extras) or name in model.inert_parameters:
                     continue
                 noise = torch.randn(p.shape, generator=generator, dtype=p.dtype)
                 p.copy_(0.3 * noise if bool((p == 0).all()) else p * (0.5 * noise).exp())

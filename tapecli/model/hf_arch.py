@@ -1,0 +1,237 @@
+"""The Hugging Face architectures tape imports and exports, and what each one's config.json says about its layers.
+
+    arch = architecture(hf, where)            # the class config.json names (TapeError naming the key if unsupported)
+    layout = read_layout(hf, arch, where)     # Layout: per layer RoPE or not and its window; q/k/v biases, QK-norm
+    keys = layout.model_keys(rope_args)       # ModelConfig keys: pe, pe_args, window, schedule, qk_norm, qkv_bias
+    arch, keys = export_layout(config)        # the inverse: the class that runs `config` and its config.json keys
+
+What transformers 5's modeling code does with the keys transformers itself writes, per class:
+
+    LlamaForCausalLM    RoPE in every layer, every layer global
+    MistralForCausalLM  `sliding_window` (null: global) in every layer
+    Qwen2ForCausalLM    biases on q, k, v (`model.qkv_bias`); `layer_types` says which layers slide (without it:
+                        layers >= `max_window_layers` when `use_sliding_window`)
+    Qwen3ForCausalLM    per-head RMSNorm of q and k before RoPE (`model.qk_norm`); layers as Qwen2
+    SmolLM3ForCausalLM  `no_rope_layers` (1 RoPE, 0 NoPE; without it: NoPE every `no_rope_layer_interval`-th layer)
+                        and `layer_types` (without it: the NoPE layers slide when `use_sliding_window`)
+
+A sliding layer sees `sliding_window` keys, itself included (transformers' mask: key > query - sliding_window), which
+is what tape's `window` counts. Layers that are all alike become model-level keys (`window: 4096`); otherwise a
+`model.schedule` with one name per layer (`layers`, as layer_types): `global` and `local` (in a window) take the
+model's PE (RoPE, or TAPE once `extend-context --method tape` grows it), `nope` and `nope_local` have none.
+Anything the modeling code would run differently from this table (a layer_types naming sliding layers without a
+window; Mistral's layer_types, which its modeling code ignores; biases or activations other than the
+above) is refused in one line naming the key, as is every other architecture.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from tapecli.errors import TapeError
+
+MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+               "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}  # what transformers loads them as
+ARCHITECTURES = tuple(MODEL_TYPES.values())
+SLIDING, FULL = "sliding_attention", "full_attention"
+_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
+# Biases the architecture's modeling code would add for a true value: refused, tape has none of these.
+_BIAS_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "MistralForCausalLM": (),
+              "Qwen2ForCausalLM": (), "Qwen3ForCausalLM": ("attention_bias",),
+              "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias")}
+
+
+def architecture(hf: dict[str, Any], where: str) -> str:
+    """The one supported class config.json names; without `architectures`, the class transformers loads its
+    `model_type` as (said on stderr), and a TapeError when neither names a class tape imports."""
+    arch = hf.get("architectures")
+    if not arch:
+        model_type = hf.get("model_type")
+        assumed = MODEL_TYPES.get(model_type) if isinstance(model_type, str) else None
+        if assumed is None:
+            raise TapeError(f"{where} names no architecture (no architectures, model_type {model_type!r}); tape "
+                            f"imports {', '.join(ARCHITECTURES)}: add \"architectures\": [\"LlamaForCausalLM\"] if "
+                            "it is a Llama")
+        print(f"note: {where} has no architectures; read as {assumed}, as transformers does for model_type "
+              f"{model_type!r}", file=sys.stderr)
+        return assumed
+    if not isinstance(arch, list) or len(arch) != 1 or arch[0] not in ARCHITECTURES:
+        raise TapeError(f"{where}: architectures {arch} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    return arch[0]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What each layer of a model is, in Hugging Face's terms: RoPE or not, its window (None: global)."""
+
+    rope: tuple[bool, ...]
+    windows: tuple[int | None, ...]
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+    def model_keys(self, rope_args: dict[str, Any]) -> dict[str, Any]:
+        """The ModelConfig keys of this layout, RoPE layers taking `rope_args` (module docstring)."""
+        keys: dict[str, Any] = {"qk_norm": self.qk_norm, "qkv_bias": self.qkv_bias, "window": None, "schedule": {}}
+        pe_args = rope_args if any(self.rope) else {}
+        pairs = list(zip(self.rope, self.windows, strict=True))
+        if len(set(pairs)) == 1:
+            rope, window = pairs[0]
+            return {**keys, "pe": "rope" if rope else "nope", "pe_args": pe_args, "window": window}
+        names = [_layer_name(rope, window) for rope, window in pairs]
+        window = next(w for w in self.windows if w is not None) if any(self.windows) else None
+        kinds = {"global": {}, "local": {"window": window}, "nope_local": {"pe": "nope", "window": window}}
+        schedule = {"layers": names, "kinds": {name: body for name, body in kinds.items() if name in names}}
+        return {**keys, "pe": "rope" if any(self.rope) else "nope", "pe_args": pe_args, "schedule": schedule}
+
+
+def _layer_name(rope: bool, window: int | None) -> str:
+    if window is None:
+        return "global" if rope else "nope"
+    return "local" if rope else "nope_local"
+
+
+def _flag(hf: dict[str, Any], key: str, where: str, default: bool = False) -> bool:
+    value = hf.get(key, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise TapeError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
+
+
+def _window(hf: dict[str, Any], where: str) -> int | None:
+    value = hf.get("sliding_window")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise TapeError(f"{where}: sliding_window must be a positive integer or null, got {value!r}")
+    return value
+
+
+def _layer_types(hf: dict[str, Any], n_layers: int, where: str) -> list[str] | None:
+    types = hf.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list) or len(types) != n_layers or not set(types) <= {SLIDING, FULL}:
+        raise TapeError(f"{where}: layer_types must list {FULL!r} or {SLIDING!r} for each of the {n_layers} layers, "
+                        f"got {types!r}")
+    return types
+
+
+def _no_rope_layers(hf: dict[str, Any], n_layers: int, where: str) -> list[bool]:
+    """SmolLM3's RoPE layers: no_rope_layers (1 RoPE, 0 NoPE), else NoPE every no_rope_layer_interval-th layer."""
+    flags = hf.get("no_rope_layers")
+    if flags is None:
+        interval = hf.get("no_rope_layer_interval", 4)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise TapeError(f"{where}: no_rope_layer_interval must be a positive integer, got {interval!r}")
+        return [(i + 1) % interval != 0 for i in range(n_layers)]
+    if not isinstance(flags, list) or len(flags) < n_layers or not set(flags) <= {0, 1}:
+        raise TapeError(f"{where}: no_rope_layers must list 1 (RoPE) or 0 (NoPE) for each of the {n_layers} layers, "
+                        f"got {flags!r}")
+    return [bool(flag) for flag in flags[:n_layers]]
+
+
+def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
+    """The Layout config.json describes for `arch` (module docstring); TapeError naming the key transformers would
+    run differently or not at all."""
+    n = hf["num_hidden_layers"]
+    for key in _BIAS_KEYS[arch]:
+        if _flag(hf, key, where):
+            raise TapeError(f"{where}: {key}={hf[key]!r} is not supported for {arch} (tape has no such biases)")
+    types = _layer_types(hf, n, where)
+    window = _window(hf, where)
+    rope = [True] * n
+    if arch == "LlamaForCausalLM":
+        for key in ("sliding_window", "use_sliding_window"):
+            if hf.get(key):
+                raise TapeError(f"{where}: {key}={hf[key]!r} is not supported for LlamaForCausalLM (transformers' "
+                                "Llama has no sliding window; a Mistral, Qwen2 or SmolLM3 config has)")
+        if types and SLIDING in types:
+            raise TapeError(f"{where}: layer_types {types!r} is not supported for LlamaForCausalLM (full_attention "
+                            "only)")
+        windows: list[int | None] = [None] * n
+    elif arch == "MistralForCausalLM":
+        windows = [window] * n
+        if types is not None and types != [SLIDING if window else FULL] * n:
+            raise TapeError(f"{where}: layer_types disagrees with sliding_window={window!r}, and transformers' "
+                            "MistralForCausalLM ignores layer_types (every layer uses sliding_window); remove it")
+    else:
+        use = _flag(hf, "use_sliding_window", where)
+        if arch in _QWEN:
+            window = window if use else None  # as Qwen2Config / Qwen3Config do
+            if types is None:
+                first = hf.get("max_window_layers", 28)
+                if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+                    raise TapeError(f"{where}: max_window_layers must be an integer >= 0, got {first!r}")
+                types = [SLIDING if window is not None and i >= first else FULL for i in range(n)]
+        else:  # SmolLM3
+            rope = _no_rope_layers(hf, n, where)
+            if types is None:
+                types = [SLIDING if use and window is not None and not r else FULL for r in rope]
+            if SLIDING in types and not use:
+                raise TapeError(f"{where}: layer_types names {SLIDING} layers but use_sliding_window is false "
+                                "(transformers' attention implementations disagree on such a model); set one of them")
+        if SLIDING in types and window is None:
+            raise TapeError(f"{where}: layer_types names {SLIDING} layers but sliding_window is null"
+                            + (" (use_sliding_window is false)" if arch in _QWEN else "")
+                            + "; transformers cannot run such a model")
+        windows = [window if kind == SLIDING else None for kind in types]
+    return Layout(rope=tuple(rope), windows=tuple(windows), qkv_bias=arch == "Qwen2ForCausalLM",
+                  qk_norm=arch == "Qwen3ForCausalLM")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Export
+
+
+def export_layout(config) -> tuple[str, dict[str, Any]]:
+    """(the class that runs a ModelConfig in transformers, the config.json keys for its layers and attention).
+
+    The class: Qwen3 with QK-norm, Qwen2 with q/k/v biases, SmolLM3 with NoPE layers or windows in some layers only,
+    Mistral with one window in every layer, else Llama. A model no class runs exactly is a TapeError naming why."""
+    specs = config.layers()
+    for spec in specs:
+        if spec.pe not in ("rope", "nope"):
+            raise TapeError(f"pe {spec.pe!r} has no Hugging Face Llama equivalent (rope and nope layers export); "
+                            "keep the native checkpoint, which every `tape eval` opens")
+        if spec.temperature != 1.0 or spec.length_scale != "none":
+            key = "temperature" if spec.temperature != 1.0 else "length_scale"
+            raise TapeError(f"model.{key}: attention temperatures and length scales do not export to Hugging Face "
+                            "(no supported architecture has them); keep the native checkpoint, which every "
+                            "`tape eval` opens")
+    if len({json.dumps(s.pe_args, sort_keys=True) for s in specs if s.pe == "rope"}) > 1:
+        raise TapeError("model.schedule: RoPE layers with different pe_args (e.g. local and global theta) do not "
+                        "export to a supported Hugging Face architecture; keep the native checkpoint")
+    sizes = {s.window for s in specs if s.window is not None}
+    if len(sizes) > 1:
+        raise TapeError(f"model.schedule: windows of {len(sizes)} sizes ({', '.join(map(str, sorted(sizes)))}); a "
+                        "Hugging Face config has one sliding_window; keep the native checkpoint")
+    rope = [s.pe == "rope" for s in specs]
+    window = next(iter(sizes), None)
+    types = [SLIDING if s.window is not None else FULL for s in specs]
+    nope, some = not all(rope), SLIDING in types and FULL in types
+    if (config.qk_norm or config.qkv_bias) and nope:
+        raise TapeError("model.schedule: NoPE layers with qk_norm or qkv_bias export to no supported Hugging Face "
+                        "architecture (Qwen2/Qwen3 have no NoPE layers); keep the native checkpoint")
+    if config.qk_norm and config.qkv_bias:
+        raise TapeError("model.qk_norm with model.qkv_bias exports to no supported Hugging Face architecture; keep "
+                        "the native checkpoint")
+    qwen = {"use_sliding_window": window is not None, "sliding_window": window, "layer_types": types,
+            "max_window_layers": types.index(SLIDING) if window is not None else config.n_layers}
+    if config.qk_norm:
+        return "Qwen3ForCausalLM", {**qwen, "attention_bias": False}
+    if config.qkv_bias:
+        return "Qwen2ForCausalLM", qwen
+    if nope or some:
+        return "SmolLM3ForCausalLM", {"no_rope_layers": [int(r) for r in rope], "layer_types": types,
+                                      "use_sliding_window": window is not None, "sliding_window": window,
+                                      "attention_bias": False, "mlp_bias": False}
+    if window is not None:
+        return "MistralForCausalLM", {"sliding_window": window}
+    return "LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False}
+
+
+def model_type(arch: str) -> str:
+    return next(name for name, cls in MODEL_TYPES.items() if cls == arch)

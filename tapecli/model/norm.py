@@ -1,0 +1,44 @@
+"""RMSNorm, and the per-head query/key norm some models apply before the PE (`model.qk_norm`).
+
+    norm = RMSNorm(dim, eps)                 # x / rms(x) * weight, normalised in fp32 (fp64 stays fp64)
+    q_norm, k_norm = head_norms(config)      # RMSNorm over head_dim each with model.qk_norm, else nn.Identity
+
+`model.qk_norm` is Qwen3's "QK-norm" (Qwen3Attention's `q_norm` / `k_norm`): each head's query and key are
+RMS-normalised over the head dimension, with one learned weight [head_dim] shared by all heads, right after the
+projections and before the PE rotates them. (OLMo 2 normalises the whole projection instead, over all heads at
+once: a different operation, not this one.) Without it the norms are nn.Identity: no parameters, so the names and
+shapes of every existing model's weights stay what they were.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # Normalise in fp32 like Llama (fp64 stays fp64), then return to the input dtype.
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class HeadNorm(RMSNorm):
+    """RMSNorm over each head's vector that returns its input's dtype: under autocast a bf16 query stays bf16 (its
+    fp32 weight would otherwise promote it, and queries, keys and values would disagree); in fp32 it is RMSNorm."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x).to(x.dtype)
+
+
+def head_norms(config) -> tuple[nn.Module, nn.Module]:
+    """(q_norm, k_norm) of one attention layer: HeadNorms over head_dim with `config.qk_norm`, else identities."""
+    if not config.qk_norm:
+        return nn.Identity(), nn.Identity()
+    return HeadNorm(config.head_dim, config.norm_eps), HeadNorm(config.head_dim, config.norm_eps)
