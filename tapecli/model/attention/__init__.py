@@ -22,10 +22,14 @@ keeps a [Tq, Tk] tensor per head for a long sequence:
                 bias of a chunk a strided view of one table (chunked.py); memory O(chunk x T)
   flex          bias, padding or wide values on CUDA: FlexAttention with a score_mod and a block mask (flex.py)
   dense         a materialised [Tq, Tk] mask: decoding steps (Tq = 1), non-causal models, the reference
-  (own)         CoPE and PaTH compute attention themselves and name their own paths (their files)
+  probe         while `probe.probing(observer)` is active (`tape analyze attention`): the weights formed one chunk
+                of queries at a time, reported to the observer, then multiplied with the values (probe.py)
+  (own)         CoPE and PaTH compute attention themselves and name their own paths (their files); while probing
+                they report their own weights (`OwnAttention.reports_weights`)
 
 `forced(name)` makes every layer take one path (tests, the fp64 reference of `tape doctor`); `recording()`
-collects the names of the paths taken, for `tape doctor` and `tape bench`.
+collects the names of the paths taken, for `tape doctor` and `tape bench`; `probe.probing(observer)` hands every
+layer's attention weights to `observer`, chunk by chunk (probe.py).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from torch import Tensor
 
 from tapecli.model.attention import chunked as chunked_path
 from tapecli.model.attention import flex as flex_path
+from tapecli.model.attention import probe
 from tapecli.model.attention.dense import dense_mask, flash_attn_applies, sdpa
 from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, WideValue
 from tapecli.model.cache import LayerCache
@@ -80,6 +85,8 @@ def plan(need: Need, device_type: str, dtype: torch.dtype, q_len: int, k_len: in
     """The path `attend` takes for these inputs (module docstring); `grad`: gradients are being recorded."""
     if isinstance(need, OwnAttention):
         return need.plan(device_type, dtype, q_len, k_len, grad, k_len > q_len)
+    if probe.active():
+        return "probe"
     if _forced:
         return _forced[-1]
     bias, wide = isinstance(need, ScoreBias), isinstance(need, WideValue)
@@ -112,10 +119,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, need: Need, *, x: Tensor, q_pos: Ten
     for names in _recorded:
         names.append(name)
     if isinstance(need, OwnAttention):
+        if not need.reports_weights and probe.active():
+            raise ValueError("attention probing: this PE computes its own attention and does not report its weights "
+                             "(OwnAttention.reports_weights)")
         mask, is_causal = dense_mask(None, key_mask, Tq, Tk, q.dtype, q.device, causal)
         return need.attend(x, q, k, v, mask, is_causal, key_mask, cache)
     bias = need if isinstance(need, ScoreBias) else None
     scale = q.shape[-1] ** -0.5
+    if name == "probe":
+        return probe.probed_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale, causal)
     if name == "flex":
         return flex_path.flex(q, k, v, bias, q_pos, k_pos, key_mask, scale)
     if name == "chunked":

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.attention import forced_path
+from tapecli.model.attention import forced_path, probe
 from tapecli.model.attention.needs import OwnAttention
 from tapecli.model.attention.recompute import by_query_chunks, rows_for
 from tapecli.model.cache import LayerCache
@@ -59,7 +59,7 @@ class CoPELayer(LayerPE):
         nn.init.zeros_(self.pos_emb)  # the official init: a fresh CoPE attends like NoPE
 
     def need(self, state: PositionState, average_state: bool) -> OwnAttention:
-        return OwnAttention(attend=self.attend, plan=self.plan)
+        return OwnAttention(attend=self.attend, plan=self.plan, reports_weights=True)
 
     def plan(self, device_type: str, dtype: torch.dtype, q_len: int, k_len: int, grad: bool, cached: bool) -> str:
         """cope-recompute (training: query chunks recomputed in the backward), cope-chunked (no gradients), or
@@ -92,15 +92,18 @@ class CoPELayer(LayerPE):
                     seen = torch.ones(i1 - i0, i1 - i0, dtype=torch.bool, device=q.device).triu(0).flip(0)
                 else:
                     seen = visible_keys(mask, Tq, past + Tq, q.device)[..., i0:i1, :end].flip(-1)
-                return self.chunk_attention(q[:, :, i0:i1], keys, values, seen, table)
+                return self.chunk_attention(q[:, :, i0:i1], keys, values, seen, table, past + i0)
 
             rows = Tq if forced_path() == "dense" else rows_for(B, H, past + Tq, Tq)
             out = by_query_chunks(chunk, Tq, rows)
         return out.to(out_dtype)
 
-    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, seen: Tensor, table: Tensor) -> Tensor:
+    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, seen: Tensor, table: Tensor,
+                        first: int) -> Tensor:
         """CoPE for queries q [B, H, C, d] over keys and values [B, H, K, d] given in reverse order (latest
-        first); seen [.., C, K'] (K' <= K): which of the first K' keys each query may see (the rest it sees)."""
+        first); seen [.., C, K'] (K' <= K): which of the first K' keys each query may see (the rest it sees);
+        `first`: the key index of the first query. While attention is probed, the weights and the contextual
+        positions are reported in key order (`tapecli.model.attention.probe`; positions are 0 for unseen keys)."""
         q = q * q.shape[-1] ** -0.5  # every logit and table product below is scaled once, here
         logits = q @ keys.transpose(-1, -2)  # [B, H, C, K], scaled
         block = seen.shape[-1]
@@ -115,7 +118,10 @@ class CoPELayer(LayerPE):
         z = q @ table.T  # z_i[n] = q_i . e[n] (scaled): [B, H, C, npos_max + 1]
         low = z.gather(-1, floor.long())
         high = z.gather(-1, positions.detach().ceil().long())
-        return (logits + low + weight * (high - low)).softmax(-1) @ values
+        weights = (logits + low + weight * (high - low)).softmax(-1)
+        if probe.active():
+            probe.report(weights.flip(-1), first, positions=positions.flip(-1))
+        return weights @ values
 
 
 class CoPE(PositionalEncoding):
