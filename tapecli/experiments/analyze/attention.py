@@ -114,13 +114,13 @@ class AttentionAnalysis(Evaluation):
     length: int = field(default=0, init=False, repr=False)
 
     def check(self, models: list[str]) -> None:
+        self.source.check(models)
         for option, value in (("--sink", self.sink), ("--window", self.window)):
             if value < 1 or value >= self.source.seq_len:
                 raise TapeError(f"{option} must be between 1 and --seq-len - 1 ({self.source.seq_len - 1}), "
                                 f"got {value}")
         if self.maps_max < 0:
             raise TapeError(f"--maps-max must be 0 (no maps) or more, got {self.maps_max}")
-        self.source.check(models)
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         return {"task": "attention", "models": [source_of(m)[1] for m in models], **self.source.describe(),

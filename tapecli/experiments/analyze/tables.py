@@ -34,10 +34,11 @@ def attention_table(results: dict[str, Any]):
     from rich.table import Table
 
     settings = results["settings"]
-    columns = {"mean_distance": "mean distance", "entropy": "entropy", "entropy_slope": "entropy slope",
-               "sink_mass": f"mass on first {settings['sink']}", "local_mass": f"mass within {settings['window']}"}
-    table = Table(title=f"attention per layer: mean over heads [min-max] ({settings['seq_len']} tokens, "
-                        f"{settings['samples']} sequences)")
+    columns = {"mean_distance": "distance", "entropy": "entropy", "entropy_slope": "slope",
+               "sink_mass": f"first {settings['sink']}", "local_mass": f"within {settings['window']}"}
+    table = Table(title=f"attention per layer, mean over heads [min-max] ({settings['seq_len']} tokens, "
+                        f"{settings['samples']} sequences): mean distance, entropy (nats), its slope against ln n, "
+                        f"mass on the first {settings['sink']} tokens, mass within the last {settings['window']}")
     for column in ("model", "layer", *columns.values()):
         table.add_column(column, justify="left" if column == "model" else "right")
     for model in results["models"]:

@@ -21,10 +21,11 @@ from torch.utils.checkpoint import checkpoint
 SCORE_ELEMENTS = 1 << 21  # [B, H, chunk, Tk] elements per chunk: each of a chunk's few temporaries is 8 MiB in fp32
 
 
-def rows_for(batch: int, heads: int, k_len: int, q_len: int, elements: int = SCORE_ELEMENTS,
+def rows_for(batch: int, heads: int, k_len: int, q_len: int, elements: int | None = None,
              multiple: int = 1) -> int:
-    """Queries per chunk: a multiple of `multiple` keeping [batch, heads, rows, k_len] near `elements` (at least
-    one multiple, at most every query)."""
+    """Queries per chunk: a multiple of `multiple` keeping [batch, heads, rows, k_len] near `elements` (default:
+    SCORE_ELEMENTS, read at each call) (at least one multiple, at most every query)."""
+    elements = SCORE_ELEMENTS if elements is None else elements
     rows = max(multiple, (elements // max(1, batch * heads * k_len)) // multiple * multiple)
     return min(rows, max(q_len, 1))
 

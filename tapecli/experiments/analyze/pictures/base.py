@@ -38,6 +38,11 @@ class Binned:
         self.sums[name][layer].index_add_(1, bins, values.reshape(values.shape[0], -1).double().cpu())
         self.counts[name][layer].index_add_(0, bins, torch.ones(bins.shape, dtype=torch.float64))
 
+    def add_totals(self, name: str, layer: int, sums: Tensor, counts: Tensor) -> None:
+        """Totals already binned: sums [heads, bins], counts [bins]."""
+        self.sums[name][layer] += sums.double().cpu()
+        self.counts[name][layer] += counts.double().cpu()
+
     def to_json(self) -> dict[str, Any]:
         return {n: {"sums": self.sums[n].tolist(), "counts": self.counts[n].tolist()} for n in self.sums}
 

@@ -26,13 +26,15 @@ class CoPEPicture(Picture):
     references = {"position": "absolute"}
 
     def observe(self, layer: int, chunk: Any) -> None:
-        positions = chunk.extras["positions"]  # [B, H, C, K], key order
+        positions = chunk.extras["positions"]  # [B, H, C, K], key order; 0 for keys a query does not see
         B, H, C, K = positions.shape
         query = torch.arange(chunk.first, chunk.first + C, device=positions.device)
-        distance = query[:, None] - torch.arange(K, device=positions.device)  # [C, K]
-        seen = distance >= 0
-        bins = log2_bin(distance[seen])
-        values = positions[:, :, seen].transpose(0, 1).reshape(H, -1)  # [H, B x pairs], batch-major per pair
-        self.binned.add("position", layer, bins.repeat(B), values)
-        absolute = (distance[seen] + 1).to(torch.float64).repeat(B)
-        self.binned.add("absolute", layer, bins.repeat(B), absolute.expand(H, -1))
+        distance = query[:, None] - torch.arange(K, device=positions.device)  # [C, K]; < 0: not seen (bin 0, adds 0)
+        bins = log2_bin(distance)
+        count = self.binned.counts["position"].shape[-1]
+        sums = positions.new_zeros(B, H, C, count).scatter_add_(-1, bins.expand(B, H, C, K), positions).sum((0, 2))
+        seen = bins[distance >= 0]
+        pairs = torch.bincount(seen, minlength=count).double() * B
+        self.binned.add_totals("position", layer, sums, pairs)
+        absolute = torch.bincount(seen, weights=(distance[distance >= 0] + 1).double(), minlength=count) * B
+        self.binned.add_totals("absolute", layer, absolute.expand(H, -1), pairs)
