@@ -85,31 +85,38 @@ def attention_plots(results: dict[str, Any], path: str | Path) -> list[Path]:
 
 
 def heatmaps(results: dict[str, Any], path: Path) -> Path:
-    """One layer x head heat-map per statistic (columns) and model (rows), every cell annotated."""
+    """One layer x head heat-map per statistic (columns) and model (rows), each column on one colour scale (so
+    models compare), every cell annotated while there are few."""
     plt = _pyplot()
     settings, models = results["settings"], results["models"]
-    fig, axes = plt.subplots(len(models), len(STATS), squeeze=False,
-                             figsize=(2.6 * len(STATS), 0.6 + 1.6 * len(models) * max(
-                                 1, max(len(m["stats"]["entropy"]) for m in models) / 3)))
-    for row, model in enumerate(models):
-        for col, (stat, title) in enumerate(STATS.items()):
+    layers = max(len(m["stats"]["entropy"]) for m in models)
+    fig, axes = plt.subplots(len(models), len(STATS), squeeze=False, layout="constrained",
+                             figsize=(2.9 * len(STATS), 0.8 + (0.7 + 0.35 * layers) * len(models)))
+    for col, (stat, title) in enumerate(STATS.items()):
+        grids = [[[math.nan if v is None else v for v in layer] for layer in m["stats"][stat]] for m in models]
+        finite = [v for grid in grids for row in grid for v in row if not math.isnan(v)]
+        low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
+        for row, (model, grid) in enumerate(zip(models, grids, strict=True)):
             ax = axes[row][col]
-            grid = [[math.nan if v is None else v for v in layer] for layer in model["stats"][stat]]
-            image = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
-            for layer, values in enumerate(grid):
-                for head, value in enumerate(values):
-                    if len(values) * len(grid) <= 64 and not math.isnan(value):
-                        ax.text(head, layer, f"{value:.2g}", ha="center", va="center", fontsize=7, color="white")
+            image = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest", vmin=low,
+                              vmax=high if high > low else low + 1e-9)
+            if len(grid) * len(grid[0]) <= 64:
+                for layer, values in enumerate(grid):
+                    for head, value in enumerate(values):
+                        if not math.isnan(value):
+                            bright = high > low and (value - low) / (high - low) > 0.6
+                            ax.text(head, layer, f"{value:.2g}", ha="center", va="center", fontsize=7,
+                                    color="black" if bright else "white")
             ax.set_xticks(range(len(grid[0])))
             ax.set_yticks(range(len(grid)))
-            ax.set_xlabel("head", fontsize=8)
-            ax.set_ylabel(f"{model['name']}\nlayer" if col == 0 else "layer", fontsize=8)
             ax.tick_params(labelsize=7)
+            if row == len(models) - 1:
+                ax.set_xlabel("head", fontsize=8)
+            ax.set_ylabel(f"{model['name']}\nlayer" if col == 0 else "", fontsize=8)
             if row == 0:
                 ax.set_title(title.format(sink=settings["sink"], window=settings["window"]), fontsize=9)
-            fig.colorbar(image, ax=ax, fraction=0.046)
+        fig.colorbar(image, ax=[axes[r][col] for r in range(len(models))], format="%.3g", aspect=30)
     fig.suptitle(f"attention per layer and head: {metric_title(settings)}", fontsize=10)
-    fig.tight_layout()
     return save_figure(fig, path)
 
 

@@ -62,17 +62,30 @@ class AttentionStats:
                   "local_sum": zeros(L, H), "local_queries": zeros(L)}
 
     def observe(self, layer: int, chunk: Any) -> None:
-        """Add one chunk of queries (a `WeightsChunk`) of layer `layer`."""
+        """Add one chunk of queries (a `WeightsChunk`) of layer `layer`.
+
+        Every mass is a difference of the rows' cumulative sums S(x) = sum_{j <= x} P_ij (fp64, so the far bins,
+        sums of small weights, stay exact): the mass at distances >= D is S(i - D), so bin b holds
+        S(i - 2^(b-1)) - S(i - 2^b), the local mass is S(i) - S(i - window), the sink mass S(sink - 1), and the mean
+        distance sum_{x < i} S(x)."""
         P = chunk.weights
         B, H, C, K = P.shape
         t, device = self.t, P.device
         query = torch.arange(chunk.first, chunk.first + C, device=device)  # key index of each query
-        distance = query[:, None] - torch.arange(K, device=device)  # [C, K]; negative: a key it cannot see
-        pooled = P.sum(0)  # [H, C, K]: the batch shares positions
-        bins = log2_bin(distance).expand(H, C, K)
-        mass = pooled.new_zeros(H, C, t["distance_mass"].shape[-1]).scatter_add_(-1, bins, pooled)
-        t["distance_mass"][layer] += mass.sum(1).double().cpu()
-        t["distance_sum"][layer] += (pooled * distance.clamp(min=0)).sum((1, 2)).double().cpu()
+        S = torch.cumsum(P, -1, dtype=torch.float64)  # [B, H, C, K]; S(x) = S(i) for x > i (those weights are 0)
+
+        def at(offsets: list[int]) -> Tensor:
+            """S(i - D) for each D in `offsets`, [B, H, C, len]; 0 where i - D < 0."""
+            index = query[:, None] - torch.tensor(offsets, device=device)
+            values = S.gather(-1, index.clamp(min=0).expand(B, H, C, -1))
+            return values.masked_fill(index < 0, 0.0)
+
+        bins = t["distance_mass"].shape[-1]
+        edges = at([0, *(2 ** b for b in range(bins))])  # S(i), S(i - 1), S(i - 2), S(i - 4), ...
+        t["distance_mass"][layer] += (edges[..., :-1] - edges[..., 1:]).sum((0, 2)).cpu()
+        # sum_j P_ij (i - j) = sum_{x < i} S(x) = (sum over all K columns) - (K - i) S(i)
+        total = S.sum(-1) - (K - query).to(torch.float64) * edges[..., 0]
+        t["distance_sum"][layer] += total.sum((0, 2)).cpu()
         entropy = torch.special.entr(P).sum(-1).double()  # [B, H, C]
         t["entropy_sum"][layer] += entropy.sum((0, 2)).cpu()
         t["queries"][layer] += B * C
@@ -83,15 +96,15 @@ class AttentionStats:
         t["x"][layer] += B * float(x.sum())
         t["xx"][layer] += B * float((x * x).sum())
         t["xy"][layer] += (entropy * x.to(entropy.device)).sum((0, 2)).cpu()
-        sees_past = query >= self.sink
-        if bool(sees_past.any()):
-            t["sink_sum"][layer] += P[:, :, sees_past, : self.sink].sum((0, 2, 3)).double().cpu()
-            t["sink_queries"][layer] += B * int(sees_past.sum())
-        sees_past = query >= self.window
-        if bool(sees_past.any()):
-            local = (distance >= 0) & (distance < self.window)
-            t["local_sum"][layer] += (pooled * local)[:, sees_past].sum((1, 2)).double().cpu()
-            t["local_queries"][layer] += B * int(sees_past.sum())
+        eligible = query >= self.sink  # queries that see more than the sink tokens
+        if bool(eligible.any()):
+            t["sink_sum"][layer] += S[..., self.sink - 1][..., eligible].sum((0, 2)).cpu()
+            t["sink_queries"][layer] += B * int(eligible.sum())
+        eligible = query >= self.window  # queries that see more than the window
+        if bool(eligible.any()):
+            local = edges[..., 0] - at([self.window])[..., 0]
+            t["local_sum"][layer] += local[..., eligible].sum((0, 2)).cpu()
+            t["local_queries"][layer] += B * int(eligible.sum())
 
     def sums(self) -> dict[str, Any]:
         """The sums as JSON (nested lists), e.g. one sequence's samples.jsonl row."""

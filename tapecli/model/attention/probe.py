@@ -8,9 +8,10 @@ weights it averages the values with are formed and reported, chunk by chunk, so 
 
 - plain attention, a `ScoreBias` and `WideValue` (RoPE, NoPE, ALiBi, T5, FIRE, TAPE, ...) take the `probe` path
   (`probed_attention`): the fused kernels never form the weights, so for each chunk of queries this path forms
-  softmax(q k^T / sqrt(d) + bias) over the keys they see (causal, padding: `dense.visible`, the one owner of which
-  keys a query sees), from the very q, k, v, bias, positions and scale every path is given, reports them, and
-  multiplies them with the values. Chunks hold `recompute.rows_for` queries (a few MiB of weights each).
+  softmax(q k^T / sqrt(d) + bias) over the keys they see, with the chunked CPU path's masks (`chunked.ChunkMasks`:
+  the bias, causality and padding, `dense.visible` deciding which keys a query sees), from the very q, k, v, bias,
+  positions and scale every path is given, reports them, and multiplies them with the values. Chunks hold
+  `recompute.rows_for` queries (a few MiB of weights each). Causal models only.
 - an `OwnAttention` PE (CoPE, PaTH) computes its own weights; it reports them itself, from inside the chunked path
   it takes, with `report(weights, first, **extras)` just before multiplying them with the values, and says that it
   does by `OwnAttention.reports_weights` (needs.py). Probing a PE that does not report is an error.
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tapecli.model.attention.dense import visible
+from tapecli.model.attention.chunked import ChunkMasks, consecutive
 from tapecli.model.attention.needs import ScoreBias
 from tapecli.model.attention.recompute import rows_for
 
@@ -80,25 +81,28 @@ def probed_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_
 
     q [B, H, Tq, d] are the last Tq of Tk keys; k, v [B, G, Tk, d | dv] (G divides H); positions [B|1, Tq] and
     [B|1, Tk]; `key_mask` [B, Tk] False for padding. Returns [B, H, Tq, dv] in v's dtype; computed in fp32 at
-    least."""
+    least. Each chunk's bias and mask come from the chunked path's `ChunkMasks` (a strided view of one table for a
+    distance-only bias on consecutive positions, else built from `ScoreBias.pairs` and `dense.visible`), whose rows
+    run backwards; the weights are reported with the queries in order."""
+    if not causal:
+        raise ValueError("attention probing: causal models only")
     B, H, Tq, d = q.shape
     G, Tk, dv = k.shape[1], k.shape[2], v.shape[-1]
     past = Tk - Tq
     compute = torch.promote_types(q.dtype, torch.float32)
     keys, values = k.to(compute).unsqueeze(2), v.to(compute).unsqueeze(2)  # [B, G, 1, Tk, .]
     rows = rows_for(B, H, Tk, Tq)
+    table = None
+    if bias is not None and bias.table is not None and key_mask is None and consecutive(q_pos, k_pos):
+        table = bias.table(Tk)
+    masks = ChunkMasks(bias, table, q_pos, k_pos, key_mask, Tq, Tk, rows, compute)
     outputs = []
     for i0 in range(0, Tq, rows):
         i1 = min(i0 + rows, Tq)
-        end = past + i1 if causal else Tk  # the keys any query of the chunk may see
-        C = i1 - i0
-        grouped = q[:, :, i0:i1].to(compute).view(B, G, H // G, C, d)
-        scores = (grouped @ keys[..., :end, :].transpose(-1, -2)).view(B, H, C, end) * scale
-        if bias is not None:
-            scores = scores + bias.pairs(q_pos[..., i0:i1], k_pos[..., :end]).to(compute)
-        allowed = visible(torch.arange(past + i0, past + i1, device=q.device), torch.arange(end, device=q.device),
-                          key_mask, causal)
-        weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        end, C = past + i1, i1 - i0  # the keys the chunk's last query sees
+        backwards = (q[:, :, i0:i1].flip(2).to(compute) * scale).view(B, G, H // G, C, d)
+        scores = (backwards @ keys[..., :end, :].transpose(-1, -2)).view(B, H, C, end)
+        weights = (scores + masks.chunk(i0, i1, 0, end)).softmax(-1).flip(2)  # queries in order again
         report(weights, past + i0)
         outputs.append((weights.view(B, G, H // G, C, end) @ values[..., :end, :]).view(B, H, C, dv))
     return torch.cat(outputs, dim=-2).to(v.dtype)
