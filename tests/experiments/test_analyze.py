@@ -37,6 +37,7 @@ from tapecli.model.attention import probe, recompute
 from tapecli.store.checkpoint import save_model
 from tapecli.store.door import open_model
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 runner = CliRunner()
 VOCAB = 259
 TOL = 1e-9
@@ -377,23 +378,23 @@ def test_synthetic_position_loss_and_accuracy_through_the_cli(tmp_path, syntheti
 
 
 def test_attention_command_compares_models_and_draws_every_picture(tmp_path, synthetic_runs, monkeypatch):
+    """CoPE and TAPE side by side: the table, results.json and every PNG, each renamed into place (atomic)."""
     renamed = []
     real_replace = __import__("os").replace
     monkeypatch.setattr("tapecli.files.os.replace", lambda a, b: (renamed.append(b.name), real_replace(a, b))[1])
     out = tmp_path / "attention"
-    models = [arg for name in ("copy", "cope", "tape") for arg in ("-m", str(synthetic_runs / name))]
-    result = runner.invoke(app, ["analyze", "attention", *models, "--data", "selective-copy", "--seq-len", "20",
-                                 "--samples", "2", "--sink", "2", "--window", "4", "--out", str(out)])
+    result = runner.invoke(app, ["analyze", "attention", "-m", str(synthetic_runs / "cope"), "-m",
+                                 str(synthetic_runs / "tape"), "--data", "selective-copy", "--seq-len", "20",
+                                 "--samples", "1", "--sink", "2", "--window", "4", "--out", str(out)])
     assert result.exit_code == 0, result.output
-    names = ["copy", "cope", "tape"]
-    pngs = ["heatmaps.png", "distance.png", "entropy.png", *(f"maps-{n}.png" for n in names), "pe-cope.png",
+    pngs = ["heatmaps.png", "distance.png", "entropy.png", "maps-cope.png", "maps-tape.png", "pe-cope.png",
             "pe-tape.png"]
     for png in pngs:
         assert (out / png).read_bytes()[:4] == b"\x89PNG" and png in renamed
     results = json.loads((out / "results.json").read_text())
-    assert [m["name"] for m in results["models"]] == names and "results.json" in renamed
-    assert [m["picture"] is None for m in results["models"]] == [True, False, False]
-    assert results["models"][0]["distance_bins"] == ["0", "1", "2-3", "4-7", "8-15", "16-31"]
+    assert [m["name"] for m in results["models"]] == ["cope", "tape"] and "results.json" in renamed
+    assert [m["picture"]["pe"] for m in results["models"]] == ["cope", "tape"]
+    assert results["models"][0]["distance_bins"] == ["0", "1", "2-3", "4-7", "8-15", "16-19"]
     assert "first 2" in result.output and "within 4" in result.output  # the table's columns
 
 

@@ -18,6 +18,7 @@ from test_model import VOCAB, randomize_tape, tiny
 from tapecli.model import PE_NAMES, KVCache, attention, transformer
 from tapecli.model.attention import OwnAttention, ScoreBias, chunked, probe, recompute
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 TOL = 1e-10  # fp64
 OWN = ("cope", "path")
 OVERRIDES = {"path": {"pe_args": {"chunk_size": 4}}, "t5": {"pe_args": {"num_buckets": 8, "max_distance": 6}}}

@@ -148,9 +148,8 @@ class AttentionAnalysis(Evaluation):
         kind = PICTURES.get(opened.model.config.pe)
         picture = finish(kind, opened.model, [r["picture"] for r in rows]) if kind else None
         maps = next((r["maps"] for r in rows if "maps" in r), None)
-        histogram = stats["distance_histogram"]
         return {**opened.record(), "training_length": self.length, "sequences": len(rows),
-                "distance_bins": bin_labels(len(histogram[0][0])), "stats": stats, "picture": picture,
+                "distance_bins": bin_labels(self.source.seq_len), "stats": stats, "picture": picture,
                 "maps": maps}
 
     def combine(self, settings: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:

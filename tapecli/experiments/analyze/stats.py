@@ -43,9 +43,10 @@ def bin_count(seq_len: int) -> int:
     return int(log2_bin(torch.tensor(max(seq_len - 1, 0)))) + 1
 
 
-def bin_labels(count: int) -> list[str]:
-    """'0', '1', '2-3', '4-7', ... for `count` bins."""
-    return ["0", "1", *(f"{2 ** (b - 1)}-{2 ** b - 1}" for b in range(2, count))][:count]
+def bin_labels(seq_len: int) -> list[str]:
+    """'0', '1', '2-3', '4-7', ... for the distances 0..seq_len - 1 (the last bin ends at seq_len - 1)."""
+    count = bin_count(seq_len)
+    return ["0", "1", *(f"{2 ** (b - 1)}-{min(2 ** b, seq_len) - 1}" for b in range(2, count))][:count]
 
 
 class AttentionStats:
