@@ -1,10 +1,11 @@
 """Probing: the exact attention weights of every layer, handed out one chunk of queries at a time.
 
     with probing(observer):          # observer(chunk: WeightsChunk) -> None, called for every chunk of queries
-        model(input_ids)             # no gradients; every layer's weights reach the observer, in layer order
+        model(input_ids)             # no gradients; the layers report one after another (a layer's chunks in any order)
 
 While probing is active, attention still returns what it returns otherwise (equal outputs, every path), but the
-weights it averages the values with are formed and reported, chunk by chunk, so memory stays linear in T:
+weights it averages the values with are formed and reported, chunk by chunk (the chunks of one layer in any order),
+so memory stays linear in T:
 
 - plain attention, a `ScoreBias` and `WideValue` (RoPE, NoPE, ALiBi, T5, FIRE, TAPE, ...) take the `probe` path
   (`probed_attention`): the fused kernels never form the weights, so for each chunk of queries this path forms
@@ -97,7 +98,7 @@ def probed_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_
         table = bias.table(Tk)
     masks = ChunkMasks(bias, table, q_pos, k_pos, key_mask, Tq, Tk, rows, compute)
     outputs = []
-    for i0 in range(0, Tq, rows):
+    for i0 in reversed(range(0, Tq, rows)):  # the widest chunk first: later ones reuse its memory (recompute.py)
         i1 = min(i0 + rows, Tq)
         end, C = past + i1, i1 - i0  # the keys the chunk's last query sees
         backwards = (q[:, :, i0:i1].flip(2).to(compute) * scale).view(B, G, H // G, C, d)
@@ -105,4 +106,4 @@ def probed_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_
         weights = (scores + masks.chunk(i0, i1, 0, end)).softmax(-1).flip(2)  # queries in order again
         report(weights, past + i0)
         outputs.append((weights.view(B, G, H // G, C, end) @ values[..., :end, :]).view(B, H, C, dv))
-    return torch.cat(outputs, dim=-2).to(v.dtype)
+    return torch.cat(outputs[::-1], dim=-2).to(v.dtype)
