@@ -29,6 +29,8 @@ from tapecli.model.pe.base import (
     kernels_available,
     pe_arguments,
     plain_attention,
+    probing_active,
+    report_weights,
     rows_for,
 )
 from tapecli.model.pe.rope import RoPE, RotaryLayer
@@ -36,4 +38,4 @@ from tapecli.model.pe.rope import RoPE, RotaryLayer
 __all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding", "RoPE",
            "RotaryLayer", "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks",
            "check_positive_int", "default_positions", "encoded_attention", "flex_attention", "forced_path",
-           "kernels_available", "pe_arguments", "plain_attention", "rows_for"]
+           "kernels_available", "pe_arguments", "plain_attention", "probing_active", "report_weights", "rows_for"]

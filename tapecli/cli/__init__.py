@@ -1,9 +1,9 @@
 """The `tape` command line: the root group (`app`, tapecli/cli/app.py) and the table of its commands below.
 
 The commands are plain functions with typed Typer signatures, one module per group: train.py (pretrain, finetune,
-extend-context), eval.py (the `tape eval` group), models.py (export, tokenizer), recipes.py, experiments.py (sweep,
-demo, bench, doctor), pe.py (the `tape pe` group: check, new, list). This table is the one place that names them,
-orders them and groups them in `tape --help`.
+extend-context), eval.py (the `tape eval` group), analyze.py (the `tape analyze` group), models.py (export,
+tokenizer), recipes.py, experiments.py (sweep, demo, bench, doctor), pe.py (the `tape pe` group: check, new,
+list). This table is the one place that names them, orders them and groups them in `tape --help`.
 
 Entry points: the `tape` script (`main`), `python -m tapecli ...`, `python -m tapecli.cli ...` and
 `torchrun --nproc_per_node N -m tapecli.cli pretrain ...`.
@@ -12,6 +12,7 @@ Entry points: the `tape` script (`main`), `python -m tapecli ...`, `python -m ta
 from __future__ import annotations
 
 from tapecli.cli import experiments, models, pe, recipes, train
+from tapecli.cli.analyze import analyze_app
 from tapecli.cli.app import app
 from tapecli.cli.eval import eval_app
 
@@ -30,6 +31,7 @@ for name, command, panel in [
 ]:
     app.command(name, rich_help_panel=panel)(command)
 app.add_typer(eval_app, name="eval", rich_help_panel=_EVAL)
+app.add_typer(analyze_app, name="analyze", rich_help_panel=_EVAL)
 app.add_typer(models.tokenizer_app, name="tokenizer", rich_help_panel=_FILES)
 app.add_typer(pe.pe_app, name="pe", rich_help_panel=_EXPERIMENTS)
 

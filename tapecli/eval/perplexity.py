@@ -174,7 +174,7 @@ class Perplexity(Evaluation):
         if self.protocol == "sliding" and self.stride > min(self.seq_lens):
             raise TapeError(f"--stride {self.stride} exceeds --seq-len {min(self.seq_lens)}; the sliding protocol "
                             "would skip tokens")
-        _check_source(self.data)  # before anything is written, so a mistyped --data leaves no output directory behind
+        check_source(self.data)  # before anything is written, so a mistyped --data leaves no output directory behind
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         data_path = Path(self.data).expanduser()
@@ -188,7 +188,7 @@ class Perplexity(Evaluation):
 
     def prepare(self, opened: OpenedModel) -> None:
         self.tokens = load_stream(self.data, opened.tokenizer, self.text_field, self.max_tokens)
-        _check_vocab(self.tokens, opened.model.config.vocab_size, self.data, opened.name)
+        check_vocab(self.tokens, opened.model.config.vocab_size, self.data, opened.name)
         self.windows = {}
         for seq_len in sorted(set(self.seq_lens)):
             self.windows[seq_len] = make_windows(len(self.tokens), seq_len, self.protocol, self.stride)
@@ -280,7 +280,9 @@ def _batches(todo: list[tuple[int, int]], windows: dict[int, list[Window]], batc
     return batches
 
 
-def _check_source(data: str) -> None:
+def check_source(data: str) -> None:
+    """One line when `data` (a .bin token file or a local text source) cannot be read; hub sources are checked when
+    they are read."""
     from tapecli.data.sources import is_hub_source, is_pretokenized, local_files, open_token_memmap
 
     if is_pretokenized(data):
@@ -289,7 +291,8 @@ def _check_source(data: str) -> None:
         local_files(data)
 
 
-def _check_vocab(tokens: np.ndarray, vocab_size: int, data: str, name: str) -> None:
+def check_vocab(tokens: np.ndarray, vocab_size: int, data: str, name: str) -> None:
+    """One line when the stream holds a token id beyond the model's vocabulary (a file tokenized for another model)."""
     top = int(tokens.max()) if len(tokens) else 0
     if top >= vocab_size:
         raise TapeError(f"{data} holds token id {top}, but {name} has a vocabulary of {vocab_size}; the file was "

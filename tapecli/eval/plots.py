@@ -42,7 +42,7 @@ def save_heatmaps(panels: list[HeatmapPanel], path: str | Path) -> Path:
         ax.set_xlabel("2nd number length (digits)")
         ax.set_ylabel("1st number length (digits)")
     fig.colorbar(image, ax=axes[0].tolist(), label="exact-match accuracy", fraction=0.046 / len(panels) ** 0.5)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def save_line_plot(series: dict[str, list[tuple[float, float]]], path: str | Path, xlabel: str, ylabel: str,
@@ -74,7 +74,7 @@ def save_line_plot(series: dict[str, list[tuple[float, float]]], path: str | Pat
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def save_grid_heatmap(grid: list[list[float]], path: str | Path, x_labels: list[str], y_labels: list[str],
@@ -100,7 +100,7 @@ def save_grid_heatmap(grid: list[list[float]], path: str | Path, x_labels: list[
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     fig.colorbar(image, ax=ax, label=colorbar)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def save_grid_heatmaps(panels: list[tuple[str, list[list[float]]]], path: str | Path, x_labels: list[str],
@@ -130,10 +130,11 @@ def save_grid_heatmaps(panels: list[tuple[str, list[list[float]]]], path: str | 
     axes[0][0].set_ylabel(ylabel)
     fig.suptitle(title, fontsize=10)
     fig.colorbar(image, ax=axes[0].tolist(), label=colorbar, fraction=0.046 / len(panels) ** 0.5)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
-def _save(fig, path: str | Path) -> Path:
+def save_figure(fig, path: str | Path) -> Path:
+    """Write a matplotlib figure as a PNG atomically (tmp + rename) and close it."""
     import matplotlib.pyplot as plt
 
     path = Path(path)
@@ -182,4 +183,4 @@ def save_bars(groups: list[str], series: list[BarSeries], title: str, path: str 
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    return _save(fig, path)
+    return save_figure(fig, path)

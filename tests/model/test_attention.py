@@ -34,8 +34,13 @@ def small_chunks(monkeypatch):
 def naive_attention(q, k, v, bias, q_pos, k_pos, key_mask=None):
     """softmax(q k^T / sqrt(d) + bias(q_pos, k_pos)) v with every score materialised (fp64): causal over the last
     Tq of Tk keys, padded keys hidden except each query itself."""
+    return naive_weights(q, k, bias, q_pos, k_pos, key_mask) @ v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+
+
+def naive_weights(q, k, bias, q_pos, k_pos, key_mask=None):
+    """The weights [B, H, Tq, Tk] of `naive_attention` (0 for keys a query cannot see)."""
     H, G = q.shape[1], k.shape[1]
-    k, v = k.repeat_interleave(H // G, 1), v.repeat_interleave(H // G, 1)
+    k = k.repeat_interleave(H // G, 1)
     Tq, Tk = q.shape[2], k.shape[2]
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if bias is not None:
@@ -45,7 +50,7 @@ def naive_attention(q, k, v, bias, q_pos, k_pos, key_mask=None):
     if key_mask is not None:
         allowed = allowed & (key_mask[:, None, :] | (torch.arange(Tk) == rows))
         allowed = allowed[:, None]
-    return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+    return scores.masked_fill(~allowed, float("-inf")).softmax(-1)
 
 
 def layer_of(pe: str, **overrides):

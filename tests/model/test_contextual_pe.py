@@ -33,9 +33,14 @@ def householder_product(w: torch.Tensor, beta: torch.Tensor, j: int, i: int) -> 
 def naive_path(q, k, v, w, beta, mask=None):
     """softmax_j(q_i^T H_i ... H_{j+1} k_j / sqrt(d)) v_j for the keys j <= i that mask [T, T] (default: causal)
     shows, one (b, h, i, j) at a time."""
+    return naive_path_weights(q, k, w, beta, mask) @ v.repeat_interleave(q.shape[1] // v.shape[1], 1)
+
+
+def naive_path_weights(q, k, w, beta, mask=None):
+    """The weights [B, H, T, T] of `naive_path` (0 for keys a query cannot see)."""
     B, H, T, d = q.shape
     group = H // k.shape[1]
-    out = torch.zeros_like(q)
+    weights = q.new_zeros(B, H, T, T)
     for b in range(B):
         for h in range(H):
             g = h // group
@@ -43,8 +48,8 @@ def naive_path(q, k, v, w, beta, mask=None):
                 keys = [j for j in range(i + 1) if mask is None or mask[i, j]]
                 logits = torch.stack([q[b, h, i] @ householder_product(w[b, g], beta[b, g], j, i) @ k[b, g, j]
                                       for j in keys]) / math.sqrt(d)
-                out[b, h, i] = logits.softmax(0) @ v[b, g, keys]
-    return out
+                weights[b, h, i, keys] = logits.softmax(0)
+    return weights
 
 
 def random_path_inputs(B=2, H=4, G=2, T=9, d=4, seed=0):
@@ -119,9 +124,15 @@ def test_path_with_identity_maps_is_nope():
 
 def naive_cope(layer, q, k, v):
     """The CoPE definition with e[p] materialised, one (b, h, i, j) at a time."""
+    return naive_cope_weights(layer, q, k)[0] @ v
+
+
+def naive_cope_weights(layer, q, k):
+    """The weights [B, H, T, T] of `naive_cope` and the contextual positions p_ij (0 for keys a query cannot see);
+    keys one per query head."""
     B, H, T, d = q.shape
     e, npos_max = layer.pos_emb.detach().double(), layer.npos_max
-    out = torch.zeros_like(q)
+    weights, positions = q.new_zeros(B, H, T, T), q.new_zeros(B, H, T, T)
     for b in range(B):
         for h in range(H):
             for i in range(T):
@@ -129,11 +140,12 @@ def naive_cope(layer, q, k, v):
                 logits = []
                 for j in range(i + 1):
                     p = min(float(gates[j:].sum()), npos_max)
+                    positions[b, h, i, j] = p
                     lo, hi = math.floor(p), math.ceil(p)
                     embedding = (1 - (p - lo)) * e[lo] + (p - lo) * e[hi]
                     logits.append((q[b, h, i] @ k[b, h, j] + q[b, h, i] @ embedding) / math.sqrt(d))
-                out[b, h, i] = torch.stack(logits).softmax(0) @ v[b, h, :i + 1]
-    return out
+                weights[b, h, i, :i + 1] = torch.stack(logits).softmax(0)
+    return weights, positions
 
 
 @pytest.mark.parametrize("npos_max", [3, 32])

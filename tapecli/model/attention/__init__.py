@@ -30,11 +30,15 @@ paths visit only the keys inside it (time and memory T x W):
   flex          bias, padding, a window or wide values on CUDA: FlexAttention with a score_mod and a block mask
                 (flex.py)
   dense         a materialised [Tq, Tk] mask: decoding steps (Tq = 1), non-causal models, the reference
+  probe         while `probe.probing(observer)` is active (`tape analyze attention`): the weights formed one chunk
+                of queries at a time, reported to the observer, then multiplied with the values (probe.py)
   (own)         CoPE and PaTH compute attention themselves and name their own paths (their files); they get the
-                window as part of their mask and the temperature as an option (`OwnAttention`)
+                window as part of their mask and the temperature as an option (`OwnAttention`); while probing
+                they report their own weights (`OwnAttention.reports_weights`)
 
 `forced(name)` makes every layer take one path (tests, the fp64 reference of `tape doctor`); `recording()`
-collects the names of the paths taken, for `tape doctor` and `tape bench`.
+collects the names of the paths taken, for `tape doctor` and `tape bench`; `probe.probing(observer)` hands every
+layer's attention weights to `observer`, chunk by chunk (probe.py).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from torch import Tensor
 
 from tapecli.model.attention import chunked as chunked_path
 from tapecli.model.attention import flex as flex_path
+from tapecli.model.attention import probe
 from tapecli.model.attention.dense import dense_mask, flash_attn_applies, sdpa
 from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, WideValue
 from tapecli.model.cache import LayerCache
@@ -90,6 +95,8 @@ def plan(need: Need, device_type: str, dtype: torch.dtype, q_len: int, k_len: in
     `windowed`: a window hides some keys of this call."""
     if isinstance(need, OwnAttention):
         return need.plan(device_type, dtype, q_len, k_len, grad, k_len > q_len)
+    if probe.active():
+        return "probe"
     if _forced:
         return _forced[-1]
     bias, wide = isinstance(need, ScoreBias), isinstance(need, WideValue)
@@ -129,6 +136,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, need: Need, *, x: Tensor, q_pos: Ten
     for names in _recorded:
         names.append(name)
     if isinstance(need, OwnAttention):
+        if not need.reports_weights and probe.active():
+            raise ValueError("attention probing: this PE computes its own attention and does not report its weights "
+                             "(OwnAttention.reports_weights)")
         mask, is_causal = dense_mask(None, key_mask, Tq, Tk, q.dtype, q.device, causal, window, q_pos, k_pos)
         options = {"temperature": temperature} if temperature != 1.0 else {}
         options |= {"window": window} if window is not None else {}
@@ -152,6 +162,10 @@ def _attend_path(name: str, q: Tensor, k: Tensor, v: Tensor, need: Need, q_pos: 
         consecutive = window is None or (key_mask is None and chunked_path.consecutive(q_pos, k_pos))
         return flex_path.flex(q, k, v, bias, q_pos, k_pos, key_mask, scale, window, 1 / temperature, consecutive)
     bias = None if bias is None else bias.times(1 / temperature)
+    if name == "probe":
+        if window is not None:
+            raise ValueError("attention probing: sliding-window layers do not report their weights yet")
+        return probe.probed_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale, causal)
     if name == "chunked":
         return widened(chunked_path.chunked_attention, q, k, v, need, bias, q_pos, k_pos, key_mask, scale, window)
     pairs = None if bias is None else bias.pairs(q_pos, k_pos)

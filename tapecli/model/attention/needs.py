@@ -11,7 +11,8 @@ whose work is all in `rotate`):
 - `WideValue`: extra value columns averaged with the same attention weights (TAPE's state E: the values are
   [V | E]); attention returns [B, H, Tq, d + extra width] and the caller splits it.
 - `OwnAttention`: the PE computes attention itself because its logits are not q.k plus a bias (CoPE, PaTH); it
-  also names the path it takes (`plan`), so `tape doctor` and `tape bench` can print it; its PE declares which
+  also names the path it takes (`plan`), so `tape doctor` and `tape bench` can print it, and may report its
+  attention weights while they are probed (`reports_weights`: `tape analyze attention`); its PE declares which
   per-layer attention options it implements (`PositionalEncoding.attention_options`).
 
 The ScoreMod contract (FlexAttention compiles one kernel that must serve every layer of a model):
@@ -91,10 +92,18 @@ class OwnAttention:
     may use W to skip them). The model refuses, when it is built, an option a layer sets that its PE does not
     declare, so `attend` never receives one it does not know.
 
-    plan(device_type, dtype, q_len, k_len, grad, cached) -> str: the path `attend` will take (a short name)."""
+    plan(device_type, dtype, q_len, k_len, grad, cached) -> str: the path `attend` will take (a short name).
+    reports_weights: the optional probing hook (`tapecli.model.attention.probe`). True promises that while
+        `probe.active()`, `attend` takes a path that forms its softmax weights one chunk of queries at a time (never
+        [Tq, Tk] per head at once, not a fused kernel) and calls `probe.report(weights, first, **extras)` for every
+        chunk: `weights` [B, H, C, K] exactly the weights it multiplies the values with, keys in order (columns
+        0..K-1; a key the query cannot see holds 0), `first` the key index of the chunk's first query, `extras` any
+        PE-specific [B, H, C, K] quantity of the same pairs (CoPE: "positions"). False (the default): probing the
+        PE is an error."""
 
     attend: Callable[..., Tensor]
     plan: Callable[..., str]
+    reports_weights: bool = False
 
 
 Need = ScoreBias | WideValue | OwnAttention | None

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tapecli.model.attention import attend, chunked, flex, forced_path
+from tapecli.model.attention import attend, chunked, flex, forced_path, probe
 from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, ScoreMod, WideValue
 from tapecli.model.attention.recompute import by_query_chunks, rows_for
 from tapecli.model.cache import LayerCache
@@ -222,6 +222,18 @@ def encoded_attention(q: Tensor, k: Tensor, v: Tensor, *, x: Tensor, q_pos: Tens
     return attend(q, k, v, None, x=x, q_pos=q_pos, k_pos=k_pos, key_mask=key_mask, cache=None, window=window,
                   temperature=temperature)
 
+
+def probing_active() -> bool:
+    """Whether attention is being probed (`tape analyze attention`, `tapecli.model.attention.probe`): an
+    `OwnAttention` PE that declares `reports_weights` then hands its weights to `report_weights`."""
+    return probe.active()
+
+
+def report_weights(weights: Tensor, first: int, **extras: Tensor) -> None:
+    """While probing: one chunk of queries' attention weights [B, H, C, K] in key order, `first` the key index of
+    its first query, with PE-specific extras of the same shape (CoPE's contextual positions)."""
+    probe.report(weights, first, **extras)
+
 def check_positive_int(key: str, value: object) -> None:
     """A width or count in pe_args: a whole number >= 1 (0 is not "the default")."""
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -267,4 +279,5 @@ def check_pe_args(cls: type, name: str, pe_args: dict) -> dict:
 __all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding",
            "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks", "check_pe_args",
            "check_positive_int", "default_positions", "encoded_attention", "flex_attention", "forced_path",
-           "kernels_available", "pe_arguments", "plain_attention", "rows_for"]
+           "kernels_available", "pe_arguments", "plain_attention", "probing_active", "report_weights",
+           "rows_for"]

@@ -51,6 +51,8 @@ from tapecli.model.pe.base import (
     PositionState,
     by_query_chunks,
     forced_path,
+    probing_active,
+    report_weights,
     rows_for,
 )
 
@@ -73,7 +75,7 @@ class CoPELayer(LayerPE):
         nn.init.zeros_(self.pos_emb)  # the official init: a fresh CoPE attends like NoPE
 
     def need(self, state: PositionState, average_state: bool) -> OwnAttention:
-        return OwnAttention(attend=self.attend, plan=self.plan)
+        return OwnAttention(attend=self.attend, plan=self.plan, reports_weights=True)
 
     def plan(self, device_type: str, dtype: torch.dtype, q_len: int, k_len: int, grad: bool, cached: bool) -> str:
         """cope-recompute (training: query chunks recomputed in the backward), cope-chunked (no gradients), or
@@ -114,7 +116,7 @@ class CoPELayer(LayerPE):
                     hidden = future[C]
                 else:
                     hidden = ~visible_keys(mask, Tq, past + Tq, q.device)[..., i0:i1, :end].flip(-1)
-                return self.chunk_attention(q[:, :, i0:i1], keys, values, hidden, table, temperature)
+                return self.chunk_attention(q[:, :, i0:i1], keys, values, hidden, table, past + i0, temperature)
 
             future: dict[int, Tensor] = {}
 
@@ -122,10 +124,12 @@ class CoPELayer(LayerPE):
             out = by_query_chunks(chunk, Tq, rows)
         return out.to(out_dtype)
 
-    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor, table: Tensor,
+    def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor, table: Tensor, first: int,
                         temperature: float = 1.0) -> Tensor:
         """CoPE for queries q [B, H, C, d] over keys and values [B, H, K, d] given in reverse order (latest
-        first); hidden [.., C, K'] (K' <= K): which of the first K' keys each query may not see (it sees the rest)."""
+        first); hidden [.., C, K'] (K' <= K): which of the first K' keys each query may not see (it sees the rest);
+        `first`: the key index of the first query. While attention is probed, the weights and the contextual
+        positions are reported in key order (`report_weights`; positions are 0 for unseen keys)."""
         q = q * q.shape[-1] ** -0.5  # every logit and table product below is scaled once, here
         logits = q @ keys.transpose(-1, -2)  # [B, H, C, K], scaled
         block = hidden.shape[-1]
@@ -143,7 +147,10 @@ class CoPELayer(LayerPE):
         # is whole, w = 0); the step after the last entry is 0 (p never exceeds npos_max).
         step = torch.nn.functional.pad(z[..., 1:] - z[..., :-1], (0, 1))
         logits = logits + torch.addcmul(z.gather(-1, index), weight, step.gather(-1, index))
-        return (logits if temperature == 1.0 else logits / temperature).softmax(-1) @ values
+        weights = (logits if temperature == 1.0 else logits / temperature).softmax(-1)
+        if probing_active():
+            report_weights(weights.flip(-1), first, positions=positions.flip(-1))
+        return weights @ values
 
 
 NPOS_CAP = 1024  # the default npos_max for contexts longer than this (module docstring)

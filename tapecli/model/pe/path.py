@@ -68,7 +68,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tapecli.model.pe.base import LayerCache, LayerPE, OwnAttention, PositionalEncoding, PositionState, forced_path
+from tapecli.model.pe.base import (
+    LayerCache,
+    LayerPE,
+    OwnAttention,
+    PositionalEncoding,
+    PositionState,
+    forced_path,
+    probing_active,
+)
 from tapecli.model.pe.path_ops import path_attention, path_attention_by_queries
 
 KERNELS = ("auto", "torch")
@@ -133,15 +141,15 @@ class PaTHLayer(LayerPE):
         return u.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2), beta.transpose(1, 2)
 
     def need(self, state: PositionState, average_state: bool) -> OwnAttention:
-        return OwnAttention(attend=self.attend, plan=self.plan)
+        return OwnAttention(attend=self.attend, plan=self.plan, reports_weights=True)
 
     def plan(self, device_type: str, dtype: torch.dtype, q_len: int, k_len: int, grad: bool, cached: bool,
              padded: bool = False) -> str:
         """fla: fla's fused kernel (CUDA, half precision, no past, no padding); path-recompute: training without a
         past, query chunks recomputed in the backward (path_ops.path_attention_by_queries);
         path-chunked: chunk by chunk carrying the transformed keys (a KV cache, no gradients, or the reference under
-        attention.forced("dense"))."""
-        if forced_path() == "dense":
+        attention.forced("dense"), and while attention is probed: it reports its weights, chunk by chunk)."""
+        if forced_path() == "dense" or probing_active():
             return "path-chunked"
         if (device_type == "cuda" and self.kernel == "auto" and dtype in (torch.float16, torch.bfloat16)
                 and not cached and not padded and self.head_dim in FLA_HEAD_DIMS and fla_path_attention() is not None):

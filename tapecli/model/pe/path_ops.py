@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from tapecli.model.pe.base import rows_for
+from tapecli.model.pe.base import probing_active, report_weights, rows_for
 from tapecli.model.pe.path_groups import QueryGroups
 
 MERGE = 8  # chunks per merged chunk of the training arrangement (`merge_chunks`)
@@ -56,7 +56,8 @@ def path_attention(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, beta: Tensor, 
     transformed up to the last of them, then the T current keys; w [B, G, T, d], beta [B, G, T]: the current
     tokens' maps; v [B, G, n + T, d]; mask: bool [B or 1, 1 or H, T, n + T], which keys each query may see, or None
     for plain causal (built one chunk at a time, so memory stays linear in n + T). Returns the output [B, H, T, d]
-    and, when keep_keys, all n + T keys transformed up to the last token (what the next call's `keys` starts with)."""
+    and, when keep_keys, all n + T keys transformed up to the last token (what the next call's `keys` starts with).
+    While attention is probed, each chunk's weights are reported (`tapecli.model.attention.probe`)."""
     B, H, T, d = q.shape
     G, n = keys.shape[1], keys.shape[2] - T
     q = q.view(B, G, H // G, T, d)  # the heads of a group share its keys and maps
@@ -78,7 +79,10 @@ def path_attention(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, beta: Tensor, 
             seen = torch.ones(C, m + C, dtype=torch.bool, device=q.device).tril(m)
         else:
             seen = mask[..., c0:c1, :m + C]
-        outputs.append(logits.masked_fill(~seen, float("-inf")).softmax(-1) @ v[..., :m + C, :])
+        weights = logits.masked_fill(~seen, float("-inf")).softmax(-1)  # [B, G, r, C, m + C]
+        if probing_active():
+            report_weights(weights.view(B, H, C, m + C), m)
+        outputs.append(weights @ v[..., :m + C, :])
         if c1 < T or keep_keys:
             # Advance every key through the chunk's maps, x_j <- x_j - sum_s (A D W x_j)_s w_s: for the earlier
             # keys one d x d map, I - W^T (A D)^T W.
