@@ -26,7 +26,7 @@ OVERRIDES = {"path": {"pe_args": {"chunk_size": 4}}, "t5": {"pe_args": {"num_buc
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(chunked, "chunk_rows", lambda b, h, tq, tk, elements=0: max(1, min(5, tq)))
+    monkeypatch.setattr(chunked, "chunk_rows", lambda b, h, tq, tk, elements=0, window=None: max(1, min(5, tq)))
     monkeypatch.setattr(recompute, "SCORE_ELEMENTS", 2 * 4 * 13 * 5)  # 5 queries per chunk at these shapes
 
 
@@ -70,7 +70,10 @@ def reference(model, q, k, need, kwargs):
     return naive_weights(q, k, bias, kwargs["q_pos"], kwargs["k_pos"], kwargs["key_mask"]), None
 
 
-@pytest.mark.parametrize("pe", PE_NAMES)
+UNREPORTED = ("fox", "stickbreaking", "mapwm")  # own attention that reports no weights: refused while probing
+
+
+@pytest.mark.parametrize("pe", [pe for pe in PE_NAMES if pe not in UNREPORTED])
 @pytest.mark.parametrize("path", ["sdpa", "chunked", "dense"])
 def test_reported_weights_are_the_naive_weights_on_every_path(monkeypatch, small_chunks, pe, path):
     """Own-attention PEs: their default path and their reference path under forced("dense") (sdpa and chunked
@@ -93,6 +96,16 @@ def test_reported_weights_are_the_naive_weights_on_every_path(monkeypatch, small
         assert (layers.weights[layer] - weights).abs().max() <= TOL
         if positions is not None:
             assert (layers.positions[layer] * (weights > 0) - positions).abs().max() <= TOL
+
+
+@pytest.mark.parametrize("pe", UNREPORTED)
+def test_a_pe_that_reports_no_weights_is_refused_while_probing(pe):
+    model = tiny(pe).double().eval()
+    ids = torch.randint(0, VOCAB, (1, 8), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode(), probe.probing(lambda chunk: None):
+        with pytest.raises(ValueError, match=r"^attention probing: this PE computes its own attention and does not "
+                                             r"report its weights"):
+            model(ids)
 
 
 def test_probe_path_with_padding_and_a_cache_offset(monkeypatch, small_chunks):

@@ -128,11 +128,14 @@ class DataSource:
 def stretched(kind: str, data: Any, seq_len: int) -> Any:
     """The training distribution of synthetic task `kind` (a recipe's `data` section) at `seq_len` tokens (module
     docstring)."""
-    from tapecli.data.synthetic import CopySpec, GridSpec, iid_spec
+    from tapecli.data.synthetic import CopySpec, GridSpec
 
-    iid = iid_spec(kind, data)
+    iid = data.iid_spec() if getattr(data, "kind", None) == kind and hasattr(data, "iid_spec") else None
     if isinstance(iid, GridSpec):
         return GridSpec(kind, seq_len, iid.width, iid.p_empty)
+    if not isinstance(iid, CopySpec):
+        raise TapeError(f"data.kind: {kind!r} is not stretched to other lengths (selective copy and grid navigation "
+                        "are)")
     symbols = max(1, round(iid.n_tokens * seq_len / iid.length))
     if 2 * symbols + 1 > seq_len:
         raise TapeError(f"--seq-len {seq_len} is too short for {kind} (at least {2 * symbols + 1} tokens: the "
