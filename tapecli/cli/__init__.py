@@ -4,12 +4,17 @@ The commands are plain functions with typed Typer signatures, one module per gro
 extend-context), eval.py (the `tape eval` group), models.py (export, tokenizer), recipes.py, experiments.py (sweep,
 demo, bench, doctor). This table is the one place that names them, orders them and groups them in `tape --help`.
 
+Aliases: the design card's names `tape eval-addition`, `tape eval-scrolls`, `tape passkey` and `tape perplexity` are
+the `tape eval` commands themselves (the same function registered again, hidden from the command list; the `eval`
+group's help names them), so their options, defaults and outputs cannot drift apart.
+
 Entry points: the `tape` script (`main`), `python -m tapecli ...`, `python -m tapecli.cli ...` and
 `torchrun --nproc_per_node N -m tapecli.cli pretrain ...`.
 """
 
 from __future__ import annotations
 
+from tapecli.cli import eval as evaluate
 from tapecli.cli import experiments, models, recipes, train
 from tapecli.cli.app import app
 from tapecli.cli.eval import eval_app
@@ -31,7 +36,13 @@ for name, command, panel in [
 app.add_typer(eval_app, name="eval", rich_help_panel=_EVAL)
 app.add_typer(models.tokenizer_app, name="tokenizer", rich_help_panel=_FILES)
 
-__all__ = ["app", "main"]
+# alias -> the `tape eval` command it runs
+ALIASES = {"eval-addition": "addition", "eval-scrolls": "scrolls", "passkey": "passkey", "perplexity": "perplexity"}
+for alias, command in [("eval-addition", evaluate.eval_addition), ("eval-scrolls", evaluate.eval_scrolls),
+                       ("passkey", evaluate.eval_passkey), ("perplexity", evaluate.eval_perplexity)]:
+    app.command(alias, hidden=True, help=f"The same as `tape eval {ALIASES[alias]}`.\n\n{command.__doc__}")(command)
+
+__all__ = ["ALIASES", "app", "main"]
 
 
 def main() -> None:

@@ -8,9 +8,11 @@ from typing import Any
 
 import typer
 
+from tapecli.cli.app import Group
 from tapecli.errors import TapeError
 
-eval_app = typer.Typer(help="Evaluate a tape run / checkpoint or a Hugging Face model.", no_args_is_help=True)
+eval_app = typer.Typer(help="Evaluate a tape run / checkpoint or a Hugging Face model (aliases: `tape eval-addition`, "
+                            "`tape eval-scrolls`, `tape passkey`, `tape perplexity`).", no_args_is_help=True, cls=Group)
 
 # Options every `tape eval` command shares (tapecli.eval.common opens the model); reuse them in new eval commands.
 _MODEL_HELP = ("A tape run directory (its newest checkpoint), a checkpoint directory, or a Hugging Face model "

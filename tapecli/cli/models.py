@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from tapecli.cli.app import Group
 from tapecli.errors import TapeError
 
 
@@ -37,7 +38,7 @@ def export(
 
 
 
-tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True)
+tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True, cls=Group)
 
 
 @tokenizer_app.command("train")

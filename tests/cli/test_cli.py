@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+import typer
 from typer.testing import CliRunner
 
 from tapecli.cli import app
@@ -121,3 +123,83 @@ def test_tokenizer_train_command_writes_a_lossless_model(tmp_path, tiny_corpus):
     bad = runner.invoke(app, ["tokenizer", "train", "--data", str(tmp_path / "missing"), "--vocab-size", "300",
                               "--out", str(out)])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The design card's names, unknown commands
+
+
+def _options_box(args: list[str]) -> str:
+    """The options part of a command's --help (everything from the first option box on)."""
+    result = runner.invoke(app, [*args, "--help"])
+    assert result.exit_code == 0, result.output
+    return result.output[result.output.index("─ Options"):]
+
+
+def test_each_alias_lists_the_same_options_as_its_twin():
+    from tapecli.cli import ALIASES
+
+    assert set(ALIASES) == {"eval-addition", "eval-scrolls", "passkey", "perplexity"}
+    for alias, twin in ALIASES.items():
+        assert _options_box([alias]) == _options_box(["eval", twin]), alias
+        assert f"The same as `tape eval {twin}`" in runner.invoke(app, [alias, "--help"]).output
+
+
+def test_aliases_are_listed_once_in_the_help():
+    """Hidden as commands; the eval row names them."""
+    listing = runner.invoke(app, ["--help"]).output
+    rows = [line.split()[1] for line in listing.splitlines() if line.startswith("│ ") and line.split()[1:2]]
+    assert "perplexity" not in rows and "eval-addition" not in rows and "eval" in rows
+    flat = " ".join(listing.replace("│", " ").split())
+    assert "(aliases: `tape eval-addition`, `tape eval-scrolls`, `tape passkey`, `tape perplexity`)" in flat
+
+
+def test_an_alias_writes_what_its_twin_writes(tmp_path, tiny_corpus):
+    from train_helpers import write_recipe
+
+    from tapecli.recipe import load_recipe
+    from tapecli.train import engine
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 1, "save_every": 1, "warmup": 0,
+                                                                   "eval_every": 0})
+    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+    outputs = {}
+    for args in (["passkey"], ["eval", "passkey"]):
+        out = tmp_path / "-".join(args)
+        result = runner.invoke(app, [*args, "--model", str(run), "--budgets", "40", "--trials", "2",
+                                     "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        results = json.loads((out / "results.json").read_text())
+        results.pop("seconds_this_session")
+        outputs[" ".join(args)] = (results, (out / "samples.jsonl").read_text())
+    assert outputs["passkey"] == outputs["eval passkey"]
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["eval", "pass"], "error: no such command 'pass'; did you mean `tape eval passkey`? (see `tape eval --help`)"),
+    (["evaluate"], "error: no such command 'evaluate'; did you mean `tape eval`? (see `tape --help`)"),
+    (["addition"], "error: no such command 'addition'; did you mean `tape eval addition`? (see `tape --help`)"),
+    (["eval-additon"], "error: no such command 'eval-additon'; did you mean `tape eval-addition`? (see `tape --help`)"),
+    (["tokenizer", "trian"], "error: no such command 'trian'; did you mean `tape tokenizer train`? (see `tape "
+                             "tokenizer --help`)"),
+    (["zzzz"], "error: no such command 'zzzz' (see `tape --help`)"),
+])
+def test_an_unknown_command_names_the_nearest(args, line):
+    result = runner.invoke(app, args, prog_name="tape")
+    assert result.exit_code == 2 and result.stderr.strip() == line
+
+
+def test_every_group_suggests():
+    """A new group must be `typer.Typer(cls=Group, ...)` to answer a typo with the nearest command."""
+    from typer.core import TyperGroup
+
+    from tapecli.cli.app import Group
+
+    def groups(command):
+        if isinstance(command, TyperGroup):
+            yield command
+            for sub in command.commands.values():
+                yield from groups(sub)
+
+    found = list(groups(typer.main.get_command(app)))
+    assert len(found) >= 3 and all(isinstance(g, Group) for g in found), [g.name for g in found]
