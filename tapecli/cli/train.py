@@ -58,10 +58,11 @@ def finetune(
     command = ["tape", "finetune", *(["--checkpoint", checkpoint] if checkpoint else []), "--recipe", recipe,
                "--out", str(out), "--resume", resume, *(overrides or [])]
     loaded = _load(recipe, overrides or [])
+    what = "--checkpoint" if checkpoint else "train.init_from"
     checkpoint = checkpoint or loaded.train.init_from
     if not checkpoint:
-        raise TapeError("finetune needs a model: pass --checkpoint or set train.init_from")
-    run_finetune(loaded, checkpoint, out, resume=resume, command=command)
+        raise TapeError("finetune needs a model: pass --checkpoint RUN or set train.init_from=RUN")
+    run_finetune(loaded, checkpoint, out, resume=resume, command=command, init_what=what)
 
 
 def _load(recipe: str, overrides: list[str]) -> Recipe:
@@ -112,5 +113,6 @@ def extend_context(
                "--recipe", recipe, "--out", str(out), "--resume", resume, *(overrides or [])]
     settings = [f"extend.method={method}", f"extend.scaling={scaling}", f"extend.compat={compat}",
                 f"train.init_from={base}"]
-    run_pretrain(_load(recipe, [*(overrides or []), *settings]), out, resume=resume, command=command)
+    run_pretrain(_load(recipe, [*(overrides or []), *settings]), out, resume=resume, command=command,
+                 init_what="--base")
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tapecli.errors import TapeError
+from tapecli.errors import TapeError, how_to_set
 from tapecli.model.hf import HF_CONFIG
 from tapecli.store.checkpoint import (
     BASE_MODEL,
@@ -73,7 +73,8 @@ SHORT_NAMES: dict[str, str] = {
     "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
 }
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_KINDS = "a tape run directory, a checkpoint directory or a Hugging Face model directory or hub id"
+MODEL_KINDS = "a tape run directory, a checkpoint directory or a Hugging Face model directory or hub id"
+HF_KINDS = "a Hugging Face model directory (config.json, *.safetensors, tokenizer), hub id or short name"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -90,10 +91,12 @@ class Source:
     name: str  # a short label for tables, plots and default output folders
     checkpoint: Path | None = None  # tape: the checkpoint directory, as resolved from the spec
     base: dict[str, Any] | None = None  # an extended checkpoint's base_model.json: {"source", "directory", "lora"}
+    what: str = "--model"  # the option or recipe key that gave `spec`, for messages
 
 
-def find_source(spec: str, what: str = "--model") -> Source:
-    """The source `spec` names; `what` names the option or key in the one-line error when it names none."""
+def find_source(spec: str, what: str = "--model", kinds: str = MODEL_KINDS) -> Source:
+    """The source `spec` names; `what` names the option or recipe key that gave it, `kinds` what it may name, in the
+    one-line error when it names none (`--model: runs/x does not exist; pass --model PATH (a tape run ...)`)."""
     path = Path(spec).expanduser()
     if _is_tape(path):
         checkpoint = resolve_checkpoint(path)
@@ -103,13 +106,14 @@ def find_source(spec: str, what: str = "--model") -> Source:
         name = (path.resolve().name if absolute != path.resolve() else
                 f"{absolute.parent.parent.name}/{absolute.name}" if in_run else absolute.name)
         base = read_base_record(checkpoint) if (checkpoint / BASE_MODEL).is_file() else None
-        return Source(spec=spec, kind="tape", location=str(absolute), name=name, checkpoint=checkpoint, base=base)
+        return Source(spec=spec, kind="tape", location=str(absolute), name=name, checkpoint=checkpoint, base=base,
+                      what=what)
     if not is_hf_source(spec):
         problem = "does not exist" if not path.exists() else "holds no tape checkpoint"
-        raise TapeError(f"{what} {spec}: {problem}; pass {_KINDS}")
+        raise TapeError(f"{what}: {spec} {problem}; {how_to_set(what)} ({kinds})")
     if path.exists():
-        return Source(spec=spec, kind="hf", location=str(path.resolve()), name=path.resolve().name)
-    return Source(spec=spec, kind="hf", location=spec, name=spec)
+        return Source(spec=spec, kind="hf", location=str(path.resolve()), name=path.resolve().name, what=what)
+    return Source(spec=spec, kind="hf", location=spec, name=spec, what=what)
 
 
 def _is_tape(path: Path) -> bool:
@@ -128,21 +132,24 @@ def is_hf_source(source: str) -> bool:
     return source.lower() in SHORT_NAMES or bool(_HUB_ID.match(source))
 
 
-def resolve_hf_source(source: str) -> Path:
-    """The local directory of `source`: as given, or the hub snapshot (downloaded, or found in the cache offline)."""
+def resolve_hf_source(source: str, what: str = "--model") -> Path:
+    """The local directory of `source`: as given, or the hub snapshot (downloaded, or found in the cache offline);
+    `what` is the option or recipe key that gave it, for messages."""
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / HF_CONFIG).is_file():
             tape = _tape_kind(path)
             if tape:
-                raise TapeError(f"{path} is {tape}, not a Hugging Face model directory (no {HF_CONFIG}); pass a "
-                                "Hugging Face directory or hub id (`tape export` turns a RoPE checkpoint into one)")
-            raise TapeError(f"{path} has no {HF_CONFIG}; expected a Hugging Face model directory")
+                raise TapeError(f"{what}: {path} is {tape}, not a Hugging Face model directory (no {HF_CONFIG}); "
+                                "pass a Hugging Face directory or hub id (`tape export` turns a RoPE checkpoint into "
+                                "one)")
+            raise TapeError(f"{what}: {path} has no {HF_CONFIG}; {how_to_set(what, 'DIR')} ({HF_KINDS})")
         return path
     repo = SHORT_NAMES.get(source.lower(), source)
     if not _HUB_ID.match(repo):
         names = ", ".join(SHORT_NAMES)
-        raise TapeError(f"base {source!r} is neither a directory nor a hub id (owner/name) nor a short name ({names})")
+        raise TapeError(f"{what}: {source!r} is neither a directory nor a hub id (owner/name) nor a short name "
+                        f"({names})")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
@@ -154,8 +161,10 @@ def resolve_hf_source(source: str) -> Path:
     except RepositoryNotFoundError:
         raise TapeError(f"{repo} does not exist on the Hugging Face hub (or needs a login)") from None
     except LocalEntryNotFoundError:
-        raise TapeError(f"{repo} is not in the local Hugging Face cache and the hub cannot be reached; pass a local "
-                        "directory with config.json, *.safetensors and the tokenizer instead") from None
+        local = "" if repo != source else "no directory here, and as a hub id "  # `runs/x`: a mistyped path?
+        raise TapeError(f"{what}: {source} is {local}not in the local Hugging Face cache, and the hub cannot be "
+                        f"reached; {how_to_set(what, 'DIR')} (a local Hugging Face model directory: config.json, "
+                        "*.safetensors, tokenizer)") from None
     except Exception as e:  # network failures surface as several library-specific types
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TapeError(f"{repo} could not be downloaded ({reason}); pass a local directory with config.json, "
@@ -198,7 +207,7 @@ def base_config(source: Source) -> tuple[dict[str, Any], str]:
     from tapecli.model.hf import hf_model_config, read_hf_config
 
     if source.kind == "hf":
-        directory, origin = resolve_hf_source(source.spec), source.spec
+        directory, origin = resolve_hf_source(source.spec, source.what), source.spec
     elif source.base is not None:
         directory, origin = find_base(source.base), source.base["source"]
     else:
@@ -332,7 +341,7 @@ def _open_hf(source: Source, change: _Change, dtype: torch.dtype, device: torch.
     from tapecli.model.extended import build_from_base
     from tapecli.model.hf import hf_model_config, load_hf_tokenizer, read_hf_config
 
-    directory = resolve_hf_source(source.spec)
+    directory = resolve_hf_source(source.spec, source.what)
     hf = read_hf_config(directory)
     config, _ = change.apply(hf_model_config(hf, str(directory / HF_CONFIG)).to_dict(), source.spec)
     tokenizer = load_hf_tokenizer(directory, hf)  # before the weights: a missing tokenizer fails in a second

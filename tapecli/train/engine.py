@@ -80,22 +80,25 @@ class Job:
     stop: StopSignal = field(default_factory=StopSignal)  # SIGTERM / Ctrl-C: save after this step, then stop
 
 
-def pretrain(recipe: Recipe, out: str | Path, resume: str = "auto", command: list[str] | None = None) -> Path:
-    """Train a model from scratch (or from `train.init_from`) into run directory `out`; returns `out`."""
-    return _run(recipe, Path(out), resume, recipe.train.init_from, command or [])
+def pretrain(recipe: Recipe, out: str | Path, resume: str = "auto", command: list[str] | None = None,
+             init_what: str = "train.init_from") -> Path:
+    """Train a model from scratch (or from `train.init_from`) into run directory `out`; returns `out`. `init_what`
+    names what set train.init_from in errors (`--base` for `tape extend-context`)."""
+    return _run(recipe, Path(out), resume, recipe.train.init_from, command or [], init_what)
 
 
 def finetune(recipe: Recipe, checkpoint: str | Path, out: str | Path, resume: str = "auto",
-             command: list[str] | None = None) -> Path:
+             command: list[str] | None = None, init_what: str = "--checkpoint") -> Path:
     """Fine-tune the model of `checkpoint` (a run or checkpoint directory) into run directory `out`."""
-    return _run(recipe, Path(out), resume, str(checkpoint), command or [])
+    return _run(recipe, Path(out), resume, str(checkpoint), command or [], init_what)
 
 
-def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str]) -> Path:
+def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str],
+         init_what: str) -> Path:
     env = distributed.setup()
     try:
         with removed_on_failure(out):  # a failed setup leaves no run directory or cache behind
-            job = setup(recipe, out, resume, init_from, command, env)
+            job = setup(recipe, out, resume, init_from, command, env, init_what)
         with job.stop:
             fit(job)
         distributed.barrier(env)
@@ -108,17 +111,19 @@ def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command:
 # Setup
 
 
-def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str], env: DistEnv) -> Job:
+def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str], env: DistEnv,
+          init_what: str = "train.init_from") -> Job:
     """Check everything that can be wrong before writing anything, then create the run directory.
 
     The caller's recipe is left as it is: the job holds a resolved copy (`resolve_recipe`), which RUN/recipe.yaml
-    records."""
+    records. `init_what` is the option or recipe key that gave `init_from`, for messages."""
     faults.check_output_dir(out)
     check_loggers(recipe.train.loggers)
     precision = _check_hardware(recipe, env)
     resume_from = find_resume(out, resume)
+    recipe.data.check_files()  # a missing data.source fails now, before a model is opened
     seed_everything(recipe.train.seed)
-    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device, precision)
+    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device, precision, init_what)
     if resume_from is not None:
         check_continuation(recipe, resume_from, tokenizer, model.config)
     recipe = resolve_recipe(recipe, precision, model.config)
@@ -199,6 +204,9 @@ def find_resume(out: Path, resume: str) -> Path | None:
             raise TapeError(f"{out} already holds checkpoints up to {existing[-1].name}; use --resume auto to "
                             "continue that run, or another --out")
         return None
+    if not Path(resume).expanduser().exists():
+        raise TapeError(f"--resume: {resume} does not exist; pass --resume auto (continue --out if it holds a "
+                        "checkpoint), never, or a run or checkpoint directory")
     return resolve_checkpoint(resume)
 
 
