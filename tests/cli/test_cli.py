@@ -203,3 +203,23 @@ def test_every_group_suggests():
 
     found = list(groups(typer.main.get_command(app)))
     assert len(found) >= 3 and all(isinstance(g, Group) for g in found), [g.name for g in found]
+
+
+def test_the_cli_reference_names_every_command():
+    from pathlib import Path
+
+    from tapecli.cli import ALIASES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+
+    def paths(command, prefix=""):
+        for name, sub in getattr(command, "commands", {}).items():
+            if hasattr(sub, "commands"):
+                yield from paths(sub, f"{prefix}{name} ")
+            elif not sub.hidden:
+                yield prefix + name
+
+    names = list(paths(typer.main.get_command(app)))
+    assert len(names) > 15
+    missing = [name for name in [*names, *ALIASES] if f"`tape {name}`" not in text]
+    assert not missing, missing
