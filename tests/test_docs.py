@@ -429,7 +429,8 @@ def test_the_docs_speak_of_the_project_only() -> None:
 
 
 def test_the_wording_check_catches_what_it_should() -> None:
-    made_up = "A table.\nNo GPU was lent to this work.\n```text\nseconds this session\n```\nKilled at the end of sessions.\n"
+    made_up = ("A table.\nNo GPU was lent to this work.\n```text\nseconds this session\n```\n"
+               "Killed at the end of sessions.\n")
     assert [n for n, line in _prose(made_up) if _ABOUT_THE_WORK.search(line)] == [2, 6]
     assert not _ABOUT_THE_WORK.search(re.sub(r"`[^`]*`", "", "`seconds_this_session` is in results.json"))
 

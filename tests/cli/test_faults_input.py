@@ -111,3 +111,119 @@ def test_the_tokenizer_line_in_the_message_is_a_command_that_works(tmp_path: Pat
     assert runner.invoke(app, command[1:]).exit_code == 0
     result = runner.invoke(app, [*args, "model.vocab_size=null"])
     assert result.exit_code == 0, result.output
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recipes that would hang or crash the parser; duplicate keys (issue 38, cases 2 and 3)
+
+
+def _bomb(levels: int = 9) -> str:
+    """A "billion laughs" under model.pe_args: 10^levels values from a few lines."""
+    lines = ["    l0: &l0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"    l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, levels)]
+    return "model:\n  pe: rope\n  pe_args:\n" + "\n".join(lines) + "\n"
+
+
+RECIPES = [
+    ("alias-bomb", _bomb(), "line 1: its aliases expand to 1,234,567,915 values (more than 100,000: an alias bomb?); "
+                            "write the values out"),
+    ("deep", "model:\n  pe_args:\n    a: " + "{b: " * 1000 + "1" + "}" * 1000 + "\n",
+     "line 3: nested more than 100 levels deep; flatten it"),
+    ("deep-block", "model:\n  pe_args:\n" + "".join("  " * (i + 2) + f"k{i}:\n" for i in range(1000)) + "  x: 1\n",
+     "line 100: nested more than 100 levels deep; flatten it"),
+    ("duplicate", "train:\n  max_steps: 4\n  lr: 0.001\n  max_steps: 9\n",
+     "line 4: key 'max_steps' is given twice (lines 2 and 4); keep one"),
+    ("duplicate-flow", "train: {max_steps: 4, max_steps: 9}\n", "line 1: key 'max_steps' is given twice on line 1"),
+    ("duplicate-section", "train: {max_steps: 4}\nmodel: {pe: rope}\ntrain: {lr: 0.1}\n",
+     "line 3: key 'train' is given twice (lines 1 and 3)"),
+    ("python-tag", "model:\n  pe: !!python/object/apply:os.system ['touch {t}/payload']\n",
+     "line 2: the tag !!python/object/apply:os.system is refused"),
+]
+
+
+@pytest.mark.parametrize(("text", "fragment"), [row[1:] for row in RECIPES], ids=[row[0] for row in RECIPES])
+def test_a_recipe_that_would_hang_or_crash_the_reader_is_one_line_at_once(tmp_path: Path, corpus: Path, text: str,
+                                                                          fragment: str) -> None:
+    import time
+
+    from tapecli.errors import TapeError
+    from tapecli.recipe import load_recipe
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(text.replace("{t}", str(tmp_path)))
+    result = runner.invoke(app, ["pretrain", "--recipe", str(recipe), "--out", str(tmp_path / "run"),
+                                 f"data.source={corpus}"])
+    one_line_error(result, 2, f"{recipe}: {fragment.format(t=tmp_path)}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.yaml", "words.txt"]  # no run, no payload
+    started = time.perf_counter()  # the reading itself, imports done: the bomb hung for minutes
+    with pytest.raises(TapeError):
+        load_recipe(str(recipe))
+    assert time.perf_counter() - started < 5
+
+
+@pytest.mark.parametrize(("override", "line"), [
+    ("train.max_steps=1e30", "train.max_steps: 1e+30 is out of range (at most 9,223,372,036,854,775,807 in size)"),
+    ("train.batch_size=1e30", "train.batch_size: 1e+30 is out of range (at most 9,223,372,036,854,775,807 in size)"),
+    ("train.max_steps=1e8", "train.max_steps: 100,000,000 is more than 99,999,999 (checkpoints are named by 8 "
+                            "digits, step-XXXXXXXX)"),
+    ("model.pe_args={a: 1, a: 2}", "model.pe_args: line 1: key 'a' is given twice on line 1; keep one"),
+    ("model.pe_args.a=" + "[" * 1000 + "]" * 1000, "model.pe_args.a: line 1: nested more than 100 levels deep"),
+])
+def test_an_override_out_of_range_or_with_a_duplicate_is_one_line(tmp_path: Path, corpus: Path, override: str,
+                                                                  line: str) -> None:
+    result = runner.invoke(app, ["pretrain", "--recipe", "c4-smoke", "--out", str(tmp_path / "run"),
+                                 f"data.source={corpus}", override])
+    assert one_line_error(result, 2).startswith("error: " + line)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("grid", "line"), [
+    (["train.lr=1e-3,3e-3", "train.warmup=0", "train.lr=1e-2"],
+     "--grid train.lr: given twice (--grid number 1 and 3); give every value in one --grid train.lr=A,B"),
+    (["train.lr=1e-3,0.001"], "--grid train.lr: 1e-3 and 0.001 are the same value (two cells would train the same "
+                              "run); give each value once"),
+])
+def test_a_grid_key_or_value_given_twice_is_one_line(tmp_path: Path, grid: list[str], line: str) -> None:
+    args = ["sweep", "--recipe", "selective-copy-smoke", "--pe", "rope", "--out", str(tmp_path / "sweep")]
+    result = runner.invoke(app, [*args, *(a for g in grid for a in ("--grid", g))])
+    assert one_line_error(result, 2) == "error: " + line
+    assert not (tmp_path / "sweep").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# lm-eval task files passed through tape (issue 38, cases 3 and 4)
+
+
+TASK = "task: tiny\ndataset_path: json\noutput_type: loglikelihood_rolling\n"
+
+
+@pytest.mark.parametrize("how", ["tasks-file", "include-path"])
+@pytest.mark.parametrize(("body", "fragment"), [
+    ("extra: !!python/object/apply:os.system ['touch {t}/payload']\n",
+     "line 4: the tag !!python/object/apply:os.system is refused"),
+    ("process: !!python/name:os.system\n", "line 4: the tag !!python/name:os.system is refused"),
+    ("output_type: generate_until\n", "line 4: key 'output_type' is given twice (lines 3 and 4); keep one"),
+])
+def test_a_task_file_with_a_python_tag_or_a_duplicate_key_is_one_line(tmp_path: Path, how: str, body: str,
+                                                                      fragment: str) -> None:
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    task = folder / "tiny.yaml"
+    task.write_text(TASK + body.replace("{t}", str(tmp_path)))
+    where = ["--tasks", str(task)] if how == "tasks-file" else ["--tasks", "tiny", "--include-path", str(folder)]
+    result = runner.invoke(app, ["eval", "harness", "--model", str(tmp_path / "no-model"), *where,
+                                 "--out", str(tmp_path / "out")])
+    one_line_error(result, 2, f"{task}: {fragment}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tasks"]  # nothing ran, nothing was written
+
+
+def test_a_task_file_may_use_lm_evals_function_tag(tmp_path: Path) -> None:
+    from tapecli.eval.harness import resolve_task_files
+
+    (tmp_path / "base.yaml").write_text(TASK)
+    task = tmp_path / "t.yaml"
+    task.write_text("include: base.yaml\ntask: t\nprocess_docs: !function utils.process\n")
+    assert resolve_task_files([str(task)], None) == (["t"], [str(tmp_path)])
+    (tmp_path / "base.yaml").write_text(TASK + "task: other\n")  # what t.yaml includes is checked too
+    with pytest.raises(Exception, match="base.yaml: line 4: key 'task' is given twice"):
+        resolve_task_files([str(task)], None)
