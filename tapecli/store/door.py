@@ -51,7 +51,7 @@ from tapecli.store.checkpoint import (
     read_model_config,
     resolve_checkpoint,
 )
-from tapecli.store.run import CHECKPOINTS
+from tapecli.store.run import CHECKPOINTS, output_kind
 
 if TYPE_CHECKING:
     import torch
@@ -138,8 +138,8 @@ def resolve_hf_source(source: str, what: str = "--model") -> Path:
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / HF_CONFIG).is_file():
-            tape = _tape_kind(path)
-            if tape:
+            tape = output_kind(path)
+            if tape in ("a tape checkpoint", "a tape run directory"):
                 raise TapeError(f"{what}: {path} is {tape}, not a Hugging Face model directory (no {HF_CONFIG}); "
                                 "pass a Hugging Face directory or hub id (`tape export` turns a RoPE checkpoint into "
                                 "one)")
@@ -169,15 +169,6 @@ def resolve_hf_source(source: str, what: str = "--model") -> Path:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TapeError(f"{repo} could not be downloaded ({reason}); pass a local directory with config.json, "
                         "*.safetensors and the tokenizer instead") from None
-
-
-def _tape_kind(path: Path) -> str | None:
-    """What tape wrote in `path` ("a tape checkpoint", "a tape run directory"), else None."""
-    if (path / MODEL_CONFIG).is_file():
-        return "a tape checkpoint"
-    if (path / CHECKPOINTS).is_dir() or (path / "run.json").is_file():
-        return "a tape run directory"
-    return None
 
 
 def base_record(source: str, directory: Path, lora: LoraSpec | None) -> dict[str, Any]:

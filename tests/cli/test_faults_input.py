@@ -227,3 +227,41 @@ def test_a_task_file_may_use_lm_evals_function_tag(tmp_path: Path) -> None:
     (tmp_path / "base.yaml").write_text(TASK + "task: other\n")  # what t.yaml includes is checked too
     with pytest.raises(Exception, match="base.yaml: line 4: key 'task' is given twice"):
         resolve_task_files([str(task)], None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A sweep into another command's output (issue 38, case 5)
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A finished 1-step RoPE run, an evaluation of it and its Hugging Face export, each made by its command."""
+    from train_helpers import write_recipe
+
+    root = tmp_path_factory.mktemp("outputs")
+    (root / "words.txt").write_text("a few words of text for a tiny corpus\n" * 40)
+    recipe = write_recipe(root / "r.yaml", root / "words.txt", train={"max_steps": 1, "save_every": 1, "warmup": 0,
+                                                                      "eval_every": 0})
+    made = {"run": root / "run", "evaluation": root / "eval", "export": root / "export"}
+    for args in (["pretrain", "--recipe", str(recipe), "--out", str(made["run"])],
+                 ["eval", "passkey", "-m", str(made["run"]), "--budgets", "40", "--trials", "1", "--out",
+                  str(made["evaluation"])],
+                 ["export", "-c", str(made["run"]), "--out", str(made["export"])]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+    return made
+
+
+@pytest.mark.parametrize(("name", "kind"), [("run", "a tape run directory"), ("evaluation", "an evaluation's output"),
+                                            ("export", "a Hugging Face model directory")])
+def test_a_sweep_into_another_commands_output_is_refused(outputs: dict[str, Path], name: str, kind: str) -> None:
+    def snapshot(folder: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    folder = outputs[name]
+    before = snapshot(folder)
+    result = runner.invoke(app, ["sweep", "--recipe", "selective-copy-smoke", "--pe", "rope", "--out", str(folder),
+                                 "train.max_steps=1"])
+    assert one_line_error(result, 2) == (f"error: --out {folder} is {kind}; a sweep writes its cells into a directory "
+                                         "of its own: pass a new --out (or a directory this sweep wrote)")
+    assert snapshot(folder) == before
