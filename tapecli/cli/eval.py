@@ -9,6 +9,7 @@ from typing import Any
 import typer
 
 from tapecli.cli.app import Group
+from tapecli.cli.options import integer, number, numbers
 from tapecli.errors import TapeError
 
 eval_app = typer.Typer(help="Evaluate a tape run / checkpoint or a Hugging Face model (aliases: `tape eval-addition`, "
@@ -35,7 +36,7 @@ def out_option(default: str) -> Any:
 
 def batch_size_option(default: int, what: str) -> Any:
     """--batch-size: how many `what` (e.g. "Windows per forward pass") go together; never changes a result."""
-    return typer.Option(default, "--batch-size", min=1, help=f"{what}; changes speed, not results.")
+    return integer(default, "--batch-size", min=1, help=f"{what}; changes speed, not results.")
 
 
 def _pe_args(pairs: list[str] | None) -> dict:
@@ -64,10 +65,12 @@ def _run(evaluation: Any, models: list[str], out: str | None, dtype: str, device
 def eval_addition(
     model: list[str] = typer.Option(..., "--model", "--checkpoint", "-m", "-c", help=_MODELS_HELP + " --checkpoint "
                                     "is an alias."),
-    max_len: int = typer.Option(None, help="Longest operand evaluated, in digits (default: the run's "
-                                           "eval.max_len, i.e. 2 x data.max_digits)."),
-    samples: int = typer.Option(None, help="Problems per (length, length) cell (default: the run's eval.samples)."),
-    seed: int = typer.Option(1234, help="Seeds the problems of every cell (cell (i, j) gets its own stream)."),
+    max_len: int = integer(None, "--max-len", min=1, help="Longest operand evaluated, in digits (default: the run's "
+                                                           "eval.max_len, i.e. 2 x data.max_digits)."),
+    samples: int = integer(None, "--samples", min=1, help="Problems per (length, length) cell (default: the run's "
+                                                          "eval.samples)."),
+    seed: int = integer(1234, "--seed", min=0, help="Seeds the problems of every cell (cell (i, j) gets its own "
+                                                    "stream)."),
     batch_size: int = batch_size_option(1024, "Problems decoded together"),
     out: str | None = out_option("RUN/eval-addition/<checkpoint name>; several models: OUT/<name>/ and the "
                                  "comparison in OUT (./eval-addition-comparison)"),
@@ -109,13 +112,13 @@ def eval_scrolls(
                                            "instead of running a model."),
     compat: str | None = typer.Option(None, "--compat", help="Prompt construction: clean or official (default: "
                                       "the fine-tuning run's data.compat, else clean)."),
-    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="Prompt + answer tokens (default: the run's "
-                                       "data.seq_len, else the model's max_seq_len); budgets scale from 8192."),
+    seq_len: int | None = integer(None, "--seq-len", min=1, help="Prompt + answer tokens (default: the run's "
+                                  "data.seq_len, else the model's max_seq_len); budgets scale from 8192."),
     sample: bool = typer.Option(False, "--sample", help="Summaries: sample (temperature 1, top-k 3) as the official "
                                 "run did, seeded per example, instead of greedy decoding."),
-    seed: int = typer.Option(0, "--seed", help="Seeds --sample."),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N examples (a quick look, not the "
-                                     "official score)."),
+    seed: int = integer(0, "--seed", min=0, help="Seeds --sample."),
+    limit: int | None = integer(None, "--limit", min=1, help="Only the first N examples (a quick look, not the "
+                                "official score)."),
     batch_size: int = batch_size_option(8, "Examples decoded together"),
     out: str | None = out_option("RUN/eval-scrolls/TASK-SPLIT; with --predictions, results.json goes there"),
     dtype: str = DTYPE_OPTION,
@@ -167,8 +170,8 @@ def eval_synthetic(
     models: list[str] = typer.Option(..., "--model", "-m", help="Run directory (newest checkpoint) or checkpoint "
                                      "trained on a synthetic task; repeat --model to compare several."),
     splits: str = typer.Option("iid,ood-dense,ood-sparse", help="Comma-separated splits to evaluate."),
-    samples: int = typer.Option(None, help="Sequences per split (default: the run's eval.samples)."),
-    seed: int = typer.Option(1234, help="Seeds the evaluation sequences (each split has its own stream)."),
+    samples: int = integer(None, "--samples", min=1, help="Sequences per split (default: the run's eval.samples)."),
+    seed: int = integer(1234, "--seed", min=0, help="Seeds the evaluation sequences (each split has its own stream)."),
     batch_size: int = batch_size_option(64, "Sequences scored together"),
     out: str | None = out_option("RUN/eval-synthetic/<checkpoint name>; several models: OUT/<label>/ and the "
                                  "comparison in OUT (./eval-synthetic-comparison)"),
@@ -194,14 +197,6 @@ def eval_synthetic(
          pe_arg, batch_size)
 
 
-def _numbers(text: str, option: str, kind: type = int) -> list:
-    """`"1024,2048"` -> [1024, 2048] for a comma-separated option; one line naming the option when malformed."""
-    try:
-        return [kind(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise TapeError(f"{option}: expected comma-separated {kind.__name__}s, got {text!r}") from None
-
-
 @eval_app.command("perplexity")
 def eval_perplexity(
     model: list[str] = MODELS_OPTION,
@@ -212,11 +207,11 @@ def eval_perplexity(
     protocol: str = typer.Option("longlora", "--protocol", help="longlora (the paper's table: windows every --stride "
                                                                 "tokens, every prediction scored), disjoint, or "
                                                                 "sliding (Hugging Face's strided protocol)."),
-    stride: int = typer.Option(256, "--stride", help="Tokens between window starts (longlora, sliding)."),
-    max_windows: int = typer.Option(None, "--max-windows", help="Evaluate a seeded choice of this many windows per "
-                                                                "length (default: all)."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the --max-windows choice."),
-    max_tokens: int = typer.Option(None, "--max-tokens", help="Use only the first N tokens of the data."),
+    stride: int = integer(256, "--stride", min=1, help="Tokens between window starts (longlora, sliding)."),
+    max_windows: int = integer(None, "--max-windows", min=1, help="Evaluate a seeded choice of this many windows "
+                                                                  "per length (default: all)."),
+    seed: int = integer(0, "--seed", min=0, help="Seeds the --max-windows choice."),
+    max_tokens: int = integer(None, "--max-tokens", min=1, help="Use only the first N tokens of the data."),
     text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
     batch_size: int = batch_size_option(1, "Windows per forward pass"),
     out: str | None = out_option("RUN/eval-perplexity/<checkpoint name>; several models share one folder, "
@@ -235,7 +230,7 @@ def eval_perplexity(
     """
     from tapecli.eval.perplexity import Perplexity
 
-    evaluation = Perplexity(data, _numbers(seq_len, "--seq-len"), protocol, stride, max_windows, seed, max_tokens,
+    evaluation = Perplexity(data, numbers(seq_len, "--seq-len", min=1), protocol, stride, max_windows, seed, max_tokens,
                             text_field)
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
 
@@ -243,9 +238,9 @@ def eval_perplexity(
 @eval_app.command("passkey")
 def eval_passkey(
     model: list[str] = MODELS_OPTION,
-    max_tokens: int = typer.Option(8192, "--max-tokens", help="Evaluate the protocol's budgets whose prompts fit in "
-                                                              "this many tokens (8192: the paper's 8 lengths)."),
-    trials: int = typer.Option(20, "--trials", help="Trials per budget (trial t is seeded with t)."),
+    max_tokens: int = integer(8192, "--max-tokens", min=1, help="Evaluate the protocol's budgets whose prompts fit "
+                                                                "in this many tokens (8192: the paper's 8 lengths)."),
+    trials: int = integer(20, "--trials", min=1, help="Trials per budget (trial t is seeded with t)."),
     depths: str = typer.Option(None, "--depths", help="Depth x length sweep: comma-separated key depths as "
                                                       "fractions of the filler, e.g. 0,0.25,0.5,0.75,1 (default: "
                                                       "the protocol's random depth)."),
@@ -273,8 +268,8 @@ def eval_passkey(
     """
     from tapecli.eval.passkey import Passkey
 
-    evaluation = Passkey(_numbers(budgets, "--budgets") if budgets else None, max_tokens, trials,
-                         _numbers(depths, "--depths", float) if depths else None)
+    evaluation = Passkey(numbers(budgets, "--budgets") if budgets else None, max_tokens, trials,
+                         numbers(depths, "--depths", float, min=0, max=1) if depths else None)
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
 
 
@@ -285,26 +280,26 @@ def eval_harness(
                               "task YAML paths."),
     include_path: list[str] | None = typer.Option(None, "--include-path", help="A folder of task YAMLs "
                                                   "(repeatable).", show_default=False),
-    num_fewshot: int | None = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples per prompt (default: "
-                                           "each task's own)."),
-    limit: float | None = typer.Option(None, "--limit", min=0, help="Only the first N documents per task (N < 1: a "
-                                       "fraction); for quick checks, not for reporting."),
+    num_fewshot: int | None = integer(None, "--num-fewshot", min=0, help="Few-shot examples per prompt (default: "
+                                      "each task's own)."),
+    limit: float | None = number(None, "--limit", min=0, help="Only the first N documents per task (N < 1: a "
+                                 "fraction); for quick checks, not for reporting."),
     out: str | None = out_option("RUN/eval-harness/<checkpoint name>, or ./eval-harness/<model name>"),
     log_samples: bool = typer.Option(False, "--log-samples", help="Also write samples_<task>.jsonl: every prompt, "
                                      "response and score."),
     batch_size: int = batch_size_option(1, "Requests per forward pass"),
-    max_length: int | None = typer.Option(None, "--max-length", min=1, help="Context window in tokens (default: the "
-                                          "model's max_seq_len); longer inputs are cut from the left, long "
-                                          "documents scored in windows."),
-    max_gen_toks: int = typer.Option(256, "--max-gen-toks", help="Generation cap when a task sets none."),
+    max_length: int | None = integer(None, "--max-length", min=1, help="Context window in tokens (default: the "
+                                     "model's max_seq_len); longer inputs are cut from the left, long documents "
+                                     "scored in windows."),
+    max_gen_toks: int = integer(256, "--max-gen-toks", min=1, help="Generation cap when a task sets none."),
     add_bos: bool | None = typer.Option(None, "--add-bos/--no-add-bos", help="Special tokens around every "
                                         "prompt: unset, the tokenizer's default (what lm-eval's hf model adds: "
                                         "BOS for Llama 2/3 and tape's own tokenizers, nothing for GPT-2, SmolLM2, "
                                         "Qwen); --add-bos: BOS only; --no-add-bos: none (docs/special-tokens.md).",
                                         show_default=False),
-    seed: int = typer.Option(1234, "--seed", help="Seeds lm-eval (few-shot sampling) and sampled generation."),
-    bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", min=0, help="Bootstrap resamples for "
-                                        "standard errors (0: skip them)."),
+    seed: int = integer(1234, "--seed", min=0, help="Seeds lm-eval (few-shot sampling) and sampled generation."),
+    bootstrap_iters: int = integer(100000, "--bootstrap-iters", min=0, help="Bootstrap resamples for standard "
+                                   "errors (0: skip them)."),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
@@ -343,16 +338,16 @@ def eval_ruler(
                               "qa_2 (HotpotQA); lm-eval's names (ruler_vt, ruler_qa_squad, ...) work too."),
     lengths: str = typer.Option("4096", "--lengths", help="Comma-separated sequence lengths in tokens (prompt + "
                                 "answer), e.g. 1024,2048,4096,8192."),
-    samples: int = typer.Option(500, "--samples", help="Samples per task and length (RULER: 500)."),
+    samples: int = integer(500, "--samples", min=1, help="Samples per task and length (RULER: 500)."),
     haystack: str | None = typer.Option(None, "--haystack", help="Essay haystack: a text file, a folder of .txt/.md "
                                         "files, or RULER's PaulGrahamEssays.json. Without it the 5 essay tasks are "
                                         "skipped."),
     qa_data: list[str] | None = typer.Option(None, "--qa-data", help="SQuAD 2.0 dev / HotpotQA dev-distractor JSON "
                                              "(file or folder; repeatable). Without it qa_1 / qa_2 are skipped.",
                                              show_default=False),
-    threshold: float = typer.Option(85.6, "--threshold", help="Effective length: the longest length up to which "
-                                    "the average score exceeds this (RULER: Llama-2-7B's 4K score)."),
-    seed: int = typer.Option(42, "--seed", help="Seeds the generators (RULER: 42)."),
+    threshold: float = number(85.6, "--threshold", min=0, max=100, help="Effective length: the longest length up to "
+                              "which the average score (0-100) exceeds this (RULER: Llama-2-7B's 4K score)."),
+    seed: int = integer(42, "--seed", min=0, help="Seeds the generators (RULER: 42)."),
     batch_size: int = batch_size_option(1, "Prompts decoded together"),
     out: str | None = out_option("RUN/eval-ruler/<checkpoint name>; several models share one folder, "
                                  "./eval-ruler-comparison"),
@@ -372,6 +367,6 @@ def eval_ruler(
     """
     from tapecli.eval.ruler import Ruler
 
-    evaluation = Ruler(tasks, _numbers(lengths, "--lengths"), samples, seed, threshold, haystack, qa_data,
+    evaluation = Ruler(tasks, numbers(lengths, "--lengths", min=1), samples, seed, threshold, haystack, qa_data,
                        notify=typer.echo)
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from tapecli.cli.app import Group
+from tapecli.cli.options import integer
 from tapecli.errors import TapeError
 
 
@@ -44,7 +45,7 @@ tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True, cls=
 @tokenizer_app.command("train")
 def tokenizer_train(
     data: str = typer.Option(..., "--data", help="Text source: a file, directory, glob or hub id (dataset:config)."),
-    vocab_size: int = typer.Option(..., "--vocab-size", help="Number of pieces, e.g. 32000."),
+    vocab_size: int = integer(..., "--vocab-size", min=1, help="Number of pieces, e.g. 32000."),
     out: Path = typer.Option(..., "--out", help="The SentencePiece model file to write (must end in .model)."),
     text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
 ) -> None:

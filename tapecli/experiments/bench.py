@@ -48,20 +48,6 @@ def bench_variants(pes: list[str], tape_paths: bool) -> list[tuple[str, str, dic
     return variants
 
 
-def parse_lengths(text: str) -> list[int]:
-    """--seq-len: comma-separated positive integers."""
-    lengths = []
-    for part in (p.strip() for p in str(text).split(",")):
-        try:
-            value = int(part)
-        except ValueError:
-            raise TapeError(f"--seq-len: expected comma-separated positive integers, got {text!r}") from None
-        if value <= 0:
-            raise TapeError(f"--seq-len must be a positive integer, got {value}")
-        lengths.append(value)
-    return lengths
-
-
 def check_options(n_layers: int, dim: int, n_heads: int, seq_lens: list[int], batch_size: int, steps: int,
                   warmup: int, rounds: int, precision: str = "fp32") -> None:
     """Every option names its own problem, before any model is built."""
@@ -75,7 +61,8 @@ def check_options(n_layers: int, dim: int, n_heads: int, seq_lens: list[int], ba
         raise TapeError(f"--n-heads {n_heads} does not divide --dim {dim}")
     if precision not in PRECISIONS:
         raise TapeError(f"--precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
-    del seq_lens  # checked by parse_lengths
+    if not seq_lens or min(seq_lens) < 1:
+        raise TapeError(f"--seq-len: expected positive lengths, got {seq_lens}")
 
 
 def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, precision: str,

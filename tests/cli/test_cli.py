@@ -223,3 +223,32 @@ def test_the_cli_reference_names_every_command():
     assert len(names) > 15
     missing = [name for name in [*names, *ALIASES] if f"`tape {name}`" not in text]
     assert not missing, missing
+
+
+def test_every_number_option_declares_its_range():
+    """Every int option has a range and every float option is finite (tapecli.cli.options): a new option without
+    them fails here."""
+    import typing
+
+    def leaves(command, prefix="tape"):
+        for name, sub in getattr(command, "commands", {}).items():
+            if hasattr(sub, "commands"):
+                yield from leaves(sub, f"{prefix} {name}")
+            else:
+                yield f"{prefix} {name}", sub
+
+    missing, checked = [], 0
+    for path, command in leaves(typer.main.get_command(app)):
+        for param in command.params:
+            annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+            kinds = set(typing.get_args(annotation)) | {annotation} | {
+                inner for arg in typing.get_args(annotation) for inner in typing.get_args(arg)}
+            if int in kinds and bool not in kinds:
+                checked += 1
+                if param.min is None or param.max is None:
+                    missing.append(f"{path} {param.opts[0]}: int without a range (tapecli.cli.options.integer)")
+            if float in kinds:
+                checked += 1
+                if not getattr(getattr(param.callback, "__wrapped__", param.callback), "checks_finite", False):
+                    missing.append(f"{path} {param.opts[0]}: float not checked finite (tapecli.cli.options.number)")
+    assert checked > 40 and not missing, "\n".join(missing)

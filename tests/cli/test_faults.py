@@ -280,14 +280,14 @@ def test_real_bugs_keep_their_traceback_and_debug_shows_every_one(monkeypatch: p
     monkeypatch.setattr("tapecli.experiments.bench.run_bench", bug)
     assert isinstance(runner.invoke(app, ["bench"]).exception, ZeroDivisionError)
     monkeypatch.undo()
-    one_line_error(runner.invoke(app, ["bench", "--steps", "0"]), 2, "--steps must be a positive integer, got 0")
+    one_line_error(runner.invoke(app, ["bench", "--n-heads", "3"]), 2, "--n-heads 3 does not divide --dim 256")
     from tapecli.errors import TapeError
 
-    assert isinstance(runner.invoke(app, ["--debug", "bench", "--steps", "0"]).exception, TapeError)
-    assert isinstance(runner.invoke(app, ["bench", "--steps", "0"], env={"TAPE_DEBUG": "1"}).exception, TapeError)
-    proc = subprocess.run(cli("bench", "--rounds", "0"), env={**subprocess_env(), "TAPE_DEBUG": "1"}, cwd=REPO,
+    assert isinstance(runner.invoke(app, ["--debug", "bench", "--n-heads", "3"]).exception, TapeError)
+    assert isinstance(runner.invoke(app, ["bench", "--n-heads", "3"], env={"TAPE_DEBUG": "1"}).exception, TapeError)
+    proc = subprocess.run(cli("bench", "--n-heads", "3"), env={**subprocess_env(), "TAPE_DEBUG": "1"}, cwd=REPO,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "Traceback" in proc.stderr and "--rounds must be a positive" in proc.stderr
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "does not divide --dim" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -423,12 +423,15 @@ def test_second_ctrl_c_stops_at_once() -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--steps", "0"], "--steps must be a positive integer, got 0"),
-    (["--rounds", "-1"], "--rounds must be a positive integer, got -1"),
-    (["--dim", "0"], "--dim must be a positive integer, got 0"),
+    (["--steps", "0"], "Invalid value for '--steps': Input should be greater than or equal to 1"),
+    (["--rounds", "-1"], "Invalid value for '--rounds': Input should be greater than or equal to 1"),
+    (["--dim", "0"], "Invalid value for '--dim': Input should be greater than or equal to 1"),
     (["--dim", "30", "--n-heads", "4"], "--n-heads 4 does not divide --dim 30"),
-    (["--seq-len", "0"], "--seq-len must be a positive integer, got 0"),
-    (["--batch-size", "-2"], "--batch-size must be a positive integer, got -2"),
+    (["--seq-len", "0"], "--seq-len: 0 must be at least 1"),
+    (["--batch-size", "-2"], "Invalid value for '--batch-size': Input should be greater than or equal to 1"),
+    (["--decode", "--prompt-len", "0"], "Invalid value for '--prompt-len': Input should be greater than or equal to 1"),
+    (["--decode", "--new-tokens", "-2"], "Invalid value for '--new-tokens': Input should be greater than or equal "
+                                         "to 1"),
 ])
 def test_bench_options_are_checked(args: list[str], message: str) -> None:
     one_line_error(runner.invoke(app, ["bench", *args]), 2, message)
@@ -447,7 +450,7 @@ def test_pe_hidden_must_be_positive(tmp_path: Path, corpus: Path, pe: str, hidde
 def test_tokenizer_vocab_size_zero(tmp_path: Path, corpus: Path) -> None:
     result = runner.invoke(app, ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "0",
                                  "--out", str(tmp_path / "t.model")])
-    one_line_error(result, 2, "--vocab-size must be a positive integer, got 0")
+    one_line_error(result, 2, "Invalid value for '--vocab-size': Input should be greater than or equal to 1")
 
 
 def test_faults_are_explained_and_bugs_are_not() -> None:

@@ -265,3 +265,38 @@ def test_a_sweep_into_another_commands_output_is_refused(outputs: dict[str, Path
     assert one_line_error(result, 2) == (f"error: --out {folder} is {kind}; a sweep writes its cells into a directory "
                                          "of its own: pass a new --out (or a directory this sweep wrote)")
     assert snapshot(folder) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Numbers out of range, nan and inf (issue 38, case 7); every int and float option declares its range
+# (tests/cli/test_cli.py checks that), these check the lines they give
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["eval", "ruler", "-m", "RUN", "--threshold", "nan"],
+     "Invalid value for '--threshold': expected a finite number, got nan (see `tape eval ruler --help`)"),
+    (["eval", "ruler", "-m", "RUN", "--threshold", "inf"],
+     "Invalid value for '--threshold': expected a finite number, got inf (see `tape eval ruler --help`)"),
+    (["eval", "ruler", "-m", "RUN", "--threshold", "101"],
+     "Invalid value for '--threshold': must be at least 0 and at most 100, got 101 (see `tape eval ruler --help`)"),
+    (["eval", "harness", "-m", "RUN", "--tasks", "t", "--limit", "nan"],
+     "Invalid value for '--limit': expected a finite number, got nan (see `tape eval harness --help`)"),
+    (["bench", "--decode", "--prompt-len", "0"],
+     "Invalid value for '--prompt-len': Input should be greater than or equal to 1 (see `tape bench --help`)"),
+    (["bench", "--decode", "--new-tokens", "-2"],
+     "Invalid value for '--new-tokens': Input should be greater than or equal to 1 (see `tape bench --help`)"),
+    (["bench", "--dim", str(2**64)],
+     "Invalid value for '--dim': Input should be less than or equal to 9223372036854775807 (see `tape bench --help`)"),
+    (["eval", "passkey", "-m", "RUN", "--depths", "0,nan"], "--depths: nan is not a finite number"),
+    (["eval", "passkey", "-m", "RUN", "--depths", "0,1.5"], "--depths: 1.5 must be at most 1"),
+    (["eval", "ruler", "-m", "RUN", "--lengths", "1024,-1"], "--lengths: -1 must be at least 1"),
+    (["eval", "addition", "-m", "RUN", "--seed", "-1"],
+     "Invalid value for '--seed': Input should be greater than or equal to 0 (see `tape eval addition --help`)"),
+    (["sweep", "--recipe", "selective-copy-smoke", "--pe", "rope", "--out", "OUT", "--jobs", "0"],
+     "Invalid value for '--jobs': Input should be greater than or equal to 1 (see `tape sweep --help`)"),
+])
+def test_a_number_out_of_range_or_not_finite_is_one_line(tmp_path: Path, args: list[str], line: str) -> None:
+    result = runner.invoke(app, [a.replace("RUN", str(tmp_path / "run")).replace("OUT", str(tmp_path / "out"))
+                                 for a in args], prog_name="tape")
+    assert one_line_error(result, 2) == "error: " + line
+    assert list(tmp_path.iterdir()) == []
