@@ -9,6 +9,7 @@ Each case is one `error:` line (exit 2), no traceback, nothing written.
 from __future__ import annotations
 
 import shlex
+import signal
 from pathlib import Path
 
 import pytest
@@ -300,3 +301,54 @@ def test_a_number_out_of_range_or_not_finite_is_one_line(tmp_path: Path, args: l
                                  for a in args], prog_name="tape")
     assert one_line_error(result, 2) == "error: " + line
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A stop request as a finished run ends (issue 38, case 8)
+
+
+# Where the signal arrives, all after the run's last checkpoint: right after it is saved (inside the training loop),
+# after the process group is torn down (the loop's handler gone), after the command returned, and after the root
+# group returned (the fault boundary gone: the interpreter is about to exit).
+AFTER_THE_LAST_CHECKPOINT = [("tapecli.train.engine:save_checkpoint", 2), ("tapecli.train.distributed:teardown", 1),
+                             ("tapecli.train.engine:pretrain", 1), ("tapecli.cli.app:_Guarded.invoke", 1)]
+
+
+CASES = [(hook, after, signal.SIGTERM) for hook, after in AFTER_THE_LAST_CHECKPOINT] + [
+    ("tapecli.train.distributed:teardown", 1, signal.SIGINT)]
+
+
+@pytest.mark.slow  # five real processes, each a tiny run (a few seconds each on an idle 2-core CPU)
+@pytest.mark.parametrize(("hook", "after", "sig"), CASES, ids=[f"{h.split(':')[1]}-{signal.Signals(s).name}"
+                                                               for h, _, s in CASES])
+def test_a_stop_after_the_last_checkpoint_ends_the_run_with_exit_0(tmp_path: Path, corpus: Path, hook: str,
+                                                                   after: int, sig: int) -> None:
+    """The run saves at step 2 and step 4 (its last); the signal comes right after the hooked call returns."""
+    import json
+    import subprocess
+    import sys
+
+    from train_helpers import REPO, subprocess_env, write_recipe
+
+    recipe = write_recipe(tmp_path / "r.yaml", corpus, train={"max_steps": 4, "save_every": 2, "eval_every": 0})
+    spec = {"args": ["pretrain", "--recipe", str(recipe), "--out", str(tmp_path / "run")], "hook": hook,
+            "after": after, "signal": int(sig), "setup": ""}
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "interrupt_helpers.py"), json.dumps(spec)], cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert "stopped:" not in proc.stderr, proc.stderr  # (a signal during the last save may still say it was seen)
+    assert "done: 4 steps" in proc.stdout
+    assert (tmp_path / "run" / "checkpoints" / "step-00000004").is_dir()
+
+
+def test_a_stop_between_two_runs_of_one_command_still_stops_it() -> None:
+    """Only a command that is one run ignores a late stop: a sweep's cell finishing does not finish the sweep."""
+    import typer
+
+    from tapecli import faults
+
+    with pytest.raises(typer.Exit) as stopped, faults.boundary():
+        faults.run_finished()  # a cell of a sweep: the command never said it is one run
+        assert not faults.finished()
+        signal.raise_signal(signal.SIGINT)
+    assert stopped.value.exit_code == 130
