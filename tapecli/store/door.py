@@ -172,24 +172,50 @@ def resolve_hf_source(source: str, what: str = "--model") -> Path:
 
 
 def base_record(source: str, directory: Path, lora: LoraSpec | None) -> dict[str, Any]:
-    """What a checkpoint on a base stores to find it again: the source as given and the directory it resolved to."""
+    """What a checkpoint on a base stores to find it again and to know it is the same: the source as given, the
+    directory it resolved to, and the fingerprint of its weights (`tapecli.model.hf_files.fingerprint`: the hub
+    commit when it came from the hub, each weight file's size and a hash of its header and of samples of its data)."""
+    from tapecli.model.hf_files import fingerprint
+
     return {"source": source, "directory": str(Path(directory).resolve()),
-            "lora": None if lora is None else lora.to_dict()}
+            "lora": None if lora is None else lora.to_dict(), "fingerprint": fingerprint(Path(directory))}
 
 
 def find_base(record: dict[str, Any]) -> Path:
     """The base's directory: the recorded one if it still exists, else a hub source resolved again (hub cache);
-    a local base that is gone is one line naming where it was."""
+    a local base that is gone is one line naming where it was. A base whose weights are not those the checkpoint
+    was trained on (its recorded fingerprint) is refused in one line naming both."""
     directory = Path(record["directory"])
-    if (directory / HF_CONFIG).is_file():
-        return directory
-    source = Path(record["source"]).expanduser()
-    local = directory.parts[-len(source.parts):] == source.parts  # the directory is the path given, not a hub snapshot
-    if not local and is_hf_source(record["source"]):
-        return resolve_hf_source(record["source"])
-    what = f"has no {HF_CONFIG}" if directory.is_dir() else "is gone"
-    raise TapeError(f"{directory}: the Hugging Face base this checkpoint was trained on {what}; restore it there "
-                    "(base_model.json points to it)")
+    if not (directory / HF_CONFIG).is_file():
+        source = Path(record["source"]).expanduser()
+        local = directory.parts[-len(source.parts):] == source.parts  # the path given, not a hub snapshot
+        if local or not is_hf_source(record["source"]):
+            what = f"has no {HF_CONFIG}" if directory.is_dir() else "is gone"
+            raise TapeError(f"{directory}: the Hugging Face base this checkpoint was trained on {what}; restore it "
+                            "there (base_model.json points to it)")
+        directory = resolve_hf_source(record["source"])
+    _check_same_base(record.get("fingerprint"), directory)
+    return directory
+
+
+def _check_same_base(recorded: dict[str, Any] | None, directory: Path) -> None:
+    """One line naming both bases when `directory` holds other weights than the `recorded` fingerprint says
+    (checkpoints written before fingerprints were recorded are not checked)."""
+    from tapecli.model.hf_files import fingerprint
+
+    if not recorded:
+        return
+    found = fingerprint(directory)
+    if found["files"] == recorded["files"]:
+        return
+
+    def describe(print_: dict[str, Any]) -> str:
+        revision = f"revision {print_['revision'][:12]}, " if print_.get("revision") else ""
+        return f"{revision}weights {print_['sha256'][:12]} ({len(print_['files'])} files)"
+
+    raise TapeError(f"{directory}: not the Hugging Face base this checkpoint was trained on (trained on "
+                    f"{describe(recorded)}; found {describe(found)}); put that base back there (base_model.json "
+                    "records where it was and its fingerprint)")
 
 
 def base_config(source: Source) -> tuple[dict[str, Any], str]:

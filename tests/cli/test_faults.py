@@ -680,6 +680,101 @@ def test_export_of_an_extended_run_whose_base_was_damaged(extended_run: tuple[Pa
     assert not (tmp_path / "exported").exists() and snapshot(run) == before
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# A changed base (issue 38, case 1): an extension run keeps only its own tensors and re-reads the frozen base from
+# the directory it recorded; base_model.json holds the base's fingerprint, checked whenever the run is opened.
+
+
+def _other_base(directory: Path) -> None:
+    """The same architecture and shapes, other weights (another seed), in place of the base."""
+    from hf_helpers import make_hf_llama
+
+    shutil.rmtree(directory)
+    make_hf_llama(directory, n_kv_heads=2, max_position_embeddings=32, seed=7)
+
+
+def _base_line(run: Path, base: Path) -> str:
+    import json
+
+    from tapecli.model.hf_files import fingerprint
+
+    recorded = json.loads((run / "checkpoints" / "step-00000001" / "base_model.json").read_text())["fingerprint"]
+    now = fingerprint(base)
+    assert recorded["revision"] is None and now["files"].keys() == recorded["files"].keys()  # same files, same sizes
+    assert all(now["files"][f]["bytes"] == recorded["files"][f]["bytes"] for f in now["files"])
+    return (f"error: {base}: not the Hugging Face base this checkpoint was trained on (trained on weights "
+            f"{recorded['sha256'][:12]} (12 files); found weights {now['sha256'][:12]} (12 files)); put that base "
+            "back there (base_model.json records where it was and its fingerprint)")
+
+
+def test_an_extension_run_refuses_a_base_with_other_weights_wherever_it_is_opened(
+        extended_run: tuple[Path, Path], hf_llamas: Path, tmp_path: Path) -> None:
+    run, base = extended_run
+    corpus = hf_llamas / "corpus.txt"
+    args = ["eval", "perplexity", "--model", str(run), "--data", str(corpus), "--seq-len", "16", "--max-windows", "1"]
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "before")]).exit_code == 0
+    _other_base(base)
+    line = _base_line(run, base)
+    before = snapshot(run)
+    for command in ([*args, "--out", str(tmp_path / "eval")],
+                    ["export", "--checkpoint", str(run), "--out", str(tmp_path / "export")],
+                    ["finetune", "--checkpoint", str(run), "--recipe", "c4-smoke", "--out", str(tmp_path / "ft"),
+                     f"data.source={corpus}", "train.max_steps=1"],
+                    _extend(base, run, corpus, "--method", "lora", "train.max_steps=2")):  # resume the run
+        result = runner.invoke(app, command)
+        assert one_line_error(result, 2) == line, command
+    assert snapshot(run) == before and sorted(p.name for p in tmp_path.iterdir()) == ["before"]
+
+
+def test_an_extension_run_refuses_another_hub_revision(hf_llamas: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base given as a hub id, read from the local hub cache: a newer revision there (the old snapshot gone) is
+    refused naming both commits."""
+    from hf_helpers import make_hf_llama
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    repo = cache / "models--tiny--llama"
+    first, second = "a" * 40, "b" * 40
+    make_hf_llama(repo / "snapshots" / first, n_kv_heads=2, max_position_embeddings=32, shard="10GB")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(first)
+    run = tmp_path / "run"
+    assert runner.invoke(app, [*_extend("tiny/llama", run, hf_llamas / "corpus.txt"), "--method", "lora"]
+                         ).exit_code == 0
+    shutil.rmtree(repo / "snapshots" / first)
+    make_hf_llama(repo / "snapshots" / second, n_kv_heads=2, max_position_embeddings=32, shard="10GB", seed=3)
+    (repo / "refs" / "main").write_text(second)
+    line = one_line_error(runner.invoke(app, ["export", "--checkpoint", str(run), "--out", str(tmp_path / "x")]), 2)
+    assert line.startswith(f"error: {repo / 'snapshots' / second}: not the Hugging Face base this checkpoint was "
+                           f"trained on (trained on revision {first[:12]}, weights ")
+    assert f"; found revision {second[:12]}, weights " in line and not (tmp_path / "x").exists()
+
+
+def test_the_base_check_reads_a_few_kilobytes_per_weight_file(hf_llamas: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """What the check costs, counted rather than timed: the header and 16 x 4 KiB of each file, whatever its size
+    (docs/context-extension.md gives the time it took on a 7B-sized base)."""
+    from tapecli.model import hf_files
+
+    single = hf_llamas / "single" / "model.safetensors"
+    header = int.from_bytes(single.read_bytes()[:8], "little")
+    read = []
+    real_open = Path.open
+
+    def counting_open(self, mode="r", *args, **kwargs):
+        handle = real_open(self, mode, *args, **kwargs)
+        if "b" in mode:
+            real_read = handle.read
+            handle.read = lambda n=-1: read.append(len(chunk := real_read(n))) or chunk
+        return handle
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    print_ = hf_files.fingerprint(hf_llamas / "single")
+    assert 8 + header < sum(read) <= 8 + header + hf_files.SAMPLES * hf_files.SAMPLE_BYTES < single.stat().st_size
+    assert print_["files"]["model.safetensors"]["bytes"] == single.stat().st_size and print_["revision"] is None
+
+
 def test_tape_run_where_a_hf_directory_belongs(base_run: Path, hf_llamas: Path,
                                                                tmp_path: Path) -> None:
     corpus, out = hf_llamas / "corpus.txt", tmp_path / "out"
