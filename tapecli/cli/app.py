@@ -5,6 +5,10 @@ here): user mistakes and faults (unreadable or corrupt files, a full disk, out o
 Every group (the root and each sub-group: `typer.Typer(cls=Group, ...)`) answers an unknown command with the nearest
 real one, in the one-line format: `tape eval pass` -> "no such command 'pass'; did you mean `tape eval passkey`?".
 
+Every command also takes `--threads N` (or TAPE_THREADS=N): the root group adds the option to each command, and it
+is applied (`tapecli.threads.configure`) as the command's arguments are parsed, before the command imports torch.
+Importing this module sets OpenMP's passive wait policy unless the user set one (`tapecli.threads.prepare`).
+
 The commands live in the sibling modules (train, eval, models, recipes, experiments), which register themselves on
 `app`; `tapecli.cli` imports them all. Each command imports its heavy modules lazily so `tape --help` stays fast.
 """
@@ -17,7 +21,26 @@ import typer
 from typer._click.exceptions import UsageError  # Typer >= 0.2x parses with its own vendored Click
 from typer.core import TyperGroup
 
-from tapecli import faults
+from tapecli import faults, threads
+from tapecli.cli.options import integer
+
+threads.prepare()  # before anything imports torch
+
+
+def _threads_option() -> typer.core.TyperOption:
+    """`--threads N` as a parameter of its own, added to every command (it is not an argument of their functions)."""
+    holder = typer.Typer()
+
+    @holder.command()
+    def _(count: int | None = integer(None, "--threads", min=1, envvar=threads.ENV, show_default=False,
+                                      callback=threads.configure,
+                                      help="CPU threads for torch (default: every core, waiting passively; 1 on a "
+                                           "machine busy with other work).")) -> None:
+        return None
+
+    option = typer.main.get_command(holder).params[0]
+    option.expose_value = False
+    return option
 
 
 class Group(TyperGroup):
@@ -51,7 +74,17 @@ class Group(TyperGroup):
 
 
 class _Guarded(Group):
-    """The root group: every command (and sub-command) runs inside the fault boundary."""
+    """The root group: every command (and sub-command) runs inside the fault boundary and takes --threads."""
+
+    def __init__(self, **attrs: object) -> None:
+        super().__init__(**attrs)
+        groups = [self]
+        while groups:
+            for command in groups.pop().commands.values():
+                if isinstance(command, TyperGroup):
+                    groups.append(command)
+                elif not any(param.name == "count" for param in command.params):
+                    command.params.append(_threads_option())
 
     def invoke(self, ctx: typer.Context) -> object:
         with faults.boundary():

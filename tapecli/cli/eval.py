@@ -45,11 +45,19 @@ def _pe_args(pairs: list[str] | None) -> dict:
     return parse_pe_args(pairs)
 
 
+def _startup(device: str) -> None:
+    """The first line an evaluation prints: the device, the threads, torch (`tapecli.runtime.startup_line`)."""
+    from tapecli.runtime import resolve_device, startup_line
+
+    typer.echo(startup_line(resolve_device(device)))
+
+
 def _run(evaluation: Any, models: list[str], out: str | None, dtype: str, device: str, pe_arg: list[str] | None,
          batch_size: int) -> None:
     """Run an evaluation (`tapecli.eval.protocol.run`) and print its summary and the files it wrote."""
     from tapecli.eval.protocol import run
 
+    _startup(device)
     report = run(evaluation, models, out, dtype=dtype, device=device, pe_args=_pe_args(pe_arg), batch_size=batch_size)
     summary = evaluation.summary(report.results)
     if not isinstance(summary, str):
@@ -154,6 +162,7 @@ def eval_scrolls(
         return
     if not model:
         raise TapeError("pass --model (or --predictions to score a predictions file)")
+    _startup(device)
     run = scrolls.ScrollsRun(split=split, data=data, compat=compat, seq_len=seq_len, sample=sample, seed=seed,
                              batch_size=batch_size, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
                              limit=limit)
@@ -321,6 +330,7 @@ def eval_harness(
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if limit == 0:
         raise TapeError("--limit must be positive: a number of documents, or a fraction of them below 1")
+    _startup(device)
     results, out_dir = run_harness(
         model, names, include_path=include_path, num_fewshot=num_fewshot,
         limit=int(limit) if limit is not None and limit >= 1 else limit, out=out, log_samples=log_samples,

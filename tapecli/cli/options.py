@@ -4,7 +4,7 @@
     threshold: float = number(85.6, "--threshold", min=0, max=100, help="...")  # a finite float in its range
     lengths = numbers("1024,2048", "--lengths", min=1)                        # comma-separated, each checked
 
-`integer` makes the range part of the declaration (`min` is required; `max` defaults to what 64 bits hold), so an
+`integer` makes the range part of the declaration (`min` is required; values must fit 64 bits), so an
 out-of-range value (`--prompt-len 0`, `--new-tokens -2`) is Click's one-line usage error naming the option, not a
 traceback deep inside the command. `number` also refuses nan and inf (`--threshold nan`), which no range catches.
 `numbers` parses a comma-separated option the same way, as a TapeError naming the option. tests/cli/test_cli.py
@@ -43,9 +43,18 @@ def finite(low: float | None = None, high: float | None = None) -> Any:
     return check
 
 
-def integer(default: Any, *names: str, min: int, max: int = INT_MAX, help: str, **extra: Any) -> Any:
-    """An int option whose values must lie in [min, max]."""
-    return typer.Option(default, *names, min=min, max=max, help=help, **extra)
+def integer(default: Any, *names: str, min: int, max: int | None = None, help: str,
+            callback: Any = None, **extra: Any) -> Any:
+    """An int option whose values must lie in [min, max] (max: what 64 bits hold, unless given); `callback` runs on
+    the checked value."""
+
+    def check(value: Any) -> Any:
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None and abs(item) > INT_MAX:
+                raise typer.BadParameter(f"{item} does not fit in 64 bits")
+        return value if callback is None else callback(value)
+
+    return typer.Option(default, *names, min=min, max=max, callback=check, help=help, **extra)
 
 
 def number(default: Any, *names: str, min: float | None = None, max: float | None = None, help: str,

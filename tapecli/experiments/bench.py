@@ -23,6 +23,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from tapecli import threads
 from tapecli.errors import TapeError
 from tapecli.experiments.bench_step import make_variant, train_step
 from tapecli.faults import check_output_file, note_memory_use
@@ -104,7 +105,7 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
     note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {max(seq_lens)} "
                     "tokens per step)", "lower --batch-size or --seq-len, or time fewer --pe at once")
     console.print(f"[bold]Benchmark[/]: {n_layers} layers, dim {dim}, {n_heads} heads, batch {batch_size}, "
-                  f"{precision}{', compiled' if compile else ''}, {dev} ({torch.get_num_threads()} threads, torch "
+                  f"{precision}{', compiled' if compile else ''}, {dev} ({threads.describe()}, torch "
                   f"{torch.__version__}), {rounds} rounds x {steps} steps after {warmup} warm-up")
     result = {"settings": {"n_layers": n_layers, "dim": dim, "n_heads": n_heads, "seq_lens": seq_lens,
                            "batch_size": batch_size, "steps": steps, "warmup": warmup, "rounds": rounds,

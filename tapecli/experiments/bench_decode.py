@@ -19,6 +19,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from tapecli import threads
 from tapecli.experiments.bench import bench_variants
 from tapecli.files import write_atomic
 from tapecli.model import KVCache, ModelConfig, Transformer
@@ -100,7 +101,7 @@ def run_decode_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, prom
     steps: dict[str, list[float]] = {label: [] for label in runs}
     console.print(f"[bold]tape bench --decode[/]: {n_layers} layers, dim {dim}, {n_heads} heads, {prompt_len}-token "
                   f"prompt (prefill chunk {prefill_chunk}), {new_tokens} greedy tokens ({uncached_tokens} without "
-                  f"cache), {dev} ({torch.get_num_threads()} threads), {rounds} rounds")
+                  f"cache), {dev} ({threads.describe()}), {rounds} rounds")
     with console.status("timing...") as status:
         for label, model in models.items():
             status.update(f"warming up {label}")

@@ -26,6 +26,7 @@ import time
 import torch
 from rich.console import Console
 
+from tapecli import threads
 from tapecli.model import PE_NAMES, ModelConfig, Transformer, attention
 from tapecli.runtime import resolve_device
 
@@ -54,8 +55,7 @@ def compile_works() -> str:
 
 
 def environment(device: torch.device) -> dict[str, str]:
-    env = {"python": platform.python_version(), "torch": torch.__version__,
-           "threads": str(torch.get_num_threads())}
+    env = {"python": platform.python_version(), "torch": torch.__version__, "threads": threads.describe()}
     if torch.cuda.is_available():
         env["cuda"] = f"{torch.version.cuda} ({torch.cuda.device_count()} device(s))"
         env["gpu"] = torch.cuda.get_device_name(device if device.type == "cuda" else 0)
@@ -126,6 +126,11 @@ def run_doctor(device: str = "auto", pes: list[str] | None = None) -> dict:
     width = max(len(k) for k in env)
     for key, value in env.items():
         console.print(f"  {key:<{width}}  {value}")
+    crowded = threads.busy()
+    if crowded:
+        console.print(f"[yellow]warning[/]: this machine is busy (load {crowded[0]:.1f} on {crowded[1]} cores): "
+                      "other processes hold the CPU and every thread of a tape command waits for them at every op; "
+                      f"while they run, use --threads 1 (or {threads.ENV}=1)", soft_wrap=True)
     console.print(f"\n[bold]self-check per PE[/] (2 layers, dim 64, 4 query / 2 key heads, 40 tokens, row 2 "
                   "left-padded;"
                   f" logits vs the fp64 CPU reference, tolerance {LOGIT_TOLERANCE.get(dev.type, 1e-3):g})")

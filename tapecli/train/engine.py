@@ -33,7 +33,7 @@ from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
 from tapecli.recipe import Recipe
 from tapecli.recipe.legacy import legacy_hash
-from tapecli.runtime import resolve_precision, rng_state, seed_everything, set_rng_state
+from tapecli.runtime import resolve_precision, rng_state, seed_everything, set_rng_state, startup_line
 from tapecli.store.checkpoint import (
     checkpoint_step,
     list_checkpoints,
@@ -158,6 +158,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     if env.is_main:
         remove_temp_dirs(out / CHECKPOINTS)
         write_run_files(out, recipe.to_yaml(), t.seed, command, resume_from)
+        print(startup_line(env.device))
         if origin is not None:
             print(origin)
         print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "
