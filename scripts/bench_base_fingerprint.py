@@ -1,8 +1,9 @@
-"""How long checking an extension run's base takes (`tapecli.model.hf_files.fingerprint`, docs/context-extension.md):
-on a directory laid out as Llama-2-7B's (two safetensors shards of fp16 tensors, 13.5 GB of random bytes) and on the
-tests' tiny Llama, read from the disk (the file's pages dropped from the page cache first) and from memory.
+"""How long checking an extension run's base takes (`tapecli.model.hf_files.fingerprint`, docs/context-extension.md),
+read from the disk (each weight file's pages dropped from the page cache first) and from memory.
 
-    python scripts/bench_base_fingerprint.py DIR        # writes DIR/llama-7b-layout/ (13.5 GB) once, then times
+    python scripts/bench_base_fingerprint.py HF_DIR [HF_DIR ...]      # Hugging Face model directories
+    python scripts/bench_base_fingerprint.py --make-7b DIR            # writes DIR laid out as Llama-2-7B's (two
+                                                                      # safetensors shards, 13.5 GB) once, times it
 """
 
 from __future__ import annotations
@@ -80,16 +81,15 @@ def timed(directory: Path, cold: bool) -> float:
 
 
 def main() -> None:
-    root = Path(sys.argv[1])
-    targets = [root / "llama-7b-layout"]
-    make(targets[0])
-    if len(sys.argv) > 2:
-        targets.append(Path(sys.argv[2]))  # e.g. the tests' tiny Llama
-    for directory in targets:
+    args = sys.argv[1:]
+    if args[:1] == ["--make-7b"]:
+        make(Path(args[1]))
+        args = args[1:]
+    for directory in map(Path, args):
         size = sum(p.stat().st_size for p in directory.glob("*.safetensors"))
         cold = sorted(timed(directory, True) for _ in range(5))
         warm = sorted(timed(directory, False) for _ in range(5))
-        print(f"{directory.name}: {size / 1e9:.2f} GB in {len(list(directory.glob('*.safetensors')))} files; "
+        print(f"{directory}: {size / 1e6:,.1f} MB in {len(list(directory.glob('*.safetensors')))} files; "
               f"from disk {cold[2] * 1000:.1f} ms, from memory {warm[2] * 1000:.1f} ms (median of 5)")
 
 

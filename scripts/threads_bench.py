@@ -1,7 +1,7 @@
 """How long a tiny model's `tape eval perplexity` (and `tape bench`'s model) takes under each thread setting, on an
 idle machine and on one busy with another PyTorch process (docs/speed.md, "Threads on a busy CPU").
 
-    python scripts/threads_bench.py [--repeats 3] [--conditions idle,busy] [--bench] [--out threads.json]
+    python scripts/threads_bench.py [--repeats 3] [--tokens 40000] [--conditions idle,busy] [--bench] [--out F.json]
 
 Settings, each a fresh `tape` process:
     torch's default    torch imported before tape, so tape leaves OpenMP as it is (every core, spin-waiting: what
@@ -46,6 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--conditions", default="idle,busy", help="idle, busy or both (comma-separated)")
+    parser.add_argument("--tokens", type=int, default=40000, help="tokens evaluated (--max-tokens)")
     parser.add_argument("--bench", action="store_true", help="also time `tape bench`'s model (idle only)")
     parser.add_argument("--out", type=Path)
     options = parser.parse_args()
@@ -58,9 +59,9 @@ def main() -> None:
                     f"data.source={tmp / 'corpus.txt'}", "train.max_steps=1", "train.warmup=0"], cwd=REPO, env=env,
                    check=True, capture_output=True)
     evaluation = ["eval", "perplexity", "--model", str(tmp / "run"), "--data", str(tmp / "corpus.txt"),
-                  "--seq-len", "32", "--stride", "32", "--max-tokens", "40000", "--device", "cpu"]
+                  "--seq-len", "32", "--stride", "32", "--max-tokens", str(options.tokens), "--device", "cpu"]
     results: dict = {"cores": len(os.sched_getaffinity(0)), "command": "tape " + " ".join(evaluation)}
-    for condition in options.conditions.split(","):
+    for condition in [c for c in options.conditions.split(",") if c]:
         load = None
         if condition == "busy":
             load = subprocess.Popen([sys.executable, "-c", LOAD], env=env)
