@@ -211,7 +211,8 @@ def _check_same_base(recorded: dict[str, Any] | None, directory: Path) -> None:
 
     def describe(print_: dict[str, Any]) -> str:
         revision = f"revision {print_['revision'][:12]}, " if print_.get("revision") else ""
-        return f"{revision}weights {print_['sha256'][:12]} ({len(print_['files'])} files)"
+        n = len(print_["files"])
+        return f"{revision}weights {print_['sha256'][:12]} ({n} file{'s' * (n != 1)})"
 
     raise TapeError(f"{directory}: not the Hugging Face base this checkpoint was trained on (trained on "
                     f"{describe(recorded)}; found {describe(found)}); put that base back there (base_model.json "

@@ -748,7 +748,8 @@ def test_an_extension_run_refuses_another_hub_revision(hf_llamas: Path, tmp_path
     line = one_line_error(runner.invoke(app, ["export", "--checkpoint", str(run), "--out", str(tmp_path / "x")]), 2)
     assert line.startswith(f"error: {repo / 'snapshots' / second}: not the Hugging Face base this checkpoint was "
                            f"trained on (trained on revision {first[:12]}, weights ")
-    assert f"; found revision {second[:12]}, weights " in line and not (tmp_path / "x").exists()
+    assert f"; found revision {second[:12]}, weights " in line and line.count(" (1 file)") == 2
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_base_check_reads_a_few_kilobytes_per_weight_file(hf_llamas: Path, monkeypatch: pytest.MonkeyPatch
