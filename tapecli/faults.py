@@ -148,6 +148,8 @@ def boundary() -> Iterator[None]:
         message, code, prefix = explained
         typer.secho(f"{prefix}: {message}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code) from None
+    finally:  # in one process running several commands (tests, a notebook), the next one starts afresh
+        _single_run = _finished = False
 
 
 def explain(e: BaseException) -> tuple[str, int, str] | None:

@@ -352,3 +352,23 @@ def test_a_stop_between_two_runs_of_one_command_still_stops_it() -> None:
         assert not faults.finished()
         signal.raise_signal(signal.SIGINT)
     assert stopped.value.exit_code == 130
+
+
+def test_a_finished_command_leaves_stops_working_for_the_next_one() -> None:
+    """In one process that runs several commands (a notebook, these tests), a run that finished in one command does
+    not make the next training ignore Ctrl-C."""
+    from tapecli import faults
+    from tapecli.train.preemption import StopSignal
+
+    with faults.boundary():
+        faults.single_run()
+        faults.run_finished()
+        assert faults.finished()
+    assert not faults.finished()
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with StopSignal() as stop:
+            signal.raise_signal(signal.SIGINT)
+            assert stop.requested(None) and stop.signal_number == signal.SIGINT
+    finally:
+        signal.signal(signal.SIGINT, outer)
