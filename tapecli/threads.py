@@ -7,9 +7,10 @@
 
 Why: PyTorch's CPU kernels run on OpenMP threads that, by default, spin while they wait for work. When another
 process holds a core (a training in the background, a second evaluation), the spinning threads wait for it at every
-op, and a small model pays that at every layer: a tiny model's `tape eval perplexity` took 33.6 s with the default
-settings on a 2-core machine under a load of about 2, 11.0 s with OMP_WAIT_POLICY=PASSIVE and 9.3 s on one thread.
-So the default is every core (torch's own choice) with passive waiting, which docs/speed.md measures idle and busy;
+op, and a small model pays that at every layer: on a 2-core machine under a load of about 6, a tiny model's
+`tape eval perplexity` took 102.0 s with torch's default settings, 30.4 s with OMP_WAIT_POLICY=PASSIVE and 32.5 s on
+one thread (docs/speed.md, "Threads on a busy CPU", scripts/threads_bench.py).
+So the default is every core (torch's own choice) with passive waiting;
 `--threads 1` (or TAPE_THREADS=1) is the fix `tape doctor` names on a busy machine. A thread count the user set
 (`--threads`, TAPE_THREADS, OMP_NUM_THREADS) is kept, and so is an OMP_WAIT_POLICY of their own. Library use (torch
 already imported by the caller) keeps the caller's settings unless `configure` is given a count.
