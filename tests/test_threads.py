@@ -54,6 +54,8 @@ def test_the_startup_line_says_how_many_threads(args: list[str], env: dict[str, 
 
 
 def test_the_training_and_evaluation_startup_lines(tmp_path, tiny_corpus) -> None:
+    """Two fresh processes (a few seconds each on an idle 2-core CPU): the thread count is chosen before torch loads,
+    which only a new process shows."""
     from train_helpers import write_recipe
 
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 1, "save_every": 1, "warmup": 0,
