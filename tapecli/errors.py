@@ -1,4 +1,5 @@
-"""The exception types the CLI reports as one line, without a traceback (see `tapecli.faults`)."""
+"""The exception types the CLI reports as one line, without a traceback (see `tapecli.faults`), and `how_to_set`,
+the fix half of a message about a value that came from a recipe key or a command-line option."""
 
 
 class TapeError(Exception):
@@ -29,3 +30,9 @@ class Stopped(TapeError):
 
     def __reduce__(self) -> tuple:  # picklable, so a worker process can report it (tape sweep --jobs)
         return type(self), (str(self), self.exit_code - 128)
+
+
+def how_to_set(what: str, value: str = "PATH") -> str:
+    """How to give `what` another value: `pass data.source=PATH` for a recipe key, `pass --model PATH` for an
+    option (anything starting with `-`)."""
+    return f"pass {what} {value}" if what.startswith("-") else f"pass {what}={value}"

@@ -12,6 +12,12 @@ silently; training loops install their own handler (`tapecli.train.preemption.St
 first) and restore this one after. Every file tape writes is whole or absent at any instant (atomic renames,
 flushed JSON lines), so the same command started again continues from what was finished.
 
+A command that is one training run says so (`single_run()`); once that run has saved its last checkpoint
+(`run_finished()`), the command's work is done and a stop request has nothing left to stop: it is ignored, the
+command ends as it would have (exit 0, no traceback), and the `tape` entry point (`main`, `keep_ignoring_stops`)
+keeps ignoring it until the process exits. (A sweep or a demo runs several trainings: a stop between two of them
+stops the command.)
+
 Code that reads or writes a file wraps the call in `reading(path)` / `writing(path)`: the exceptions
 libraries raise for a corrupt file (safetensors, sentencepiece, torch.load, json, yaml, UTF-8) or a failed write
 (disk full) say nothing about which file it was, so these turn them into a `TapeError` that does.
@@ -33,6 +39,9 @@ from tapecli.errors import RunFailed, TapeError
 
 _debug = False
 _memory_context: tuple[str, str] | None = None  # (what is running, hint), see note_memory_use
+_single_run = False  # the command running is one training run (single_run)
+_finished = False  # ... and that run has saved its last checkpoint (run_finished)
+_ignore_after = False  # the process is the `tape` entry point: stops stay ignored after the boundary
 
 # errno values that mean the storage, not the input, failed: the run failed (exit 1), the input was fine.
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
@@ -51,12 +60,43 @@ def note_memory_use(what: str, hint: str) -> None:
     _memory_context = (what, hint)
 
 
+def single_run() -> None:
+    """The command running is one training run: its `run_finished()` ends the command's work."""
+    global _single_run
+    _single_run = True
+
+
+def run_finished() -> None:
+    """A training run saved its last checkpoint: if it is the command's one run, a stop request from now on is
+    ignored (the command's work is done)."""
+    global _finished
+    _finished = _finished or _single_run
+
+
+def finished() -> bool:
+    """Whether the command's work is done (`run_finished`): a stop request now has nothing to stop."""
+    return _finished
+
+
+def keep_ignoring_stops() -> None:
+    """The process is the `tape` entry point: once the command's work is done, stop requests stay ignored until
+    the process exits (a SIGTERM during the interpreter's shutdown must not turn exit 0 into -15)."""
+    global _ignore_after
+    _ignore_after = True
+
+
 class Terminated(BaseException):
     """SIGTERM arrived (raised by the boundary's handler, like KeyboardInterrupt for SIGINT)."""
 
 
 def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
+    if not _finished:
+        raise Terminated
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    if not _finished:
+        raise KeyboardInterrupt
 
 
 STOP_MESSAGE = ("{name}; the work finished so far is saved: run the same command again to continue (evaluations "
@@ -71,11 +111,13 @@ def _sigterm_raises() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),
+                signal.SIGINT: signal.signal(signal.SIGINT, _interrupt)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_IGN if _finished and _ignore_after else handler)
 
 
 @contextmanager
@@ -86,8 +128,9 @@ def boundary() -> Iterator[None]:
 
     import typer
 
-    global _memory_context
+    global _memory_context, _single_run, _finished
     _memory_context = None  # set again by whatever this command runs (note_memory_use)
+    _single_run = _finished = False
     try:
         with _sigterm_raises():
             yield
@@ -105,6 +148,8 @@ def boundary() -> Iterator[None]:
         message, code, prefix = explained
         typer.secho(f"{prefix}: {message}", fg=typer.colors.RED, err=True)
         raise typer.Exit(code) from None
+    finally:  # in one process running several commands (tests, a notebook), the next one starts afresh
+        _single_run = _finished = False
 
 
 def explain(e: BaseException) -> tuple[str, int, str] | None:

@@ -5,6 +5,7 @@
     precision = resolve_precision("auto", device)   # training autocast: bf16 on a GPU that supports it, else fp32
     training_dtype(precision, on_base=True)          # what a training run opens its weights in
     seed_everything(0); state = rng_state(); set_rng_state(state)
+    startup_line(device)                            # a command's first line: "cpu, 2 threads (...), torch 2.x"
 
 Training picks its device per torchrun rank (tapecli.train.distributed) and then follows the same rules.
 """
@@ -33,6 +34,13 @@ def resolve_device(name: str) -> torch.device:
         return torch.device(name)
     except RuntimeError:
         raise TapeError(f"--device: unknown device {name!r}; use auto, cpu or cuda") from None
+
+
+def startup_line(device: torch.device | str) -> str:
+    """What a command computing with torch prints first: the device, the threads (tapecli.threads) and torch."""
+    from tapecli import threads
+
+    return f"{device}, {threads.describe()}, torch {torch.__version__}"
 
 
 def resolve_dtype(name: str, device: torch.device | str) -> tuple[str, torch.dtype]:

@@ -406,6 +406,40 @@ def test_readme_links_reach_their_page_and_heading() -> None:
     assert not broken, "README.md links:\n" + "\n".join(broken)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# The docs speak to users about the project, not about how the work on it was organised
+
+# Wording about who worked on tape and how ("no GPU was lent to this work", "killed at the end of working sessions"):
+# the docs say what was measured on which hardware instead ("measured on a 2-core CPU").
+_ABOUT_THE_WORK = re.compile(r"\blent\b|\bsessions?\b|\bthis (?:work|task)\b|\bno GPU (?:was|is) (?:available|lent)"
+                             r"|\bthe lead\b", re.IGNORECASE)
+
+
+def _prose(markdown: str) -> list[tuple[int, str]]:
+    """(line number, text) of every line outside fenced blocks, its code spans removed."""
+    found, fenced = [], False
+    for number, line in enumerate(markdown.splitlines(), 1):
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            found.append((number, re.sub(r"`[^`]*`", "", line)))
+    return found
+
+
+def test_the_docs_speak_of_the_project_only() -> None:
+    texts = {**_TEXTS, "CHANGELOG.md": (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")}
+    found = [f"{name}:{number}: {line.strip()}" for name, text in texts.items() for number, line in _prose(text)
+             if _ABOUT_THE_WORK.search(line)]
+    assert not found, "say what was measured on which hardware instead:\n" + "\n".join(found)
+
+
+def test_the_wording_check_catches_what_it_should() -> None:
+    made_up = ("A table.\nNo GPU was lent to this work.\n```text\nseconds this session\n```\n"
+               "Killed at the end of sessions.\n")
+    assert [n for n, line in _prose(made_up) if _ABOUT_THE_WORK.search(line)] == [2, 6]
+    assert not _ABOUT_THE_WORK.search(re.sub(r"`[^`]*`", "", "`seconds_this_session` is in results.json"))
+
+
 if __name__ == "__main__":  # `python tests/test_docs.py`: list what is checked
     for documented in LINES:
         print(("strict   " if documented.strict else "synopsis ") + str(documented))

@@ -8,17 +8,19 @@ from typing import Any
 
 import typer
 
+from tapecli.cli.app import Group
 from tapecli.cli.eval import DEVICE_OPTION, DTYPE_OPTION, MODELS_OPTION, PE_ARG_OPTION, batch_size_option, out_option
+from tapecli.cli.options import integer
 
-analyze_app = typer.Typer(help="Analyse models position by position and head by head, beyond their training length.",
+analyze_app = typer.Typer(cls=Group, help="Analyse models position by position and head by head, beyond their training length.",
                           no_args_is_help=True)
 
 DATA_OPTION = typer.Option(..., "--data", help="A synthetic task (selective-copy, grid-1d, grid-2d: the run's "
                                                "training distribution stretched to --seq-len), a text source (file, "
                                                "directory, glob, jsonl/parquet, hub id; each model's tokenizer) or a "
                                                ".bin token file.")
-SEQ_LEN_OPTION = typer.Option(..., "--seq-len", help="Tokens per sequence, e.g. 4-16x the training length.")
-SEED_OPTION = typer.Option(1234, "--seed", help="Seeds the synthetic sequences (sequence i has its own stream).")
+SEQ_LEN_OPTION = integer(..., "--seq-len", min=1, help="Tokens per sequence, e.g. 4-16x the training length.")
+SEED_OPTION = integer(1234, "--seed", min=0, help="Seeds the synthetic sequences (sequence i has its own stream).")
 TEXT_FIELD_OPTION = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows.")
 
 
@@ -43,10 +45,10 @@ def position_loss(
     model: list[str] = MODELS_OPTION,
     data: str = DATA_OPTION,
     seq_len: int = SEQ_LEN_OPTION,
-    samples: int = typer.Option(8, "--samples", help="Sequences per model (text: the first N windows of "
+    samples: int = integer(8, "--samples", min=1, help="Sequences per model (text: the first N windows of "
                                                      "--seq-len + 1 tokens)."),
     seed: int = SEED_OPTION,
-    bins_per_octave: int = typer.Option(4, "--bins-per-octave", help="Position bins per doubling of the position."),
+    bins_per_octave: int = integer(4, "--bins-per-octave", min=1, help="Position bins per doubling of the position."),
     text_field: str = TEXT_FIELD_OPTION,
     batch_size: int = batch_size_option(1, "Sequences per forward pass"),
     out: str | None = out_option("RUN/eval-position-loss/<checkpoint name>; several models: "
@@ -79,11 +81,11 @@ def attention(
     model: list[str] = MODELS_OPTION,
     data: str = DATA_OPTION,
     seq_len: int = SEQ_LEN_OPTION,
-    samples: int = typer.Option(2, "--samples", help="Sequences per model (text: the first N windows)."),
+    samples: int = integer(2, "--samples", min=1, help="Sequences per model (text: the first N windows)."),
     seed: int = SEED_OPTION,
-    sink: int = typer.Option(1, "--sink", help="Report the attention mass on the first N tokens (attention sinks)."),
-    window: int = typer.Option(16, "--window", help="Report the attention mass within the last N tokens."),
-    maps_max: int = typer.Option(64, "--maps-max", help="Draw the attention maps of the first sequence when "
+    sink: int = integer(1, "--sink", min=0, help="Report the attention mass on the first N tokens (attention sinks)."),
+    window: int = integer(16, "--window", min=1, help="Report the attention mass within the last N tokens."),
+    maps_max: int = integer(64, "--maps-max", min=0, help="Draw the attention maps of the first sequence when "
                                                         "--seq-len is at most this (0: never)."),
     text_field: str = TEXT_FIELD_OPTION,
     out: str | None = out_option("RUN/eval-attention/<checkpoint name>; several models: "

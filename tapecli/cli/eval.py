@@ -8,9 +8,12 @@ from typing import Any
 
 import typer
 
+from tapecli.cli.app import Group
+from tapecli.cli.options import integer, number, numbers
 from tapecli.errors import TapeError
 
-eval_app = typer.Typer(help="Evaluate a tape run / checkpoint or a Hugging Face model.", no_args_is_help=True)
+eval_app = typer.Typer(help="Evaluate a tape run / checkpoint or a Hugging Face model (aliases: `tape eval-addition`, "
+                            "`tape eval-scrolls`, `tape passkey`, `tape perplexity`).", no_args_is_help=True, cls=Group)
 
 # Options every `tape eval` command shares (tapecli.eval.common opens the model); reuse them in new eval commands.
 _MODEL_HELP = ("A tape run directory (its newest checkpoint), a checkpoint directory, or a Hugging Face model "
@@ -33,7 +36,7 @@ def out_option(default: str) -> Any:
 
 def batch_size_option(default: int, what: str) -> Any:
     """--batch-size: how many `what` (e.g. "Windows per forward pass") go together; never changes a result."""
-    return typer.Option(default, "--batch-size", min=1, help=f"{what}; changes speed, not results.")
+    return integer(default, "--batch-size", min=1, help=f"{what}; changes speed, not results.")
 
 
 def _pe_args(pairs: list[str] | None) -> dict:
@@ -42,11 +45,19 @@ def _pe_args(pairs: list[str] | None) -> dict:
     return parse_pe_args(pairs)
 
 
+def _startup(device: str) -> None:
+    """The first line an evaluation prints: the device, the threads, torch (`tapecli.runtime.startup_line`)."""
+    from tapecli.runtime import resolve_device, startup_line
+
+    typer.echo(startup_line(resolve_device(device)))
+
+
 def _run(evaluation: Any, models: list[str], out: str | None, dtype: str, device: str, pe_arg: list[str] | None,
          batch_size: int) -> None:
     """Run an evaluation (`tapecli.eval.protocol.run`) and print its summary and the files it wrote."""
     from tapecli.eval.protocol import run
 
+    _startup(device)
     report = run(evaluation, models, out, dtype=dtype, device=device, pe_args=_pe_args(pe_arg), batch_size=batch_size)
     summary = evaluation.summary(report.results)
     if not isinstance(summary, str):
@@ -62,10 +73,12 @@ def _run(evaluation: Any, models: list[str], out: str | None, dtype: str, device
 def eval_addition(
     model: list[str] = typer.Option(..., "--model", "--checkpoint", "-m", "-c", help=_MODELS_HELP + " --checkpoint "
                                     "is an alias."),
-    max_len: int = typer.Option(None, help="Longest operand evaluated, in digits (default: the run's "
-                                           "eval.max_len, i.e. 2 x data.max_digits)."),
-    samples: int = typer.Option(None, help="Problems per (length, length) cell (default: the run's eval.samples)."),
-    seed: int = typer.Option(1234, help="Seeds the problems of every cell (cell (i, j) gets its own stream)."),
+    max_len: int = integer(None, "--max-len", min=1, help="Longest operand evaluated, in digits (default: the run's "
+                                                           "eval.max_len, i.e. 2 x data.max_digits)."),
+    samples: int = integer(None, "--samples", min=1, help="Problems per (length, length) cell (default: the run's "
+                                                          "eval.samples)."),
+    seed: int = integer(1234, "--seed", min=0, help="Seeds the problems of every cell (cell (i, j) gets its own "
+                                                    "stream)."),
     batch_size: int = batch_size_option(1024, "Problems decoded together"),
     out: str | None = out_option("RUN/eval-addition/<checkpoint name>; several models: OUT/<name>/ and the "
                                  "comparison in OUT (./eval-addition-comparison)"),
@@ -107,13 +120,13 @@ def eval_scrolls(
                                            "instead of running a model."),
     compat: str | None = typer.Option(None, "--compat", help="Prompt construction: clean or official (default: "
                                       "the fine-tuning run's data.compat, else clean)."),
-    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="Prompt + answer tokens (default: the run's "
-                                       "data.seq_len, else the model's max_seq_len); budgets scale from 8192."),
+    seq_len: int | None = integer(None, "--seq-len", min=1, help="Prompt + answer tokens (default: the run's "
+                                  "data.seq_len, else the model's max_seq_len); budgets scale from 8192."),
     sample: bool = typer.Option(False, "--sample", help="Summaries: sample (temperature 1, top-k 3) as the official "
                                 "run did, seeded per example, instead of greedy decoding."),
-    seed: int = typer.Option(0, "--seed", help="Seeds --sample."),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Only the first N examples (a quick look, not the "
-                                     "official score)."),
+    seed: int = integer(0, "--seed", min=0, help="Seeds --sample."),
+    limit: int | None = integer(None, "--limit", min=1, help="Only the first N examples (a quick look, not the "
+                                "official score)."),
     batch_size: int = batch_size_option(8, "Examples decoded together"),
     out: str | None = out_option("RUN/eval-scrolls/TASK-SPLIT; with --predictions, results.json goes there"),
     dtype: str = DTYPE_OPTION,
@@ -149,6 +162,7 @@ def eval_scrolls(
         return
     if not model:
         raise TapeError("pass --model (or --predictions to score a predictions file)")
+    _startup(device)
     run = scrolls.ScrollsRun(split=split, data=data, compat=compat, seq_len=seq_len, sample=sample, seed=seed,
                              batch_size=batch_size, dtype=dtype, device=device, pe_args=_pe_args(pe_arg),
                              limit=limit)
@@ -165,8 +179,8 @@ def eval_synthetic(
     models: list[str] = typer.Option(..., "--model", "-m", help="Run directory (newest checkpoint) or checkpoint "
                                      "trained on a synthetic task; repeat --model to compare several."),
     splits: str = typer.Option("iid,ood-dense,ood-sparse", help="Comma-separated splits to evaluate."),
-    samples: int = typer.Option(None, help="Sequences per split (default: the run's eval.samples)."),
-    seed: int = typer.Option(1234, help="Seeds the evaluation sequences (each split has its own stream)."),
+    samples: int = integer(None, "--samples", min=1, help="Sequences per split (default: the run's eval.samples)."),
+    seed: int = integer(1234, "--seed", min=0, help="Seeds the evaluation sequences (each split has its own stream)."),
     batch_size: int = batch_size_option(64, "Sequences scored together"),
     out: str | None = out_option("RUN/eval-synthetic/<checkpoint name>; several models: OUT/<label>/ and the "
                                  "comparison in OUT (./eval-synthetic-comparison)"),
@@ -192,16 +206,9 @@ def eval_synthetic(
          pe_arg, batch_size)
 
 
-def _numbers(text: str, option: str, kind: type = int) -> list:
-    """`"1024,2048"` -> [1024, 2048] for a comma-separated option; one line naming the option when malformed."""
-    try:
-        return [kind(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise TapeError(f"{option}: expected comma-separated {kind.__name__}s, got {text!r}") from None
-
-
 def _lengths(text: str, option: str = "--lengths") -> list[int]:
-    """`"0,1k,2k,4096"` -> [0, 1024, 2048, 4096] (k = 1024 tokens); one line naming the option when malformed."""
+    """`"0,1k,2k,4096"` -> [0, 1024, 2048, 4096] (k = 1024 tokens); one line naming the option when malformed or
+    negative."""
     out = []
     for part in (p.strip().lower() for p in text.split(",") if p.strip()):
         try:
@@ -209,15 +216,15 @@ def _lengths(text: str, option: str = "--lengths") -> list[int]:
         except ValueError:
             raise TapeError(f"{option}: expected comma-separated token counts such as 0,1k,2k,4096, got {text!r}"
                             ) from None
-    return out
+    return numbers(",".join(map(str, out)), option, min=0) if out else numbers(text, option, min=0)
 
 
 def _base_lengths(text: str | None) -> list[int] | None:
     return _lengths(text, "--base-lengths") if text else None
 
 
-THRESHOLD_OPTION = typer.Option(85.6, "--threshold", help="RULER's effective length: the longest length up to which "
-                                "the average score exceeds this (RULER: Llama-2-7B's 4K score).")
+THRESHOLD_OPTION = number(85.6, "--threshold", min=0, max=100, help="Effective length: the longest length up to "
+                          "which the average score (0-100) exceeds this (RULER: Llama-2-7B's 4K score).")
 BASE_LENGTHS_OPTION = typer.Option(None, "--base-lengths", help="Lengths whose mean score is the model's base score "
                                    "(NoLiMa's effective length: 85% of it; LongScore) (default: the shortest "
                                    "length).", show_default=False)
@@ -233,11 +240,11 @@ def eval_perplexity(
     protocol: str = typer.Option("longlora", "--protocol", help="longlora (the paper's table: windows every --stride "
                                                                 "tokens, every prediction scored), disjoint, or "
                                                                 "sliding (Hugging Face's strided protocol)."),
-    stride: int = typer.Option(256, "--stride", help="Tokens between window starts (longlora, sliding)."),
-    max_windows: int = typer.Option(None, "--max-windows", help="Evaluate a seeded choice of this many windows per "
-                                                                "length (default: all)."),
-    seed: int = typer.Option(0, "--seed", help="Seeds the --max-windows choice."),
-    max_tokens: int = typer.Option(None, "--max-tokens", help="Use only the first N tokens of the data."),
+    stride: int = integer(256, "--stride", min=1, help="Tokens between window starts (longlora, sliding)."),
+    max_windows: int = integer(None, "--max-windows", min=1, help="Evaluate a seeded choice of this many windows "
+                                                                  "per length (default: all)."),
+    seed: int = integer(0, "--seed", min=0, help="Seeds the --max-windows choice."),
+    max_tokens: int = integer(None, "--max-tokens", min=1, help="Use only the first N tokens of the data."),
     text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
     batch_size: int = batch_size_option(1, "Windows per forward pass"),
     out: str | None = out_option("RUN/eval-perplexity/<checkpoint name>; several models share one folder, "
@@ -256,7 +263,7 @@ def eval_perplexity(
     """
     from tapecli.eval.perplexity import Perplexity
 
-    evaluation = Perplexity(data, _numbers(seq_len, "--seq-len"), protocol, stride, max_windows, seed, max_tokens,
+    evaluation = Perplexity(data, numbers(seq_len, "--seq-len", min=1), protocol, stride, max_windows, seed, max_tokens,
                             text_field)
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
 
@@ -264,9 +271,9 @@ def eval_perplexity(
 @eval_app.command("passkey")
 def eval_passkey(
     model: list[str] = MODELS_OPTION,
-    max_tokens: int = typer.Option(8192, "--max-tokens", help="Evaluate the protocol's budgets whose prompts fit in "
-                                                              "this many tokens (8192: the paper's 8 lengths)."),
-    trials: int = typer.Option(20, "--trials", help="Trials per budget (trial t is seeded with t)."),
+    max_tokens: int = integer(8192, "--max-tokens", min=1, help="Evaluate the protocol's budgets whose prompts fit "
+                                                                "in this many tokens (8192: the paper's 8 lengths)."),
+    trials: int = integer(20, "--trials", min=1, help="Trials per budget (trial t is seeded with t)."),
     depths: str = typer.Option(None, "--depths", help="Depth x length sweep: comma-separated key depths as "
                                                       "fractions of the filler, e.g. 0,0.25,0.5,0.75,1 (default: "
                                                       "the protocol's random depth)."),
@@ -294,8 +301,8 @@ def eval_passkey(
     """
     from tapecli.eval.passkey import Passkey
 
-    evaluation = Passkey(_numbers(budgets, "--budgets") if budgets else None, max_tokens, trials,
-                         _numbers(depths, "--depths", float) if depths else None)
+    evaluation = Passkey(numbers(budgets, "--budgets") if budgets else None, max_tokens, trials,
+                         numbers(depths, "--depths", float, min=0, max=1) if depths else None)
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
 
 
@@ -306,26 +313,26 @@ def eval_harness(
                               "task YAML paths."),
     include_path: list[str] | None = typer.Option(None, "--include-path", help="A folder of task YAMLs "
                                                   "(repeatable).", show_default=False),
-    num_fewshot: int | None = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples per prompt (default: "
-                                           "each task's own)."),
-    limit: float | None = typer.Option(None, "--limit", min=0, help="Only the first N documents per task (N < 1: a "
-                                       "fraction); for quick checks, not for reporting."),
+    num_fewshot: int | None = integer(None, "--num-fewshot", min=0, help="Few-shot examples per prompt (default: "
+                                      "each task's own)."),
+    limit: float | None = number(None, "--limit", min=0, help="Only the first N documents per task (N < 1: a "
+                                 "fraction); for quick checks, not for reporting."),
     out: str | None = out_option("RUN/eval-harness/<checkpoint name>, or ./eval-harness/<model name>"),
     log_samples: bool = typer.Option(False, "--log-samples", help="Also write samples_<task>.jsonl: every prompt, "
                                      "response and score."),
     batch_size: int = batch_size_option(1, "Requests per forward pass"),
-    max_length: int | None = typer.Option(None, "--max-length", min=1, help="Context window in tokens (default: the "
-                                          "model's max_seq_len); longer inputs are cut from the left, long "
-                                          "documents scored in windows."),
-    max_gen_toks: int = typer.Option(256, "--max-gen-toks", help="Generation cap when a task sets none."),
+    max_length: int | None = integer(None, "--max-length", min=1, help="Context window in tokens (default: the "
+                                     "model's max_seq_len); longer inputs are cut from the left, long documents "
+                                     "scored in windows."),
+    max_gen_toks: int = integer(256, "--max-gen-toks", min=1, help="Generation cap when a task sets none."),
     add_bos: bool | None = typer.Option(None, "--add-bos/--no-add-bos", help="Special tokens around every "
                                         "prompt: unset, the tokenizer's default (what lm-eval's hf model adds: "
                                         "BOS for Llama 2/3 and tape's own tokenizers, nothing for GPT-2, SmolLM2, "
                                         "Qwen); --add-bos: BOS only; --no-add-bos: none (docs/special-tokens.md).",
                                         show_default=False),
-    seed: int = typer.Option(1234, "--seed", help="Seeds lm-eval (few-shot sampling) and sampled generation."),
-    bootstrap_iters: int = typer.Option(100000, "--bootstrap-iters", min=0, help="Bootstrap resamples for "
-                                        "standard errors (0: skip them)."),
+    seed: int = integer(1234, "--seed", min=0, help="Seeds lm-eval (few-shot sampling) and sampled generation."),
+    bootstrap_iters: int = integer(100000, "--bootstrap-iters", min=0, help="Bootstrap resamples for standard "
+                                   "errors (0: skip them)."),
     dtype: str = DTYPE_OPTION,
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
@@ -347,6 +354,7 @@ def eval_harness(
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if limit == 0:
         raise TapeError("--limit must be positive: a number of documents, or a fraction of them below 1")
+    _startup(device)
     results, out_dir = run_harness(
         model, names, include_path=include_path, num_fewshot=num_fewshot,
         limit=int(limit) if limit is not None and limit >= 1 else limit, out=out, log_samples=log_samples,
@@ -364,7 +372,7 @@ def eval_ruler(
                               "qa_2 (HotpotQA); lm-eval's names (ruler_vt, ruler_qa_squad, ...) work too."),
     lengths: str = typer.Option("4096", "--lengths", help="Comma-separated sequence lengths in tokens (prompt + "
                                 "answer), e.g. 1024,2048,4096,8192."),
-    samples: int = typer.Option(500, "--samples", help="Samples per task and length (RULER: 500)."),
+    samples: int = integer(500, "--samples", min=1, help="Samples per task and length (RULER: 500)."),
     haystack: str | None = typer.Option(None, "--haystack", help="Essay haystack: a text file, a folder of .txt/.md "
                                         "files, or RULER's PaulGrahamEssays.json. Without it the 5 essay tasks are "
                                         "skipped."),
@@ -373,7 +381,7 @@ def eval_ruler(
                                              show_default=False),
     threshold: float = THRESHOLD_OPTION,
     base_lengths: str | None = BASE_LENGTHS_OPTION,
-    seed: int = typer.Option(42, "--seed", help="Seeds the generators (RULER: 42)."),
+    seed: int = integer(42, "--seed", min=0, help="Seeds the generators (RULER: 42)."),
     batch_size: int = batch_size_option(1, "Prompts decoded together"),
     out: str | None = out_option("RUN/eval-ruler/<checkpoint name>; several models share one folder, "
                                  "./eval-ruler-comparison"),
@@ -393,7 +401,7 @@ def eval_ruler(
     """
     from tapecli.eval.ruler import Ruler
 
-    evaluation = Ruler(tasks, _numbers(lengths, "--lengths"), samples, seed, threshold, haystack, qa_data,
+    evaluation = Ruler(tasks, numbers(lengths, "--lengths", min=1), samples, seed, threshold, haystack, qa_data,
                        notify=typer.echo, base_lengths=_base_lengths(base_lengths))
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
 
@@ -411,9 +419,9 @@ def eval_babilong(
                                       "(a window of the distractor text, see --depth-window; one heat-map row each), "
                                       "or `any` (anywhere: BABILong's own placement) (default: 0,0.25,0.5,0.75,1).",
                                       show_default=False),
-    depth_window: float = typer.Option(0.2, "--depth-window", help="Width of a depth's window, as a fraction of the "
+    depth_window: float = number(0.2, "--depth-window", min=0, max=1, help="Width of a depth's window, as a fraction of the "
                                        "distractor text."),
-    samples: int | None = typer.Option(None, "--samples", help="Samples per task, length and depth (default: 20; "
+    samples: int | None = integer(None, "--samples", min=1, help="Samples per task, length and depth (default: 20; "
                                        "x 5 depths = BABILong's 100 per task and length).", show_default=False),
     prompt: str | None = typer.Option(None, "--prompt", help="BABILong's prompt: full (instruction, few-shot "
                                       "examples, answer format), no-examples, or bare (context and question only: "
@@ -426,7 +434,7 @@ def eval_babilong(
                                     "--lengths must then be 0 or multiples of 1k."),
     threshold: float = THRESHOLD_OPTION,
     base_lengths: str | None = BASE_LENGTHS_OPTION,
-    seed: int | None = typer.Option(None, "--seed", help="Seeds the stories, the distractor text and the placement "
+    seed: int | None = integer(None, "--seed", min=0, help="Seeds the stories, the distractor text and the placement "
                                     "(default: 0).", show_default=False),
     batch_size: int = batch_size_option(1, "Prompts decoded together"),
     out: str | None = out_option("RUN/eval-babilong/<checkpoint name>; several models share one folder, "
@@ -450,7 +458,7 @@ def eval_babilong(
     from tapecli.eval.babilong import Babilong
 
     depth_list = (None if depths is None else "any" if depths.strip().lower() == "any"
-                  else _numbers(depths, "--depths", float))
+                  else numbers(depths, "--depths", float, min=0, max=1))
     evaluation = Babilong(tasks, _lengths(lengths) if lengths else None, depth_list, samples, seed, prompt, haystack,
                           data, depth_window, threshold, _base_lengths(base_lengths))
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
@@ -461,13 +469,13 @@ def eval_kv_retrieval(
     model: list[str] = MODELS_OPTION,
     keys: str = typer.Option("75,140,300", "--keys", help="Comma-separated numbers of key-value pairs in the JSON "
                              "object (the paper: 75, 140, 300)."),
-    positions: int | None = typer.Option(None, "--positions", help="Gold positions per number of pairs, spread "
+    positions: int | None = integer(None, "--positions", min=1, help="Gold positions per number of pairs, spread "
                                          "evenly from first to last (default: the paper's 4, 5 and 7 for 75, 140 "
                                          "and 300 pairs, else 5).", show_default=False),
-    samples: int = typer.Option(100, "--samples", help="Examples per number of pairs and gold position (the paper: "
+    samples: int = integer(100, "--samples", min=1, help="Examples per number of pairs and gold position (the paper: "
                                 "500)."),
     threshold: float = THRESHOLD_OPTION,
-    seed: int = typer.Option(0, "--seed", help="Seeds the UUIDs and the gold pair of every example."),
+    seed: int = integer(0, "--seed", min=0, help="Seeds the UUIDs and the gold pair of every example."),
     batch_size: int = batch_size_option(1, "Prompts decoded together"),
     out: str | None = out_option("RUN/eval-kv-retrieval/<checkpoint name>; several models share one folder, "
                                  "./eval-kv-retrieval-comparison"),
@@ -487,7 +495,7 @@ def eval_kv_retrieval(
     """
     from tapecli.eval.kv_retrieval import KvRetrieval
 
-    evaluation = KvRetrieval(_numbers(keys, "--keys"), positions, samples, seed, threshold)
+    evaluation = KvRetrieval(numbers(keys, "--keys", min=2), positions, samples, seed, threshold)
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
 
 
@@ -498,10 +506,10 @@ def eval_latent_list(
                                 "answer; k = 1024)."),
     relevant_ops: str = typer.Option("1,5,20", "--relevant-ops", help="Comma-separated numbers of lines that change "
                                      "the list (the task's complexity); the rest of each program leaves it alone."),
-    samples: int = typer.Option(20, "--samples", help="Programs per length and number of relevant lines."),
+    samples: int = integer(20, "--samples", min=1, help="Programs per length and number of relevant lines."),
     threshold: float = THRESHOLD_OPTION,
     base_lengths: str | None = BASE_LENGTHS_OPTION,
-    seed: int = typer.Option(0, "--seed", help="Seeds the programs."),
+    seed: int = integer(0, "--seed", min=0, help="Seeds the programs."),
     batch_size: int = batch_size_option(1, "Prompts decoded together"),
     out: str | None = out_option("RUN/eval-latent-list/<checkpoint name>; several models share one folder, "
                                  "./eval-latent-list-comparison"),
@@ -521,6 +529,6 @@ def eval_latent_list(
     """
     from tapecli.eval.latent_list import LatentList
 
-    evaluation = LatentList(_lengths(lengths), _numbers(relevant_ops, "--relevant-ops"), samples, seed, threshold,
+    evaluation = LatentList(_lengths(lengths), numbers(relevant_ops, "--relevant-ops", min=1), samples, seed, threshold,
                             _base_lengths(base_lengths))
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from tapecli import trust
+from tapecli.cli.options import integer, numbers
 from tapecli.errors import TapeError
 
 
@@ -34,11 +35,11 @@ def sweep(
     dry_run: bool = typer.Option(False, "--dry-run", help="List the cells, their state and their equivalent tape pretrain / tape eval commands; run nothing."),
     report: Path | None = typer.Option(None, "--report", help="Aggregate the finished cells of this sweep directory again (table, results.json, chart); train nothing.", show_default=False),
     executor: str = typer.Option("local", "--executor", help="local (this machine), slurm (one submitit job per cell) or submitit-local (the same jobs as local processes, to try a cluster sweep here)."),
-    jobs: int = typer.Option(1, "--jobs", help="local: cells run at once, each in its own process (output in DIR/logs/)."),
+    jobs: int = integer(1, "--jobs", min=1, help="local: cells run at once, each in its own process (output in DIR/logs/)."),
     slurm_partition: str | None = typer.Option(None, "--slurm-partition", help="slurm: the partition.", show_default=False),
-    gpus_per_job: int = typer.Option(1, "--gpus-per-job", help="slurm: GPUs per cell; more than 1 trains with one process per GPU (DDP); 0 for CPU nodes."),
-    cpus_per_job: int | None = typer.Option(None, "--cpus-per-job", help="slurm: CPUs per process (default: the cluster's).", show_default=False),
-    time_limit: int = typer.Option(240, "--time-limit", help="slurm: minutes per job; a job that reaches it saves a checkpoint and is requeued."),
+    gpus_per_job: int = integer(1, "--gpus-per-job", min=0, help="slurm: GPUs per cell; more than 1 trains with one process per GPU (DDP); 0 for CPU nodes."),
+    cpus_per_job: int | None = integer(None, "--cpus-per-job", min=1, help="slurm: CPUs per process (default: the cluster's).", show_default=False),
+    time_limit: int = integer(240, "--time-limit", min=1, help="slurm: minutes per job; a job that reaches it saves a checkpoint and is requeued."),
     slurm_arg: list[str] | None = typer.Option(None, "--slurm-arg", help="slurm: an extra sbatch option as key=value, e.g. account=myproject, qos=high, constraint=a100 (repeatable).", show_default=False),
 ) -> None:
     """Train and evaluate a grid of PEs x seeds (x --grid values) and report mean ± std over seeds.
@@ -79,11 +80,9 @@ def sweep(
 
 def _executor(name: str, jobs: int, partition: str | None, gpus: int, cpus: int | None, time_limit: int,
               slurm_args: list[str] | None):
-    """The --executor and its options, checked."""
+    """The --executor and its options, checked (their ranges are checked where they are parsed)."""
     from tapecli.experiments.sweep.executors import Processes, Sequential, Submitit
 
-    if jobs < 1 or gpus < 0 or time_limit < 1 or (cpus is not None and cpus < 1):
-        raise TapeError("--jobs, --time-limit and --cpus-per-job must be positive, --gpus-per-job >= 0")
     if name == "local":
         if partition or slurm_args:
             raise TapeError("--slurm-partition and --slurm-arg apply to --executor slurm")
@@ -155,16 +154,16 @@ def bench(
     pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking,pope,mapwm", "--pe",
                             help="Comma-separated PEs to time; a PE may carry pe_args as name:key=value[:key=value] "
                                  "(e.g. rope:hope=true)."),
-    n_layers: int = typer.Option(None, help="Decoder layers (default 2; 4 with --decode)."),
-    dim: int = typer.Option(256, help="Hidden width."),
-    n_heads: int = typer.Option(4, help="Attention heads."),
+    n_layers: int = integer(None, "--n-layers", min=1, help="Decoder layers (default 2; 4 with --decode)."),
+    dim: int = integer(256, "--dim", min=1, help="Hidden width."),
+    n_heads: int = integer(4, "--n-heads", min=1, help="Attention heads."),
     seq_len: str = typer.Option("1024,4096", help="Tokens per sequence; comma-separated lengths give one table "
                                                   "each, e.g. 1024,4096,16384."),
-    batch_size: int = typer.Option(1, help="Sequences per step."),
-    steps: int = typer.Option(3, help="Timed steps per PE and round (after warm-up)."),
-    warmup: int = typer.Option(1, help="Untimed warm-up steps per PE (at least one: it also names the attention "
+    batch_size: int = integer(1, "--batch-size", min=1, help="Sequences per step."),
+    steps: int = integer(3, "--steps", min=1, help="Timed steps per PE and round (after warm-up)."),
+    warmup: int = integer(1, "--warmup", min=0, help="Untimed warm-up steps per PE (at least one: it also names the attention "
                                        "path)."),
-    rounds: int = typer.Option(2, help="Interleaved rounds; each PE's time is the median over all timed steps."),
+    rounds: int = integer(2, "--rounds", min=1, help="Interleaved rounds; each PE's time is the median over all timed steps."),
     precision: str = typer.Option("fp32", help="fp32, or bf16 (autocast, like training with precision: bf16)."),
     compile: bool = typer.Option(False, "--compile", help="torch.compile every model (as train.compile: true); "
                                                           "the warm-up compiles."),
@@ -174,13 +173,15 @@ def bench(
     out: Path | None = typer.Option(None, help="Also write the timings, memory and ratios as JSON to this file."),
     decode: bool = typer.Option(False, "--decode", help="Time greedy decoding after a long prompt instead: ms per "
                                                          "new token and prefill time."),
-    prompt_len: int = typer.Option(4096, help="--decode: prompt tokens."),
-    new_tokens: int = typer.Option(32, help="--decode: greedy tokens decoded with the KV cache."),
-    uncached_tokens: int = typer.Option(4, help="--decode: tokens TAPE decodes without cache (0: skip)."),
-    prefill_chunk: int | None = typer.Option(512, help="--decode: prefill the prompt this many tokens at a time."),
-    window: int | None = typer.Option(None, help="Also time each PE with every layer local: a sliding window of this "
-                                                 "many keys (rows 'rope, window N'); the --hybrid layouts' window "
-                                                 "(default 1024).", show_default=False),
+    prompt_len: int = integer(4096, "--prompt-len", min=1, help="--decode: prompt tokens."),
+    new_tokens: int = integer(32, "--new-tokens", min=1, help="--decode: greedy tokens decoded with the KV cache."),
+    uncached_tokens: int = integer(4, "--uncached-tokens", min=0, help="--decode: tokens TAPE decodes without cache "
+                                                                      "(0: skip)."),
+    prefill_chunk: int | None = integer(512, "--prefill-chunk", min=1, help="--decode: prefill the prompt this many "
+                                                                           "tokens at a time."),
+    window: int | None = integer(None, "--window", min=1, help="Also time each PE with every layer local: a sliding "
+                                 "window of this many keys (rows 'rope, window N'); the --hybrid layouts' window "
+                                 "(default 1024).", show_default=False),
     hybrid: str = typer.Option("", "--hybrid", help="Also time hybrid layouts, comma-separated: irope (3 local RoPE "
                                                     "+ 1 global NoPE with Llama 4's length scale), rnope-swa (3 "
                                                     "local RoPE + 1 global NoPE), gemma3 (5 local RoPE theta 1e4 + 1 "
@@ -211,10 +212,10 @@ def bench(
         if result["failed"]:
             raise typer.Exit(1)
         return
-    from tapecli.experiments.bench import parse_lengths, run_bench
+    from tapecli.experiments.bench import run_bench
 
     result = run_bench(pes=pe_list, n_layers=2 if n_layers is None else n_layers, dim=dim, n_heads=n_heads,
-                       seq_lens=parse_lengths(seq_len), batch_size=batch_size, steps=steps, warmup=warmup,
+                       seq_lens=numbers(seq_len, "--seq-len", min=1), batch_size=batch_size, steps=steps, warmup=warmup,
                        rounds=rounds, tape_paths=tape_paths, device=device, precision=precision, compile=compile,
                        memory=memory, out=out, window=window, hybrids=hybrids)
     if result["failed"]:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from tapecli.cli.app import Group
+from tapecli.cli.options import integer
 from tapecli.errors import TapeError
 
 
@@ -39,13 +41,13 @@ def export(
 
 
 
-tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True)
+tokenizer_app = typer.Typer(help="Train tokenizers.", no_args_is_help=True, cls=Group)
 
 
 @tokenizer_app.command("train")
 def tokenizer_train(
     data: str = typer.Option(..., "--data", help="Text source: a file, directory, glob or hub id (dataset:config)."),
-    vocab_size: int = typer.Option(..., "--vocab-size", help="Number of pieces, e.g. 32000."),
+    vocab_size: int = integer(..., "--vocab-size", min=1, help="Number of pieces, e.g. 32000."),
     out: Path = typer.Option(..., "--out", help="The SentencePiece model file to write (must end in .model)."),
     text_field: str = typer.Option("text", "--text-field", help="Field holding the text in json/jsonl/parquet rows."),
 ) -> None:

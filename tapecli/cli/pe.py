@@ -8,9 +8,11 @@ from pathlib import Path
 import typer
 
 from tapecli import trust
+from tapecli.cli.app import Group
+from tapecli.cli.options import numbers
 from tapecli.errors import TapeError
 
-pe_app = typer.Typer(name="pe", help="Write, check and list positional encodings (built-in and plugins).",
+pe_app = typer.Typer(cls=Group, name="pe", help="Write, check and list positional encodings (built-in and plugins).",
                      no_args_is_help=True)
 
 _PE_HELP = ("A PE: a built-in or installed plugin name (rope, kerple), FILE.py:CLASS, FILE.py (its one PE class) or "
@@ -55,11 +57,10 @@ def check(
     Example: tape pe check kerple.py:Kerple --no-speed ; tape pe check alibi --device cuda --compile
     """
     from tapecli.eval.common import parse_pe_args
-    from tapecli.experiments.bench import parse_lengths
     from tapecli.experiments.pe_check import run_pe_check
 
     value = named_pe(pe)
-    lengths = parse_lengths(speed_len) if speed else []
+    lengths = numbers(speed_len, "--speed-len", min=1) if speed else []
     outcomes = run_pe_check(value, parse_pe_args(pe_arg), device=device, compile=compile, speed_lengths=lengths)
     if not all(o.ok for o in outcomes):
         raise typer.Exit(1)

@@ -58,17 +58,20 @@ def finetune(
     command = ["tape", "finetune", *(["--checkpoint", checkpoint] if checkpoint else []), "--recipe", recipe,
                "--out", str(out), "--resume", resume, *(overrides or [])]
     loaded = _load(recipe, overrides or [])
+    what = "--checkpoint" if checkpoint else "train.init_from"
     checkpoint = checkpoint or loaded.train.init_from
     if not checkpoint:
-        raise TapeError("finetune needs a model: pass --checkpoint or set train.init_from")
-    run_finetune(loaded, checkpoint, out, resume=resume, command=command)
+        raise TapeError("finetune needs a model: pass --checkpoint RUN or set train.init_from=RUN")
+    run_finetune(loaded, checkpoint, out, resume=resume, command=command, init_what=what)
 
 
 def _load(recipe: str, overrides: list[str]) -> Recipe:
-    """The recipe, its notes (an old format read, a shortened warm-up) printed once, by rank 0 under torchrun."""
-    from tapecli import trust
+    """The recipe, its notes (an old format read, a shortened warm-up) printed once, by rank 0 under torchrun.
+    Every training command is one run: once it has saved its last checkpoint, a stop request is ignored."""
+    from tapecli import faults, trust
     from tapecli.recipe import load_recipe
 
+    faults.single_run()
     trust.allow_named(overrides)  # a plugin PE named here (model.pe=kerple.py:Kerple) may be imported
     loaded = load_recipe(recipe, overrides)
     if os.environ.get("RANK", "0") == "0":
@@ -115,5 +118,6 @@ def extend_context(
                "--recipe", recipe, "--out", str(out), "--resume", resume, *(overrides or [])]
     settings = [f"extend.method={method}", f"extend.scaling={scaling}", f"extend.compat={compat}",
                 f"train.init_from={base}"]
-    run_pretrain(_load(recipe, [*(overrides or []), *settings]), out, resume=resume, command=command)
+    run_pretrain(_load(recipe, [*(overrides or []), *settings]), out, resume=resume, command=command,
+                 init_what="--base")
 

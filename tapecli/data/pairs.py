@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from tapecli.data.schema import DataSchema, check_tokenized
+from tapecli.data.schema import DataSchema, check_source_files, check_tokenized
 from tapecli.data.sources import iter_rows
 from tapecli.data.text import IGNORE_INDEX, choose_validation
 from tapecli.data.tokenizer import Tokenizer
@@ -95,6 +95,9 @@ class PairsData(DataSchema):
     def check(self) -> None:
         super().check()
         check_tokenized(self)
+
+    def check_files(self) -> None:
+        check_source_files(self)
 
     def build(self, tokenizer: Tokenizer, seed: int, cache_dir: Path) -> tuple[PairDataset, PairDataset | None]:
         return build_pair_datasets(self.source, tokenizer, self.seq_len, self.val_fraction, seed,

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tapecli.errors import TapeError
+from tapecli.errors import TapeError, how_to_set
 
 DOC_SUFFIXES = (".txt", ".jsonl", ".json", ".parquet")
+SOURCE_KINDS = "a text file, a folder of .txt/.jsonl/.json/.parquet files, a glob, or a Hugging Face dataset id"
 ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
 TOKEN_DTYPES = ("uint16", "uint32")
-LOCAL_HINT = "pass a local path instead (.txt, .jsonl, .parquet, a directory or a glob)"
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+)?(@[\w.-]+)?$")
 _OFFLINE_MARKERS = ("Couldn't reach", "couldn't connect", "OfflineModeIsEnabled", "Name or service not known")
@@ -56,25 +56,36 @@ def parse_hub_source(source: str) -> tuple[str, str | None, str]:
     return name, config or None, split or "train"
 
 
-def local_files(source: str) -> list[Path]:
-    """The document files a local source stands for, in the order they are read."""
+def local_files(source: str, what: str = "data.source") -> list[Path]:
+    """The document files a local source stands for, in the order they are read. `what` is the recipe key or option
+    that gave `source`: a source naming no documents is one line naming it and how to fix it."""
+    fix = f"{how_to_set(what)} ({SOURCE_KINDS})"
     if glob.has_magic(source):
         matches = sorted(glob.glob(os.path.expanduser(source), recursive=True))
         files = [f for m in matches for f in _expand(Path(m))]
         if not files:
-            raise TapeError(f"no {', '.join(DOC_SUFFIXES)} files match {source}")
+            raise TapeError(f"{what}: no {', '.join(DOC_SUFFIXES)} files match {source}; {fix}")
         return files
     path = Path(source).expanduser()
     if not path.exists():
-        raise TapeError(f"data source {source} does not exist")
+        raise TapeError(f"{what}: {source} does not exist; {fix}")
     if path.is_dir():
         files = _expand(path)
         if not files:
-            raise TapeError(f"directory {source} contains no {', '.join(DOC_SUFFIXES)} files")
+            raise TapeError(f"{what}: directory {source} contains no {', '.join(DOC_SUFFIXES)} files; {fix}")
         return files
     if path.suffix not in DOC_SUFFIXES:
-        raise TapeError(f"unsupported data file {source}; expected one of {', '.join(DOC_SUFFIXES)} or .bin")
+        raise TapeError(f"{what}: {source} is not a {', '.join(DOC_SUFFIXES)} or .bin file; {fix}")
     return [path]
+
+
+def check_source(source: str, what: str = "data.source") -> None:
+    """Fail now, in one line naming `what`, if a local source (documents or a `.bin` token file) is missing or
+    names no documents; a hub id is checked when it is read."""
+    if is_pretokenized(source):
+        open_token_memmap(source, what)
+    elif not is_hub_source(source):
+        local_files(source, what)
 
 
 def _expand(path: Path) -> list[Path]:
@@ -84,15 +95,16 @@ def _expand(path: Path) -> list[Path]:
     return [p for p in candidates if p.suffix in DOC_SUFFIXES and not p.name.endswith(".bin.json")]
 
 
-def iter_documents(source: str, text_field: str = "text") -> Iterator[str]:
-    """Yield the documents of `source` as strings, in a fixed order (hub streams: the stream's order)."""
+def iter_documents(source: str, text_field: str = "text", what: str = "data.source") -> Iterator[str]:
+    """Yield the documents of `source` as strings, in a fixed order (hub streams: the stream's order); `what` names
+    where `source` came from in errors."""
     if is_pretokenized(source):
         raise TapeError(f"{source} holds token ids, not text; use it as training data directly")
     if is_hub_source(source):
-        for (text,) in _iter_hub_rows(source, (text_field,)):
+        for (text,) in _iter_hub_rows(source, (text_field,), what):
             yield text
         return
-    for path in local_files(source):
+    for path in local_files(source, what):
         if path.suffix == ".txt":
             try:
                 yield path.read_text(encoding="utf-8")
@@ -103,12 +115,12 @@ def iter_documents(source: str, text_field: str = "text") -> Iterator[str]:
                 yield text
 
 
-def iter_rows(source: str, fields: Sequence[str]) -> Iterator[tuple[str, ...]]:
+def iter_rows(source: str, fields: Sequence[str], what: str = "data.source") -> Iterator[tuple[str, ...]]:
     """Yield the string values of `fields` for every row of a json/parquet/hub source (e.g. prompt and target)."""
     if is_hub_source(source):
-        yield from _iter_hub_rows(source, fields)
+        yield from _iter_hub_rows(source, fields, what)
         return
-    for path in local_files(source):
+    for path in local_files(source, what):
         if path.suffix not in ROW_SUFFIXES:
             raise TapeError(f"{path}: need a .jsonl, .json or .parquet file with fields {', '.join(fields)}")
         yield from _iter_file_rows(path, fields)
@@ -138,7 +150,7 @@ def _iter_file_rows(path: Path, fields: Sequence[str]) -> Iterator[tuple[str, ..
         raise TapeError(f"{path} could not be read: {str(e).splitlines()[0]}") from None
 
 
-def _iter_hub_rows(source: str, fields: Sequence[str]) -> Iterator[tuple[str, ...]]:
+def _iter_hub_rows(source: str, fields: Sequence[str], what: str) -> Iterator[tuple[str, ...]]:
     import datasets
 
     name, config, split = parse_hub_source(source)
@@ -147,11 +159,12 @@ def _iter_hub_rows(source: str, fields: Sequence[str]) -> Iterator[tuple[str, ..
         for i, row in enumerate(rows):
             yield _pick(row, fields, f"dataset {name!r} row {i}")
     except OSError as e:  # datasets raises the builtin ConnectionError, a subclass of OSError
+        local = "" if "/" in source else f"{source} is no file here, and "  # `name` alone: a mistyped path?
+        fix = f"{how_to_set(what)} ({SOURCE_KINDS.replace(', or a Hugging Face dataset id', '')})"
         if any(marker in str(e) for marker in _OFFLINE_MARKERS):
-            raise TapeError(
-                f"dataset {name!r} could not be loaded (the Hugging Face hub is unreachable or offline); {LOCAL_HINT}"
-            ) from None
-        raise TapeError(f"dataset {name!r} could not be loaded: {str(e).splitlines()[0]}") from None
+            raise TapeError(f"{what}: {local}dataset {name!r} could not be loaded (the Hugging Face hub is unreachable "
+                            f"or offline); {fix}") from None
+        raise TapeError(f"{what}: {local}dataset {name!r} could not be loaded: {str(e).splitlines()[0]}") from None
 
 
 def token_dtype(path: Path) -> np.dtype:
@@ -165,11 +178,11 @@ def token_dtype(path: Path) -> np.dtype:
     return np.dtype(dtype)
 
 
-def open_token_memmap(source: str) -> np.memmap:
-    """Map a `.bin` token file read-only as a 1-D array of token ids."""
+def open_token_memmap(source: str, what: str = "data.source") -> np.memmap:
+    """Map a `.bin` token file read-only as a 1-D array of token ids; `what` names where `source` came from."""
     path = Path(source).expanduser()
     if not path.is_file():
-        raise TapeError(f"token file {source} does not exist")
+        raise TapeError(f"{what}: token file {source} does not exist; {how_to_set(what)} ({SOURCE_KINDS})")
     dtype = token_dtype(path)
     size = path.stat().st_size
     if size == 0 or size % dtype.itemsize:

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from tapecli.data.schema import DataSchema, check_tokenized
+from tapecli.data.schema import DataSchema, check_source_files, check_tokenized
 from tapecli.data.sources import (
     is_hub_source,
     is_pretokenized,
@@ -262,6 +262,9 @@ class TextData(DataSchema):
     def check(self) -> None:
         super().check()
         check_tokenized(self)
+
+    def check_files(self) -> None:
+        check_source_files(self)
 
     def build(self, tokenizer: Tokenizer, seed: int, cache_dir: Path) -> tuple[Dataset, Dataset | None]:
         return build_text_datasets(self.source, tokenizer, self.seq_len, self.val_fraction, seed,

@@ -366,7 +366,7 @@ def train_tokenizer(
         corpus = Path(tmp) / "corpus.txt"
         written = 0
         with corpus.open("w", encoding="utf-8") as f:
-            for doc in iter_documents(data, text_field=text_field):
+            for doc in iter_documents(data, text_field=text_field, what="--data"):
                 # sentencepiece reads one sentence per line; newlines are still encoded losslessly via byte_fallback.
                 lines = [line for line in doc.splitlines() if line.strip()]
                 if lines:

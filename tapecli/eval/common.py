@@ -57,7 +57,7 @@ def parse_pe_args(pairs: list[str] | None) -> dict[str, Any]:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise TapeError(f"--pe-arg {pair!r} must look like key=value (e.g. --pe-arg scaling=linear)")
-        parsed[key.strip()] = parse_value(raw)
+        parsed[key.strip()] = parse_value(raw, f"--pe-arg {key.strip()}")
     return parsed
 
 

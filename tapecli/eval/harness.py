@@ -40,25 +40,46 @@ OFFLINE_HINT = ("copy the task's YAML into a folder, set `dataset_path: json` (o
 
 def resolve_task_files(tasks: list[str], include_path: list[str] | None) -> tuple[list[str], list[str]]:
     """(task names, include paths) with every task given as a YAML file replaced by its `task:` name and its folder
-    added to the include paths (lm-eval < 0.4.13 accepts only names)."""
-    import yaml
-
-    class _AnyTag(yaml.SafeLoader):  # task files may hold lm-eval's `!function` tags: read them as None
-        pass
-
-    _AnyTag.add_multi_constructor("!", lambda loader, suffix, node: None)
-    names, paths = [], list(include_path or [])
+    added to the include paths (lm-eval < 0.4.13 accepts only names). Every task file tape passes on to lm-eval (these
+    files, the YAMLs under the include paths, the files they `include:`) is read first by `tapecli.yamlsafe`: a
+    Python tag, a duplicated key, an alias bomb or deep nesting is one line naming the file and the line, and lm-eval
+    never sees the file."""
+    names, paths, files = [], list(include_path or []), []
     for task in tasks:
         path = Path(task).expanduser()
         if path.suffix in (".yaml", ".yml") and path.is_file():
-            config = yaml.load(path.read_text(), Loader=_AnyTag) or {}
+            config = read_task_file(path)
             if not isinstance(config, dict) or not isinstance(config.get("task"), str):
                 raise TapeError(f"--tasks {task}: the YAML file has no `task:` name")
             names.append(config["task"])
             paths.append(str(path.parent))
+            files.append(path)
         else:
             names.append(task)
+    for folder in include_path or []:
+        if Path(folder).is_dir():
+            files += sorted(p for p in Path(folder).expanduser().rglob("*") if p.suffix in (".yaml", ".yml"))
+    checked: set[Path] = set()
+    while files:  # each file once, and what it includes
+        path = files.pop().resolve()
+        if path in checked or not path.is_file():
+            continue
+        checked.add(path)
+        config = read_task_file(path)
+        included = config.get("include") if isinstance(config, dict) else None
+        if isinstance(included, str):
+            files.append(path.parent / included)
     return names, list(dict.fromkeys(paths))
+
+
+def read_task_file(path: Path) -> Any:
+    """An lm-eval task YAML as plain values (its `!function` tags as text), through `tapecli.yamlsafe`."""
+    from tapecli import yamlsafe
+    from tapecli.faults import reading
+
+    with reading(path):
+        text = path.read_text(encoding="utf-8")
+    return yamlsafe.load(text, str(path), tags={"!function"})
 
 
 def task_manager(tasks: list[str], include_path: list[str] | None = None) -> Any:

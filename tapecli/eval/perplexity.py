@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from tapecli.data.sources import check_source
 from tapecli.errors import TapeError
 from tapecli.eval.protocol import Evaluation, Opening, run, source_of
 from tapecli.store.door import OpenedModel
@@ -92,10 +93,10 @@ def load_stream(data: str, tokenizer: Any, text_field: str = "text", max_tokens:
     from tapecli.data.sources import is_pretokenized, iter_documents, open_token_memmap
 
     if is_pretokenized(data):
-        tokens = open_token_memmap(data)
+        tokens = open_token_memmap(data, "--data")
         return tokens[:max_tokens] if max_tokens else tokens
     ids: list[int] = []
-    for text in iter_documents(data, text_field):
+    for text in iter_documents(data, text_field, "--data"):
         ids.extend(document_ids(tokenizer, text))
         if max_tokens and len(ids) >= max_tokens:
             break
@@ -174,7 +175,7 @@ class Perplexity(Evaluation):
         if self.protocol == "sliding" and self.stride > min(self.seq_lens):
             raise TapeError(f"--stride {self.stride} exceeds --seq-len {min(self.seq_lens)}; the sliding protocol "
                             "would skip tokens")
-        check_source(self.data)  # before anything is written, so a mistyped --data leaves no output directory behind
+        check_source(self.data, "--data")  # before anything is written: a mistyped --data leaves no output behind
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         data_path = Path(self.data).expanduser()
@@ -280,19 +281,7 @@ def _batches(todo: list[tuple[int, int]], windows: dict[int, list[Window]], batc
     return batches
 
 
-def check_source(data: str) -> None:
-    """One line when `data` (a .bin token file or a local text source) cannot be read; hub sources are checked when
-    they are read."""
-    from tapecli.data.sources import is_hub_source, is_pretokenized, local_files, open_token_memmap
-
-    if is_pretokenized(data):
-        open_token_memmap(data)
-    elif not is_hub_source(data):
-        local_files(data)
-
-
 def check_vocab(tokens: np.ndarray, vocab_size: int, data: str, name: str) -> None:
-    """One line when the stream holds a token id beyond the model's vocabulary (a file tokenized for another model)."""
     top = int(tokens.max()) if len(tokens) else 0
     if top >= vocab_size:
         raise TapeError(f"{data} holds token id {top}, but {name} has a vocabulary of {vocab_size}; the file was "

@@ -24,6 +24,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from tapecli import threads
 from tapecli.errors import TapeError
 from tapecli.experiments.bench_step import make_variant, train_step
 from tapecli.experiments.pe_specs import parse_pe_specs
@@ -74,20 +75,6 @@ def check_variants(variants: list[tuple[str, str, dict, dict]], n_heads: int, di
             raise TapeError(f"--pe {label}: {e}") from None
 
 
-def parse_lengths(text: str) -> list[int]:
-    """--seq-len: comma-separated positive integers."""
-    lengths = []
-    for part in (p.strip() for p in str(text).split(",")):
-        try:
-            value = int(part)
-        except ValueError:
-            raise TapeError(f"--seq-len: expected comma-separated positive integers, got {text!r}") from None
-        if value <= 0:
-            raise TapeError(f"--seq-len must be a positive integer, got {value}")
-        lengths.append(value)
-    return lengths
-
-
 def check_options(n_layers: int, dim: int, n_heads: int, seq_lens: list[int], batch_size: int, steps: int,
                   warmup: int, rounds: int, precision: str = "fp32") -> None:
     """Every option names its own problem, before any model is built."""
@@ -101,7 +88,8 @@ def check_options(n_layers: int, dim: int, n_heads: int, seq_lens: list[int], ba
         raise TapeError(f"--n-heads {n_heads} does not divide --dim {dim}")
     if precision not in PRECISIONS:
         raise TapeError(f"--precision: expected one of {', '.join(PRECISIONS)}, got {precision!r}")
-    del seq_lens  # checked by parse_lengths
+    if not seq_lens or min(seq_lens) < 1:
+        raise TapeError(f"--seq-len: expected positive lengths, got {seq_lens}")
 
 
 def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, precision: str,
@@ -145,7 +133,7 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
     note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {max(seq_lens)} "
                     "tokens per step)", "lower --batch-size or --seq-len, or time fewer --pe at once")
     console.print(f"[bold]Benchmark[/]: {n_layers} layers, dim {dim}, {n_heads} heads, batch {batch_size}, "
-                  f"{precision}{', compiled' if compile else ''}, {dev} ({torch.get_num_threads()} threads, torch "
+                  f"{precision}{', compiled' if compile else ''}, {dev} ({threads.describe()}, torch "
                   f"{torch.__version__}), {rounds} rounds x {steps} steps after {warmup} warm-up")
     result = {"settings": {"n_layers": n_layers, "dim": dim, "n_heads": n_heads, "seq_lens": seq_lens,
                            "batch_size": batch_size, "steps": steps, "warmup": warmup, "rounds": rounds,

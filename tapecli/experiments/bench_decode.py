@@ -21,6 +21,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from tapecli import threads
 from tapecli.experiments.bench import bench_variants
 from tapecli.faults import failure_line
 from tapecli.files import write_atomic
@@ -96,7 +97,7 @@ def run_decode_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, prom
     capacity = prompt_len + new_tokens
     console.print(f"[bold]tape bench --decode[/]: {n_layers} layers, dim {dim}, {n_heads} heads, {prompt_len}-token "
                   f"prompt (prefill chunk {prefill_chunk}), {new_tokens} greedy tokens ({uncached_tokens} without "
-                  f"cache), {dev} ({torch.get_num_threads()} threads), {rounds} rounds")
+                  f"cache), {dev} ({threads.describe()}), {rounds} rounds")
     with console.status("timing...") as status:
         for label, pe, pe_args, keys in variants:
             status.update(f"building and warming up {label}")

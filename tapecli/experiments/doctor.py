@@ -32,6 +32,7 @@ import time
 import torch
 from rich.console import Console
 
+from tapecli import threads
 from tapecli.experiments.pe_check import DOCTOR_CHECKS, Outcome, Subject, run_check
 from tapecli.experiments.pe_check.subject import SIZE_TEXT
 from tapecli.experiments.pe_specs import parse_pe_spec
@@ -80,8 +81,7 @@ def compile_works() -> str:
 
 
 def environment(device: torch.device) -> dict[str, str]:
-    env = {"python": platform.python_version(), "torch": torch.__version__,
-           "threads": str(torch.get_num_threads())}
+    env = {"python": platform.python_version(), "torch": torch.__version__, "threads": threads.describe()}
     if torch.cuda.is_available():
         env["cuda"] = f"{torch.version.cuda} ({torch.cuda.device_count()} device(s))"
         env["gpu"] = torch.cuda.get_device_name(device if device.type == "cuda" else 0)
@@ -122,6 +122,11 @@ def run_doctor(device: str = "auto", pes: list[str] | None = None, hybrids: bool
     width = max(len(k) for k in env)
     for key, value in env.items():
         console.print(f"  {key:<{width}}  {value}")
+    crowded = threads.busy()
+    if crowded:
+        console.print(f"[yellow]warning[/]: this machine is busy (load {crowded[0]:.1f} on {crowded[1]} cores): "
+                      "other processes hold the CPU and every thread of a tape command waits for them at every op; "
+                      f"while they run, use --threads 1 (or {threads.ENV}=1)", soft_wrap=True)
     console.print(f"\n[bold]self-check per PE[/] (`tape pe check`'s {', '.join(DOCTOR_CHECKS)} checks on {dev}: "
                   f"{SIZE_TEXT}, hybrids 4 layers; dense: the largest relative difference to the fp64 CPU reference)")
     checks = {}

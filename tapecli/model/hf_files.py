@@ -3,6 +3,7 @@
     read_json_object(path) -> dict            config.json, model.safetensors.index.json, tokenizer_config.json
     weight_files(directory) -> list[Path]     the shards the index lists (each present), else *.safetensors
     read_weights(files, dtype, device, skip)  (name, tensor, file), one tensor at a time, cast to `dtype`
+    fingerprint(directory) -> dict            what identifies the weights, cheaply (a frozen base is checked by it)
 
 Every fault in a file raises `TapeError("<file> ...")` (exit code 2): not JSON, not safetensors, truncated or empty
 (through `tapecli.faults.reading`), a JSON list where an object belongs, an index that names no or absent shards, a
@@ -12,7 +13,9 @@ What the contents *mean* (architecture, shapes against config.json, missing tens
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +28,8 @@ if TYPE_CHECKING:
 
 INDEX = "model.safetensors.index.json"
 WEIGHTS = "model.safetensors"
+SAMPLES, SAMPLE_BYTES = 16, 4096  # bytes of tensor data a fingerprint reads per weight file
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 def read_json_object(path: Path) -> dict[str, Any]:
@@ -55,6 +60,33 @@ def weight_files(directory: Path) -> list[Path]:
         raise TapeError(f"{index} lists the shard {missing[0]}{more}, which is not in {directory}; download the "
                         "missing shards again")
     return [directory / shard for shard in shards]
+
+
+def fingerprint(directory: Path) -> dict[str, Any]:
+    """What identifies a Hugging Face directory's weights, read in milliseconds whatever their size:
+    {"revision": the hub commit when `directory` is a hub cache snapshot (.../snapshots/<commit>), else None,
+     "files": {name: {"bytes": size, "sha256": of its safetensors header (every tensor's name, dtype, shape and
+               offsets) and of SAMPLES x SAMPLE_BYTES bytes of tensor data spread evenly over the file}},
+     "sha256": of all that, for messages}.
+    Another model, revision, seed or fine-tune changes the sampled bytes; a change confined to bytes between the
+    samples (a few weights edited by hand) is not seen."""
+    files = {}
+    for path in weight_files(directory):
+        with reading(path), path.open("rb") as f:
+            size = path.stat().st_size
+            length = int.from_bytes(f.read(8), "little")
+            if not 0 < length <= size - 8:
+                raise ValueError(f"header length {length} does not fit the file")
+            digest = hashlib.sha256(f.read(length))
+            start = 8 + length
+            span = max(0, size - start - SAMPLE_BYTES)
+            for i in range(SAMPLES):
+                f.seek(start + span * i // (SAMPLES - 1))
+                digest.update(f.read(SAMPLE_BYTES))
+        files[path.name] = {"bytes": size, "sha256": digest.hexdigest()}
+    revision = directory.name if directory.parent.name == "snapshots" and _COMMIT.match(directory.name) else None
+    whole = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return {"revision": revision, "files": files, "sha256": whole}
 
 
 def read_weights(files: list[Path], dtype: torch.dtype, device: torch.device | str,

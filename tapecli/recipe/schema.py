@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import yaml
 
+from tapecli import yamlsafe
 from tapecli.errors import TapeError
 from tapecli.recipe.files import list_recipes, locate, recipe_text
 from tapecli.recipe.legacy import upgrade
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Recipe", "list_recipes", "load_recipe", "recipe_text"]
 
+MAX_STEPS = 99_999_999  # checkpoint directories are step-XXXXXXXX (tapecli.store.checkpoint)
 Schedule = Literal["linear", "cosine", "constant"]
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 LoggerName = Literal["jsonl", "tensorboard", "wandb"]
@@ -131,6 +133,9 @@ class TrainSection:
                     "log_every"):
             if getattr(self, key) is not None and getattr(self, key) <= 0:
                 fail(f"train.{key}", f"must be a positive integer, got {getattr(self, key)}")
+        if self.max_steps is not None and self.max_steps > MAX_STEPS:
+            fail("train.max_steps", f"{self.max_steps:,} is more than {MAX_STEPS:,} (checkpoints are named by 8 "
+                 "digits, step-XXXXXXXX)")
         # lr 0 is allowed: a run that must not move the weights (e.g. checking that an export reproduces its base)
         for key in ("lr", "min_lr", "weight_decay", "grad_clip", "keep_last", "eval_every", "seed"):
             if getattr(self, key) < 0:
@@ -288,7 +293,7 @@ def _kind(data: Any, origin: str, overrides: list[str]) -> tuple[str, bool]:
     for override in overrides:
         parts, raw = split_override(override)
         if parts == ["data", "kind"]:
-            kind, where, written = parse_value(raw), "", True
+            kind, where, written = parse_value(raw, "data.kind"), "", True
     if not isinstance(kind, str) or kind not in KINDS:
         raise TapeError(f"{where}data.kind: expected one of {', '.join(KINDS)}; got {kind!r}")
     return kind, written
@@ -364,9 +369,4 @@ def load_recipe(recipe: str, overrides: list[str] | None = None) -> Recipe:
     Raises TapeError on any mistake.
     """
     origin, text = locate(recipe)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        problem = " ".join(str(err).split())
-        raise TapeError(f"{origin}: not valid YAML: {problem}") from None
-    return _build(data, origin, overrides or [])
+    return _build(yamlsafe.load(text, origin), origin, overrides or [])

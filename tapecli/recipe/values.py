@@ -20,11 +20,11 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import yaml
-
+from tapecli import yamlsafe
 from tapecli.errors import TapeError
 
 Tree = dict[str, dict[str, Any]]
+INT_MAX = 2**63 - 1  # an integer value must fit in 64 bits (torch, numpy and the file formats store it so)
 
 
 def fail(key: str, problem: str) -> typing.NoReturn:
@@ -97,13 +97,14 @@ def _describe(tp: Any) -> str:
 _NUMBER_STRING = re.compile(r"[-+]?((\d+\.?\d*|\.\d+)[eE][-+]?\d+|inf|infinity|nan)", re.IGNORECASE)
 
 
-def parse_value(raw: str) -> Any:
+def parse_value(raw: str, origin: str = "value") -> Any:
     """A value written as text -- a recipe override's or a `--pe-arg`'s -- the one way: read as YAML (`null`,
-    `true`, `[0.9, 0.95]`, `{a: 1}`), then every string that spells a number YAML 1.1 leaves as text (`1e6`, `inf`,
+    `true`, `[0.9, 0.95]`, `{a: 1}`) by `tapecli.yamlsafe` (a duplicated key, an alias bomb or deep nesting is a
+    TapeError naming `origin`), then every string that spells a number YAML 1.1 leaves as text (`1e6`, `inf`,
     `nan`) made a float, at any depth. Text that is not YAML (a glob such as `*.pe.*`) stays as written."""
     try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
+        value = yamlsafe.load(raw, origin)
+    except yamlsafe.InvalidYaml:
         return raw
     return _numbers(value)
 
@@ -170,6 +171,8 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
             if tp is float:
                 return float(number)
             if number == int(number):
+                if abs(number) > INT_MAX:
+                    fail(key, f"{value!r} is out of range (at most {INT_MAX:,} in size)")
                 return int(number)
     fail(key, f"expected {_describe(tp)}, got {value!r}")
 
@@ -219,7 +222,7 @@ def apply_override(tree: Tree, override: str, layout: Layout) -> None:
     name = parts[1]
     if name not in hints or (len(parts) > 2 and typing.get_origin(hints[name]) is not dict):
         raise _unknown_key(key, layout)
-    value = parse_value(raw)
+    value = parse_value(raw, key)
     body = tree.setdefault(section, {})
     if len(parts) == 2:
         if isinstance(value, (int, float, bool)) and _accepts_str(hints[name]):

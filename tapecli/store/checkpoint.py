@@ -6,8 +6,9 @@ A checkpoint is a directory `RUN/checkpoints/step-XXXXXXXX/` holding
     tokenizer/          what `tok.save` writes
     train_state.pt      optimizer, scheduler, step, RNG states, data position, recipe hash (training only)
     base_model.json     only for models trained on a frozen Hugging Face base (`tape extend-context`): where the
-                        base was imported from and the LoRA settings; model.safetensors then holds only the new and
-                        trained tensors, and opening assigns the rest from the base (tapecli.store.door)
+                        base was imported from, the fingerprint of its weights and the LoRA settings;
+                        model.safetensors then holds only the new and trained tensors, and opening assigns the rest
+                        from the base (tapecli.store.door), once the base's fingerprint matches
 It is written into a `.tmp-*` directory next to it and renamed into place, so a directory named `step-*` is
 always complete; a save killed half-way leaves only a `.tmp-*` directory, which is ignored and later removed, and
 a save that fails (a full disk) removes its `.tmp-*` directory itself. Pruning renames a checkpoint out of the
@@ -173,7 +174,8 @@ def read_base_record(checkpoint: Path) -> dict[str, Any]:
     """base_model.json: where the Hugging Face base of a checkpoint was imported from; corrupt is one line."""
     with reading(checkpoint / BASE_MODEL):
         record = json.loads((checkpoint / BASE_MODEL).read_text(encoding="utf-8"))
-        return {"source": str(record["source"]), "directory": str(record["directory"]), "lora": record.get("lora")}
+        return {"source": str(record["source"]), "directory": str(record["directory"]), "lora": record.get("lora"),
+                "fingerprint": record.get("fingerprint")}  # None in checkpoints written before it was recorded
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tapecli.errors import TapeError
+from tapecli.errors import TapeError, how_to_set
 from tapecli.model.hf import HF_CONFIG
 from tapecli.store.checkpoint import (
     BASE_MODEL,
@@ -52,7 +52,7 @@ from tapecli.store.checkpoint import (
     read_model_config,
     resolve_checkpoint,
 )
-from tapecli.store.run import CHECKPOINTS
+from tapecli.store.run import CHECKPOINTS, output_kind
 
 if TYPE_CHECKING:
     import torch
@@ -82,7 +82,8 @@ SHORT_NAMES: dict[str, str] = {
     "qwen3-8b": "Qwen/Qwen3-8B-Base",
 }
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-_KINDS = "a tape run directory, a checkpoint directory or a Hugging Face model directory or hub id"
+MODEL_KINDS = "a tape run directory, a checkpoint directory or a Hugging Face model directory or hub id"
+HF_KINDS = "a Hugging Face model directory (config.json, *.safetensors, tokenizer), hub id or short name"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -99,10 +100,12 @@ class Source:
     name: str  # a short label for tables, plots and default output folders
     checkpoint: Path | None = None  # tape: the checkpoint directory, as resolved from the spec
     base: dict[str, Any] | None = None  # an extended checkpoint's base_model.json: {"source", "directory", "lora"}
+    what: str = "--model"  # the option or recipe key that gave `spec`, for messages
 
 
-def find_source(spec: str, what: str = "--model") -> Source:
-    """The source `spec` names; `what` names the option or key in the one-line error when it names none."""
+def find_source(spec: str, what: str = "--model", kinds: str = MODEL_KINDS) -> Source:
+    """The source `spec` names; `what` names the option or recipe key that gave it, `kinds` what it may name, in the
+    one-line error when it names none (`--model: runs/x does not exist; pass --model PATH (a tape run ...)`)."""
     path = Path(spec).expanduser()
     if _is_tape(path):
         checkpoint = resolve_checkpoint(path)
@@ -112,13 +115,14 @@ def find_source(spec: str, what: str = "--model") -> Source:
         name = (path.resolve().name if absolute != path.resolve() else
                 f"{absolute.parent.parent.name}/{absolute.name}" if in_run else absolute.name)
         base = read_base_record(checkpoint) if (checkpoint / BASE_MODEL).is_file() else None
-        return Source(spec=spec, kind="tape", location=str(absolute), name=name, checkpoint=checkpoint, base=base)
+        return Source(spec=spec, kind="tape", location=str(absolute), name=name, checkpoint=checkpoint, base=base,
+                      what=what)
     if not is_hf_source(spec):
         problem = "does not exist" if not path.exists() else "holds no tape checkpoint"
-        raise TapeError(f"{what} {spec}: {problem}; pass {_KINDS}")
+        raise TapeError(f"{what}: {spec} {problem}; {how_to_set(what)} ({kinds})")
     if path.exists():
-        return Source(spec=spec, kind="hf", location=str(path.resolve()), name=path.resolve().name)
-    return Source(spec=spec, kind="hf", location=spec, name=spec)
+        return Source(spec=spec, kind="hf", location=str(path.resolve()), name=path.resolve().name, what=what)
+    return Source(spec=spec, kind="hf", location=spec, name=spec, what=what)
 
 
 def _is_tape(path: Path) -> bool:
@@ -137,21 +141,24 @@ def is_hf_source(source: str) -> bool:
     return source.lower() in SHORT_NAMES or bool(_HUB_ID.match(source))
 
 
-def resolve_hf_source(source: str) -> Path:
-    """The local directory of `source`: as given, or the hub snapshot (downloaded, or found in the cache offline)."""
+def resolve_hf_source(source: str, what: str = "--model") -> Path:
+    """The local directory of `source`: as given, or the hub snapshot (downloaded, or found in the cache offline);
+    `what` is the option or recipe key that gave it, for messages."""
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / HF_CONFIG).is_file():
-            tape = _tape_kind(path)
-            if tape:
-                raise TapeError(f"{path} is {tape}, not a Hugging Face model directory (no {HF_CONFIG}); pass a "
-                                "Hugging Face directory or hub id (`tape export` turns a RoPE checkpoint into one)")
-            raise TapeError(f"{path} has no {HF_CONFIG}; expected a Hugging Face model directory")
+            tape = output_kind(path)
+            if tape in ("a tape checkpoint", "a tape run directory"):
+                raise TapeError(f"{what}: {path} is {tape}, not a Hugging Face model directory (no {HF_CONFIG}); "
+                                "pass a Hugging Face directory or hub id (`tape export` turns a RoPE checkpoint into "
+                                "one)")
+            raise TapeError(f"{what}: {path} has no {HF_CONFIG}; {how_to_set(what, 'DIR')} ({HF_KINDS})")
         return path
     repo = SHORT_NAMES.get(source.lower(), source)
     if not _HUB_ID.match(repo):
         names = ", ".join(SHORT_NAMES)
-        raise TapeError(f"base {source!r} is neither a directory nor a hub id (owner/name) nor a short name ({names})")
+        raise TapeError(f"{what}: {source!r} is neither a directory nor a hub id (owner/name) nor a short name "
+                        f"({names})")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
 
@@ -163,42 +170,62 @@ def resolve_hf_source(source: str) -> Path:
     except RepositoryNotFoundError:
         raise TapeError(f"{repo} does not exist on the Hugging Face hub (or needs a login)") from None
     except LocalEntryNotFoundError:
-        raise TapeError(f"{repo} is not in the local Hugging Face cache and the hub cannot be reached; pass a local "
-                        "directory with config.json, *.safetensors and the tokenizer instead") from None
+        local = "" if repo != source else "no directory here, and as a hub id "  # `runs/x`: a mistyped path?
+        raise TapeError(f"{what}: {source} is {local}not in the local Hugging Face cache, and the hub cannot be "
+                        f"reached; {how_to_set(what, 'DIR')} (a local Hugging Face model directory: config.json, "
+                        "*.safetensors, tokenizer)") from None
     except Exception as e:  # network failures surface as several library-specific types
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise TapeError(f"{repo} could not be downloaded ({reason}); pass a local directory with config.json, "
                         "*.safetensors and the tokenizer instead") from None
 
 
-def _tape_kind(path: Path) -> str | None:
-    """What tape wrote in `path` ("a tape checkpoint", "a tape run directory"), else None."""
-    if (path / MODEL_CONFIG).is_file():
-        return "a tape checkpoint"
-    if (path / CHECKPOINTS).is_dir() or (path / "run.json").is_file():
-        return "a tape run directory"
-    return None
-
-
 def base_record(source: str, directory: Path, lora: LoraSpec | None) -> dict[str, Any]:
-    """What a checkpoint on a base stores to find it again: the source as given and the directory it resolved to."""
+    """What a checkpoint on a base stores to find it again and to know it is the same: the source as given, the
+    directory it resolved to, and the fingerprint of its weights (`tapecli.model.hf_files.fingerprint`: the hub
+    commit when it came from the hub, each weight file's size and a hash of its header and of samples of its data)."""
+    from tapecli.model.hf_files import fingerprint
+
     return {"source": source, "directory": str(Path(directory).resolve()),
-            "lora": None if lora is None else lora.to_dict()}
+            "lora": None if lora is None else lora.to_dict(), "fingerprint": fingerprint(Path(directory))}
 
 
 def find_base(record: dict[str, Any]) -> Path:
     """The base's directory: the recorded one if it still exists, else a hub source resolved again (hub cache);
-    a local base that is gone is one line naming where it was."""
+    a local base that is gone is one line naming where it was. A base whose weights are not those the checkpoint
+    was trained on (its recorded fingerprint) is refused in one line naming both."""
     directory = Path(record["directory"])
-    if (directory / HF_CONFIG).is_file():
-        return directory
-    source = Path(record["source"]).expanduser()
-    local = directory.parts[-len(source.parts):] == source.parts  # the directory is the path given, not a hub snapshot
-    if not local and is_hf_source(record["source"]):
-        return resolve_hf_source(record["source"])
-    what = f"has no {HF_CONFIG}" if directory.is_dir() else "is gone"
-    raise TapeError(f"{directory}: the Hugging Face base this checkpoint was trained on {what}; restore it there "
-                    "(base_model.json points to it)")
+    if not (directory / HF_CONFIG).is_file():
+        source = Path(record["source"]).expanduser()
+        local = directory.parts[-len(source.parts):] == source.parts  # the path given, not a hub snapshot
+        if local or not is_hf_source(record["source"]):
+            what = f"has no {HF_CONFIG}" if directory.is_dir() else "is gone"
+            raise TapeError(f"{directory}: the Hugging Face base this checkpoint was trained on {what}; restore it "
+                            "there (base_model.json points to it)")
+        directory = resolve_hf_source(record["source"])
+    _check_same_base(record.get("fingerprint"), directory)
+    return directory
+
+
+def _check_same_base(recorded: dict[str, Any] | None, directory: Path) -> None:
+    """One line naming both bases when `directory` holds other weights than the `recorded` fingerprint says
+    (checkpoints written before fingerprints were recorded are not checked)."""
+    from tapecli.model.hf_files import fingerprint
+
+    if not recorded:
+        return
+    found = fingerprint(directory)
+    if found["files"] == recorded["files"]:
+        return
+
+    def describe(print_: dict[str, Any]) -> str:
+        revision = f"revision {print_['revision'][:12]}, " if print_.get("revision") else ""
+        n = len(print_["files"])
+        return f"{revision}weights {print_['sha256'][:12]} ({n} file{'s' * (n != 1)})"
+
+    raise TapeError(f"{directory}: not the Hugging Face base this checkpoint was trained on (trained on "
+                    f"{describe(recorded)}; found {describe(found)}); put that base back there (base_model.json "
+                    "records where it was and its fingerprint)")
 
 
 def base_config(source: Source) -> tuple[dict[str, Any], str]:
@@ -207,7 +234,7 @@ def base_config(source: Source) -> tuple[dict[str, Any], str]:
     from tapecli.model.hf import hf_model_config, read_hf_config
 
     if source.kind == "hf":
-        directory, origin = resolve_hf_source(source.spec), source.spec
+        directory, origin = resolve_hf_source(source.spec, source.what), source.spec
     elif source.base is not None:
         directory, origin = find_base(source.base), source.base["source"]
     else:
@@ -344,7 +371,7 @@ def _open_hf(source: Source, change: _Change, dtype: torch.dtype, device: torch.
     from tapecli.model.extended import build_from_base
     from tapecli.model.hf import hf_model_config, load_hf_tokenizer, read_hf_config
 
-    directory = resolve_hf_source(source.spec)
+    directory = resolve_hf_source(source.spec, source.what)
     hf = read_hf_config(directory)
     config, _ = change.apply(hf_model_config(hf, str(directory / HF_CONFIG)).to_dict(), source.spec)
     tokenizer = load_hf_tokenizer(directory, hf)  # before the weights: a missing tokenizer fails in a second

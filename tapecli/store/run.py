@@ -34,6 +34,11 @@ METRICS = "metrics.jsonl"
 RECIPE = "recipe.yaml"
 MODEL_CONFIG = "model_config.json"  # in each checkpoint (tapecli.store.checkpoint)
 RUN_INFO = "run.json"
+# What marks the other outputs tape writes (their owners: tapecli.eval.common, tapecli.experiments.sweep.runner,
+# tapecli.store.checkpoint, tapecli.model.hf_export); `output_kind` reads them.
+_MARKERS = [("sweep.json", "a sweep directory"), (RUN_INFO, "a tape run directory"),
+            (CHECKPOINTS, "a tape run directory"), ("model_config.json", "a tape checkpoint"),
+            ("settings.json", "an evaluation's output"), ("config.json", "a Hugging Face model directory")]
 
 
 def git_revision() -> str | None:
@@ -191,6 +196,15 @@ def eval_dir(evaluation: str, kind: str, source: str, per_checkpoint: bool = Tru
 def safe_name(name: str) -> str:
     """`name` as one folder name: every run of characters other than letters, digits, `.`, `_` and `-` becomes `_`."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def output_kind(path: Path) -> str | None:
+    """What tape (or an export) wrote in the directory `path` ("a tape run directory", "an evaluation's output",
+    "a Hugging Face model directory", "a tape checkpoint", "a sweep directory"), else None."""
+    for marker, kind in _MARKERS:
+        if (Path(path) / marker).exists():
+            return kind
+    return None
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

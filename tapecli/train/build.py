@@ -22,26 +22,35 @@ from typing import Any
 import torch
 from torch import nn
 
-from tapecli import faults
 from tapecli.errors import TapeError
 from tapecli.recipe import Recipe
 from tapecli.runtime import training_dtype
-from tapecli.store.door import Source, base_config, find_source, open_model, resolve_hf_source
+from tapecli.store.door import (
+    HF_KINDS,
+    MODEL_KINDS,
+    Source,
+    base_config,
+    find_source,
+    open_model,
+    resolve_hf_source,
+)
 from tapecli.train.freeze import apply_freeze, apply_plan
 
 
 def build_model(recipe: Recipe, resume_from: Path | None, init_from: str | None, device: torch.device,
-                precision: str) -> tuple[nn.Module, Any, str | None]:
+                precision: str, init_what: str = "train.init_from") -> tuple[nn.Module, Any, str | None]:
     """(model on `device`, tokenizer, a line saying where the weights came from or None). `precision` is the
-    resolved train.precision."""
+    resolved train.precision; `init_what` the option or recipe key that gave `init_from` (--checkpoint, --base,
+    train.init_from), named by its errors."""
     spec = resume_from or init_from
     if spec is None:
         model, tokenizer = _fresh_model(recipe)
         apply_freeze(model, recipe.train.freeze, recipe.train.unfreeze)
         return model.to(device), tokenizer, None
+    what = "--resume" if resume_from is not None else init_what
     if recipe.extends and resume_from is None and Path(str(init_from)).expanduser().is_dir():
-        resolve_hf_source(str(init_from))  # a tape run or checkpoint, or a folder without config.json, says so
-    source = find_source(str(spec), what="checkpoint")
+        resolve_hf_source(str(init_from), what)  # a tape run or checkpoint, or a folder without config.json, says so
+    source = find_source(str(spec), what, HF_KINDS if recipe.extends and resume_from is None else MODEL_KINDS)
     if source.kind == "hf" or (resume_from is not None and source.base is not None):
         return _on_base(recipe, source, device, precision)
     if recipe.extends:
@@ -54,11 +63,9 @@ def build_model(recipe: Recipe, resume_from: Path | None, init_from: str | None,
 
 
 def _fresh_model(recipe: Recipe) -> tuple[nn.Module, Any]:
-    from tapecli.data.tokenizer import load_tokenizer
     from tapecli.model import ModelConfig, Transformer
 
-    with faults.reading(recipe.data.tokenizer):
-        tokenizer = load_tokenizer(recipe.data.tokenizer)
+    tokenizer = recipe.data.open_tokenizer(recipe.model.vocab_size)
     kwargs = recipe.model_config_kwargs(tokenizer.vocab_size)
     if kwargs["abacus"]:
         digits = getattr(tokenizer, "digit_ids", None)

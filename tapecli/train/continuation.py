@@ -20,16 +20,14 @@ _INSTEAD = "use another --out for a new run, or start from it with tape finetune
 
 def check_continuation(recipe: Recipe, checkpoint: Path, tokenizer: Any, config: Any) -> None:
     """`tokenizer` is the checkpoint's own; `config` is the ModelConfig the recipe builds from the checkpoint."""
-    from tapecli.data.tokenizer import load_tokenizer, tokenizer_fingerprint
-    from tapecli.faults import reading
+    from tapecli.data.tokenizer import tokenizer_fingerprint
 
     previous = run_recipe(checkpoint)  # None for a bare checkpoint directory
     if previous is not None and previous.data.kind != recipe.data.kind:
         raise TapeError(f"data.kind: the recipe says {recipe.data.kind!r} but {checkpoint} was trained on "
                         f"{previous.data.kind!r} data; {_INSTEAD}")
     if previous is None or previous.data.tokenizer != recipe.data.tokenizer:
-        with reading(recipe.data.tokenizer):
-            wanted = load_tokenizer(recipe.data.tokenizer)
+        wanted = recipe.data.open_tokenizer(recipe.model.vocab_size)
         if tokenizer_fingerprint(wanted) != tokenizer_fingerprint(tokenizer):
             raise TapeError(f"data.tokenizer: {recipe.data.tokenizer!r} is not the tokenizer {checkpoint} was "
                             f"trained with; {_INSTEAD}")

@@ -34,7 +34,7 @@ from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
 from tapecli.recipe import Recipe
 from tapecli.recipe.legacy import legacy_hash
-from tapecli.runtime import resolve_precision, rng_state, seed_everything, set_rng_state
+from tapecli.runtime import resolve_precision, rng_state, seed_everything, set_rng_state, startup_line
 from tapecli.store.checkpoint import (
     checkpoint_step,
     list_checkpoints,
@@ -89,25 +89,28 @@ class Job:
     stop: StopSignal = field(default_factory=StopSignal)  # SIGTERM / Ctrl-C: save after this step, then stop
 
 
-def pretrain(recipe: Recipe, out: str | Path, resume: str = "auto", command: list[str] | None = None) -> Path:
-    """Train a model from scratch (or from `train.init_from`) into run directory `out`; returns `out`."""
-    return _run(recipe, Path(out), resume, recipe.train.init_from, command or [])
+def pretrain(recipe: Recipe, out: str | Path, resume: str = "auto", command: list[str] | None = None,
+             init_what: str = "train.init_from") -> Path:
+    """Train a model from scratch (or from `train.init_from`) into run directory `out`; returns `out`. `init_what`
+    names what set train.init_from in errors (`--base` for `tape extend-context`)."""
+    return _run(recipe, Path(out), resume, recipe.train.init_from, command or [], init_what)
 
 
 def finetune(recipe: Recipe, checkpoint: str | Path, out: str | Path, resume: str = "auto",
-             command: list[str] | None = None) -> Path:
+             command: list[str] | None = None, init_what: str = "--checkpoint") -> Path:
     """Fine-tune the model of `checkpoint` (a run or checkpoint directory) into run directory `out`."""
-    return _run(recipe, Path(out), resume, str(checkpoint), command or [])
+    return _run(recipe, Path(out), resume, str(checkpoint), command or [], init_what)
 
 
-def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str]) -> Path:
+def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str],
+         init_what: str) -> Path:
     env = distributed.setup()
     try:
         with contextlib.ExitStack() as held:
             with removed_on_failure(out):  # a failed setup leaves no run directory or cache behind
                 if env.is_main:  # one writer per run directory; rank 0 holds it for every rank
                     held.enter_context(claim(out, command=shlex.join(command) if command else None))
-                job = setup(recipe, out, resume, init_from, command, env)
+                job = setup(recipe, out, resume, init_from, command, env, init_what)
             with job.stop:
                 fit(job)
             distributed.barrier(env)
@@ -120,18 +123,20 @@ def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command:
 # Setup
 
 
-def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str], env: DistEnv) -> Job:
+def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str], env: DistEnv,
+          init_what: str = "train.init_from") -> Job:
     """Check everything that can be wrong before writing anything, then create the run directory.
 
     The caller's recipe is left as it is: the job holds a resolved copy (`resolve_recipe`), which RUN/recipe.yaml
-    records."""
+    records. `init_what` is the option or recipe key that gave `init_from`, for messages."""
     faults.check_output_dir(out)
     check_no_links(out, run_entries(out), "a run directory")
     check_loggers(recipe.train.loggers)
     precision = _check_hardware(recipe, env)
     resume_from = find_resume(out, resume)
+    recipe.data.check_files()  # a missing data.source fails now, before a model is opened
     seed_everything(recipe.train.seed)
-    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device, precision)
+    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device, precision, init_what)
     if resume_from is not None:
         check_continuation(recipe, resume_from, tokenizer, model.config)
     recipe = resolve_recipe(recipe, precision, model.config)
@@ -166,6 +171,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
     if env.is_main:
         remove_temp_dirs(out / CHECKPOINTS)
         write_run_files(out, recipe.to_yaml(), t.seed, command, resume_from)
+        print(startup_line(env.device))
         if origin is not None:
             print(origin)
         print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "
@@ -216,6 +222,9 @@ def find_resume(out: Path, resume: str) -> Path | None:
             raise TapeError(f"{out} already holds checkpoints up to {existing[-1].name}; use --resume auto to "
                             "continue that run, or another --out")
         return None
+    if not Path(resume).expanduser().exists():
+        raise TapeError(f"--resume: {resume} does not exist; pass --resume auto (continue --out if it holds a "
+                        "checkpoint), never, or a run or checkpoint directory")
     return resolve_checkpoint(resume)
 
 
@@ -303,6 +312,7 @@ def fit(job: Job) -> None:
     """Run optimizer steps start_step..max_steps; after each: log, validate, save, and stop if asked to."""
     t, env = job.recipe.train, job.env
     if job.start_step >= t.max_steps:
+        faults.run_finished()
         if env.is_main:
             print(f"nothing to do: {job.last_checkpoint} is already at train.max_steps={t.max_steps}; "
                   f"run directory {job.out}")
@@ -317,6 +327,8 @@ def fit(job: Job) -> None:
                 _validate(job, loop, progress, done)
             if done % t.save_every == 0 or done == t.max_steps:
                 job.last_checkpoint = save(job, done, loop.elapsed(job))
+                if done == t.max_steps:
+                    faults.run_finished()  # a stop request from now on has nothing to stop
             if done < t.max_steps and job.stop.requested(env):
                 _stop(job, loop, done)
     if loop.metrics is not None:

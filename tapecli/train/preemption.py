@@ -5,7 +5,8 @@ While `with StopSignal() as stop:` is active, the first SIGTERM, SIGUSR2 or SIGI
 training loop asks `stop.requested(env)` after each optimizer step, saves a checkpoint at that step and raises
 `Stopped` with where it is and how to resume (exit code 128 + the signal number). The first signal also puts
 the previous handlers back, so a second Ctrl-C stops at once (KeyboardInterrupt) and a second SIGTERM kills.
-Resuming from that checkpoint is exact, like any other checkpoint.
+Resuming from that checkpoint is exact, like any other checkpoint. A signal after the command's one run saved its
+last checkpoint (`tapecli.faults.finished`) is ignored: the run is done.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tapecli import faults
 from tapecli.errors import Stopped
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, *([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else []))
@@ -43,6 +45,8 @@ class StopSignal:
         self._previous = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if faults.finished():  # the command's one run saved its last checkpoint: nothing to stop
+            return
         self.signal_number = signum
         self._restore()
         print(f"\n{signal.Signals(signum).name}: stopping after this optimizer step to save a checkpoint "

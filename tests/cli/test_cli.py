@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from tapecli.cli import app
@@ -174,3 +175,132 @@ def test_bench_and_doctor_survive_one_failing_pe(monkeypatch):
     assert result.exit_code == 1, result.output
     assert "alibi:   failed: ValueError: alibi broke" in result.output
     assert "nope:    train: sdpa" in result.output and "failed: alibi" in result.output
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The design card's names, unknown commands
+
+
+def _options_box(args: list[str]) -> str:
+    """The options part of a command's --help (everything from the first option box on)."""
+    result = runner.invoke(app, [*args, "--help"])
+    assert result.exit_code == 0, result.output
+    return result.output[result.output.index("─ Options"):]
+
+
+def test_each_alias_lists_the_same_options_as_its_twin():
+    from tapecli.cli import ALIASES
+
+    assert set(ALIASES) == {"eval-addition", "eval-scrolls", "passkey", "perplexity"}
+    for alias, twin in ALIASES.items():
+        assert _options_box([alias]) == _options_box(["eval", twin]), alias
+        assert f"The same as `tape eval {twin}`" in runner.invoke(app, [alias, "--help"]).output
+
+
+def test_aliases_are_listed_once_in_the_help():
+    """Hidden as commands; the eval row names them."""
+    listing = runner.invoke(app, ["--help"]).output
+    rows = [line.split()[1] for line in listing.splitlines() if line.startswith("│ ") and line.split()[1:2]]
+    assert "perplexity" not in rows and "eval-addition" not in rows and "eval" in rows
+    flat = " ".join(listing.replace("│", " ").split())
+    assert "(aliases: `tape eval-addition`, `tape eval-scrolls`, `tape passkey`, `tape perplexity`)" in flat
+
+
+def test_an_alias_writes_what_its_twin_writes(tmp_path, tiny_corpus):
+    from train_helpers import write_recipe
+
+    from tapecli.recipe import load_recipe
+    from tapecli.train import engine
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 1, "save_every": 1, "warmup": 0,
+                                                                   "eval_every": 0})
+    run = engine.pretrain(load_recipe(str(recipe)), tmp_path / "run")
+    outputs = {}
+    for args in (["passkey"], ["eval", "passkey"]):
+        out = tmp_path / "-".join(args)
+        result = runner.invoke(app, [*args, "--model", str(run), "--budgets", "40", "--trials", "2",
+                                     "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        results = json.loads((out / "results.json").read_text())
+        results.pop("seconds_this_session")
+        outputs[" ".join(args)] = (results, (out / "samples.jsonl").read_text())
+    assert outputs["passkey"] == outputs["eval passkey"]
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["eval", "pass"], "error: no such command 'pass'; did you mean `tape eval passkey`? (see `tape eval --help`)"),
+    (["evaluate"], "error: no such command 'evaluate'; did you mean `tape eval`? (see `tape --help`)"),
+    (["addition"], "error: no such command 'addition'; did you mean `tape eval addition`? (see `tape --help`)"),
+    (["eval-additon"], "error: no such command 'eval-additon'; did you mean `tape eval-addition`? (see `tape --help`)"),
+    (["tokenizer", "trian"], "error: no such command 'trian'; did you mean `tape tokenizer train`? (see `tape "
+                             "tokenizer --help`)"),
+    (["zzzz"], "error: no such command 'zzzz' (see `tape --help`)"),
+])
+def test_an_unknown_command_names_the_nearest(args, line):
+    result = runner.invoke(app, args, prog_name="tape")
+    assert result.exit_code == 2 and result.stderr.strip() == line
+
+
+def test_every_group_suggests():
+    """A new group must be `typer.Typer(cls=Group, ...)` to answer a typo with the nearest command."""
+    from typer.core import TyperGroup
+
+    from tapecli.cli.app import Group
+
+    def groups(command):
+        if isinstance(command, TyperGroup):
+            yield command
+            for sub in command.commands.values():
+                yield from groups(sub)
+
+    found = list(groups(typer.main.get_command(app)))
+    assert len(found) >= 3 and all(isinstance(g, Group) for g in found), [g.name for g in found]
+
+
+def test_the_cli_reference_names_every_command():
+    from pathlib import Path
+
+    from tapecli.cli import ALIASES
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+
+    def paths(command, prefix=""):
+        for name, sub in getattr(command, "commands", {}).items():
+            if hasattr(sub, "commands"):
+                yield from paths(sub, f"{prefix}{name} ")
+            elif not sub.hidden:
+                yield prefix + name
+
+    names = list(paths(typer.main.get_command(app)))
+    assert len(names) > 15
+    missing = [name for name in [*names, *ALIASES] if f"`tape {name}`" not in text]
+    assert not missing, missing
+
+
+def test_every_number_option_declares_its_range():
+    """Every int option has a range and every float option is finite (tapecli.cli.options): a new option without
+    them fails here."""
+    import typing
+
+    def leaves(command, prefix="tape"):
+        for name, sub in getattr(command, "commands", {}).items():
+            if hasattr(sub, "commands"):
+                yield from leaves(sub, f"{prefix} {name}")
+            else:
+                yield f"{prefix} {name}", sub
+
+    missing, checked = [], 0
+    for path, command in leaves(typer.main.get_command(app)):
+        for param in command.params:
+            annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+            kinds = set(typing.get_args(annotation)) | {annotation} | {
+                inner for arg in typing.get_args(annotation) for inner in typing.get_args(arg)}
+            if int in kinds and bool not in kinds:
+                checked += 1
+                if param.min is None:
+                    missing.append(f"{path} {param.opts[0]}: int without a range (tapecli.cli.options.integer)")
+            if float in kinds:
+                checked += 1
+                if not getattr(getattr(param.callback, "__wrapped__", param.callback), "checks_finite", False):
+                    missing.append(f"{path} {param.opts[0]}: float not checked finite (tapecli.cli.options.number)")
+    assert checked > 40 and not missing, "\n".join(missing)

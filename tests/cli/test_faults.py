@@ -277,14 +277,14 @@ def test_real_bugs_keep_their_traceback_and_debug_shows_every_one(monkeypatch: p
     monkeypatch.setattr("tapecli.experiments.bench.run_bench", bug)
     assert isinstance(runner.invoke(app, ["bench"]).exception, ZeroDivisionError)
     monkeypatch.undo()
-    one_line_error(runner.invoke(app, ["bench", "--steps", "0"]), 2, "--steps must be a positive integer, got 0")
+    one_line_error(runner.invoke(app, ["bench", "--n-heads", "3"]), 2, "--n-heads 3 does not divide --dim 256")
     from tapecli.errors import TapeError
 
-    assert isinstance(runner.invoke(app, ["--debug", "bench", "--steps", "0"]).exception, TapeError)
-    assert isinstance(runner.invoke(app, ["bench", "--steps", "0"], env={"TAPE_DEBUG": "1"}).exception, TapeError)
-    proc = subprocess.run(cli("bench", "--rounds", "0"), env={**subprocess_env(), "TAPE_DEBUG": "1"}, cwd=REPO,
+    assert isinstance(runner.invoke(app, ["--debug", "bench", "--n-heads", "3"]).exception, TapeError)
+    assert isinstance(runner.invoke(app, ["bench", "--n-heads", "3"], env={"TAPE_DEBUG": "1"}).exception, TapeError)
+    proc = subprocess.run(cli("bench", "--n-heads", "3"), env={**subprocess_env(), "TAPE_DEBUG": "1"}, cwd=REPO,
                           capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "Traceback" in proc.stderr and "--rounds must be a positive" in proc.stderr
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "does not divide --dim" in proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -420,12 +420,15 @@ def test_second_ctrl_c_stops_at_once() -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--steps", "0"], "--steps must be a positive integer, got 0"),
-    (["--rounds", "-1"], "--rounds must be a positive integer, got -1"),
-    (["--dim", "0"], "--dim must be a positive integer, got 0"),
+    (["--steps", "0"], "Invalid value for '--steps': Input should be greater than or equal to 1"),
+    (["--rounds", "-1"], "Invalid value for '--rounds': Input should be greater than or equal to 1"),
+    (["--dim", "0"], "Invalid value for '--dim': Input should be greater than or equal to 1"),
     (["--dim", "30", "--n-heads", "4"], "--n-heads 4 does not divide --dim 30"),
-    (["--seq-len", "0"], "--seq-len must be a positive integer, got 0"),
-    (["--batch-size", "-2"], "--batch-size must be a positive integer, got -2"),
+    (["--seq-len", "0"], "--seq-len: 0 must be at least 1"),
+    (["--batch-size", "-2"], "Invalid value for '--batch-size': Input should be greater than or equal to 1"),
+    (["--decode", "--prompt-len", "0"], "Invalid value for '--prompt-len': Input should be greater than or equal to 1"),
+    (["--decode", "--new-tokens", "-2"], "Invalid value for '--new-tokens': Input should be greater than or equal "
+                                         "to 1"),
 ])
 def test_bench_options_are_checked(args: list[str], message: str) -> None:
     one_line_error(runner.invoke(app, ["bench", *args]), 2, message)
@@ -444,7 +447,7 @@ def test_pe_hidden_must_be_positive(tmp_path: Path, corpus: Path, pe: str, hidde
 def test_tokenizer_vocab_size_zero(tmp_path: Path, corpus: Path) -> None:
     result = runner.invoke(app, ["tokenizer", "train", "--data", str(corpus), "--vocab-size", "0",
                                  "--out", str(tmp_path / "t.model")])
-    one_line_error(result, 2, "--vocab-size must be a positive integer, got 0")
+    one_line_error(result, 2, "Invalid value for '--vocab-size': Input should be greater than or equal to 1")
 
 
 def test_faults_are_explained_and_bugs_are_not() -> None:
@@ -672,6 +675,102 @@ def test_export_of_an_extended_run_whose_base_was_damaged(extended_run: tuple[Pa
     one_line_error(runner.invoke(app, ["export", "--checkpoint", str(run), "--out", str(tmp_path / "exported")]), 2,
                    fragment.format(d=base))
     assert not (tmp_path / "exported").exists() and snapshot(run) == before
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A changed base (issue 38, case 1): an extension run keeps only its own tensors and re-reads the frozen base from
+# the directory it recorded; base_model.json holds the base's fingerprint, checked whenever the run is opened.
+
+
+def _other_base(directory: Path) -> None:
+    """The same architecture and shapes, other weights (another seed), in place of the base."""
+    from hf_helpers import make_hf_llama
+
+    shutil.rmtree(directory)
+    make_hf_llama(directory, n_kv_heads=2, max_position_embeddings=32, seed=7)
+
+
+def _base_line(run: Path, base: Path) -> str:
+    import json
+
+    from tapecli.model.hf_files import fingerprint
+
+    recorded = json.loads((run / "checkpoints" / "step-00000001" / "base_model.json").read_text())["fingerprint"]
+    now = fingerprint(base)
+    assert recorded["revision"] is None and now["files"].keys() == recorded["files"].keys()  # same files, same sizes
+    assert all(now["files"][f]["bytes"] == recorded["files"][f]["bytes"] for f in now["files"])
+    return (f"error: {base}: not the Hugging Face base this checkpoint was trained on (trained on weights "
+            f"{recorded['sha256'][:12]} (12 files); found weights {now['sha256'][:12]} (12 files)); put that base "
+            "back there (base_model.json records where it was and its fingerprint)")
+
+
+def test_an_extension_run_refuses_a_base_with_other_weights_wherever_it_is_opened(
+        extended_run: tuple[Path, Path], hf_llamas: Path, tmp_path: Path) -> None:
+    run, base = extended_run
+    corpus = hf_llamas / "corpus.txt"
+    args = ["eval", "perplexity", "--model", str(run), "--data", str(corpus), "--seq-len", "16", "--max-windows", "1"]
+    assert runner.invoke(app, [*args, "--out", str(tmp_path / "before")]).exit_code == 0
+    _other_base(base)
+    line = _base_line(run, base)
+    before = snapshot(run)
+    for command in ([*args, "--out", str(tmp_path / "eval")],
+                    ["export", "--checkpoint", str(run), "--out", str(tmp_path / "export")],
+                    ["finetune", "--checkpoint", str(run), "--recipe", "c4-smoke", "--out", str(tmp_path / "ft"),
+                     f"data.source={corpus}", "train.max_steps=1"],
+                    _extend(base, run, corpus, "--method", "lora", "train.max_steps=2")):  # resume the run
+        result = runner.invoke(app, command)
+        assert one_line_error(result, 2) == line, command
+    assert snapshot(run) == before and sorted(p.name for p in tmp_path.iterdir()) == ["before"]
+
+
+def test_an_extension_run_refuses_another_hub_revision(hf_llamas: Path, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base given as a hub id, read from the local hub cache: a newer revision there (the old snapshot gone) is
+    refused naming both commits."""
+    from hf_helpers import make_hf_llama
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    repo = cache / "models--tiny--llama"
+    first, second = "a" * 40, "b" * 40
+    make_hf_llama(repo / "snapshots" / first, n_kv_heads=2, max_position_embeddings=32, shard="10GB")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(first)
+    run = tmp_path / "run"
+    assert runner.invoke(app, [*_extend("tiny/llama", run, hf_llamas / "corpus.txt"), "--method", "lora"]
+                         ).exit_code == 0
+    shutil.rmtree(repo / "snapshots" / first)
+    make_hf_llama(repo / "snapshots" / second, n_kv_heads=2, max_position_embeddings=32, shard="10GB", seed=3)
+    (repo / "refs" / "main").write_text(second)
+    line = one_line_error(runner.invoke(app, ["export", "--checkpoint", str(run), "--out", str(tmp_path / "x")]), 2)
+    assert line.startswith(f"error: {repo / 'snapshots' / second}: not the Hugging Face base this checkpoint was "
+                           f"trained on (trained on revision {first[:12]}, weights ")
+    assert f"; found revision {second[:12]}, weights " in line and line.count(" (1 file)") == 2
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_base_check_reads_a_few_kilobytes_per_weight_file(hf_llamas: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """What the check costs, counted rather than timed: the header and 16 x 4 KiB of each file, whatever its size
+    (docs/context-extension.md gives the time it took on a 7B-sized base)."""
+    from tapecli.model import hf_files
+
+    single = hf_llamas / "single" / "model.safetensors"
+    header = int.from_bytes(single.read_bytes()[:8], "little")
+    read = []
+    real_open = Path.open
+
+    def counting_open(self, mode="r", *args, **kwargs):
+        handle = real_open(self, mode, *args, **kwargs)
+        if "b" in mode:
+            real_read = handle.read
+            handle.read = lambda n=-1: read.append(len(chunk := real_read(n))) or chunk
+        return handle
+
+    monkeypatch.setattr(Path, "open", counting_open)
+    print_ = hf_files.fingerprint(hf_llamas / "single")
+    assert 8 + header < sum(read) <= 8 + header + hf_files.SAMPLES * hf_files.SAMPLE_BYTES < single.stat().st_size
+    assert print_["files"]["model.safetensors"]["bytes"] == single.stat().st_size and print_["revision"] is None
 
 
 def test_tape_run_where_a_hf_directory_belongs(base_run: Path, hf_llamas: Path,

@@ -205,8 +205,11 @@ def test_source_errors_name_file_and_field(tmp_path: Path) -> None:
     with pytest.raises(TapeError, match="no .* files match"):
         list(iter_documents(str(tmp_path / "*.parquet")))
     (tmp_path / "x.csv").write_text("a,b")
-    with pytest.raises(TapeError, match="unsupported data file"):
+    with pytest.raises(TapeError, match=r"^data.source: .*x\.csv is not a \.txt, \.jsonl, \.json, \.parquet or \.bin "
+                                         "file; pass data.source=PATH"):
         list(iter_documents(str(tmp_path / "x.csv")))
+    with pytest.raises(TapeError, match="^--data: .*missing.jsonl does not exist; pass --data PATH"):
+        list(iter_documents(str(tmp_path / "missing.jsonl"), what="--data"))
 
 
 def test_offline_hub_dataset_is_one_clear_sentence() -> None:
@@ -215,8 +218,8 @@ def test_offline_hub_dataset_is_one_clear_sentence() -> None:
         next(iter_documents("allenai/c4:en"))
     assert time.monotonic() - start < 10
     assert str(err.value) == (
-        "dataset 'allenai/c4' could not be loaded (the Hugging Face hub is unreachable or offline); "
-        "pass a local path instead (.txt, .jsonl, .parquet, a directory or a glob)"
+        "data.source: dataset 'allenai/c4' could not be loaded (the Hugging Face hub is unreachable or offline); "
+        "pass data.source=PATH (a text file, a folder of .txt/.jsonl/.json/.parquet files, a glob)"
     )
 
 

@@ -69,10 +69,10 @@ def test_a_run_opens_its_newest_checkpoint_and_a_checkpoint_itself(run_dir):
 
 
 def test_errors_are_one_line(tmp_path, run_dir):
-    with pytest.raises(TapeError, match="--model .*missing: does not exist; pass a tape run directory"):
+    with pytest.raises(TapeError, match=r"^--model: .*missing does not exist; pass --model PATH \(a tape run"):
         find_source(str(tmp_path / "missing"))
-    with pytest.raises(TapeError, match=r"^checkpoint .*missing: does not exist"):
-        find_source(str(tmp_path / "missing"), what="checkpoint")
+    with pytest.raises(TapeError, match=r"^train.init_from: .*missing does not exist; pass train.init_from=PATH \("):
+        find_source(str(tmp_path / "missing"), what="train.init_from")
     (tmp_path / "empty").mkdir()
     with pytest.raises(TapeError, match="holds no tape checkpoint"):
         open_model(str(tmp_path / "empty"), device="cpu")
@@ -133,7 +133,7 @@ def test_hub_ids_and_short_names_are_sources_found_without_the_network():
     for spec in ("llama2-7b", "meta-llama/Llama-2-7b-hf"):
         source = find_source(spec)
         assert (source.kind, source.location, source.name) == ("hf", spec, spec) and is_hf_source(spec)
-    with pytest.raises(TapeError, match="not in the local Hugging Face cache"):
+    with pytest.raises(TapeError, match="^--model: llama2-7b is not in the local Hugging Face cache"):
         open_model("llama2-7b", device="cpu")
 
 

@@ -237,7 +237,9 @@ def test_bad_input_is_one_line(base, tmp_path, args, message):
 
 def test_offline_hub_base_says_to_pass_a_directory(tmp_path):
     result = runner.invoke(app, ["extend-context", "--base", "llama2-7b", "--out", str(tmp_path / "run")])
-    assert result.exit_code == 2 and "pass a local directory" in result.output
+    assert result.exit_code == 2 and result.output.startswith(
+        "error: --base: llama2-7b is not in the local Hugging Face cache, and the hub cannot be reached; pass --base "
+        "DIR (a local Hugging Face model directory")
 
 
 def test_help_lists_the_short_names():

@@ -194,7 +194,8 @@ def test_missing_checkpoint_is_one_line_exit_2(tmp_path: Path, tiny_corpus: Path
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus)
     result = runner.invoke(app, ["finetune", "--checkpoint", str(tmp_path / "nope"), "--recipe", str(recipe),
                                  "--out", str(tmp_path / "ft")])
-    assert result.exit_code == 2 and result.output.startswith("error: checkpoint") and "does not exist" in result.output
+    assert result.exit_code == 2 and result.output.startswith(f"error: --checkpoint: {tmp_path / 'nope'} does not "
+                                                              "exist; pass --checkpoint PATH (a tape run directory")
     assert not (tmp_path / "ft").exists()
 
 

@@ -67,9 +67,9 @@ class DataSource:
             raise TapeError(f"--samples must be a positive integer, got {self.samples}")
         kind = synthetic_kind(self.data)
         if kind is None:
-            from tapecli.eval.perplexity import check_source
+            from tapecli.data.sources import check_source
 
-            check_source(self.data)
+            check_source(self.data, "--data")
             return
         from tapecli.eval.synthetic import synthetic_recipe
 

@@ -96,22 +96,35 @@ def parse_list(text: str, option: str) -> tuple[str, ...]:
 
 
 def parse_grid(entries: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
-    """`["train.lr=1e-3,2e-3"]` -> (("train.lr", ("1e-3", "2e-3")),)."""
-    grid = []
-    for entry in entries:
+    """`["train.lr=1e-3,2e-3"]` -> (("train.lr", ("1e-3", "2e-3")),). A key given by two --grid options, or a value
+    given twice (also spelled differently: 1e-3 and 0.001, two cells training the same run), is refused naming both."""
+    from tapecli.recipe.values import parse_value
+
+    grid, where = [], {}
+    for number, entry in enumerate(entries, 1):
         key, sep, values = entry.partition("=")
         if not sep or "." not in key:
             raise TapeError(f"--grid {entry!r} must look like section.key=value1,value2 (e.g. train.lr=1e-3,3e-4)")
         if key in _SET_BY_SWEEP:
             raise TapeError(f"--grid {key}: use {_SET_BY_SWEEP[key]} for it")
-        parsed = parse_list(values, f"--grid {key}")
+        if key in where:
+            raise TapeError(f"--grid {key}: given twice (--grid number {where[key]} and {number}); give every value "
+                            f"in one --grid {key}=A,B")
+        where[key] = number
+        parsed = [part.strip() for part in values.split(",") if part.strip()]
+        if not parsed:
+            raise TapeError(f"--grid {key}: give at least one value")
+        seen: dict[str, str] = {}
+        for value in parsed:
+            same = repr(parse_value(value, f"--grid {key}"))
+            if same in seen:
+                raise TapeError(f"--grid {key}: {seen[same]} and {value} are the same value (two cells would train "
+                                "the same run); give each value once")
+            seen[same] = value
         bad = [v for v in parsed if not _VALUE.match(v)]
         if bad:
             raise TapeError(f"--grid {key}: value {bad[0]!r} cannot name a directory (letters, digits, . _ + - only)")
-        grid.append((key, parsed))
-    keys = [key for key, _ in grid]
-    if len(set(keys)) != len(keys):
-        raise TapeError(f"--grid: a key is given twice ({', '.join(keys)})")
+        grid.append((key, tuple(parsed)))
     return tuple(grid)
 
 

@@ -38,8 +38,13 @@ def _prepare(spec: SweepSpec, command: list[str]) -> tuple[list[Cell], dict[str,
 def _claim(spec: SweepSpec) -> None:
     """Write DIR/sweep.json; a DIR swept before must have been swept with the same recipe and overrides."""
     from tapecli.faults import check_output_dir, reading
+    from tapecli.store.run import output_kind
 
     check_output_dir(spec.out)
+    kind = output_kind(spec.out)
+    if kind not in (None, "a sweep directory"):
+        raise TapeError(f"--out {spec.out} is {kind}; a sweep writes its cells into a directory of its own: pass a "
+                        "new --out (or a directory this sweep wrote)")
     path = spec.out / SWEEP_FILE
     if path.is_file():
         with reading(path):
