@@ -66,14 +66,15 @@ def check_exportable(model: Transformer) -> tuple[str, dict[str, Any]]:
     if any("lora_" in name for name, _ in model.named_parameters()):
         raise TapeError("merge LoRA adapters before exporting (tapecli.model.lora.merge_lora)")
     if pe_entries(model) is None:
-        raise TapeError(f"pe {c.pe!r} has no Hugging Face equivalent (rope and nope layers export, and plugins whose "
-                        "class defines hf_export); keep the native checkpoint, which every `tape eval` opens")
+        pe = next((s.pe for s in c.layers() if s.pe not in ("rope", "nope")), c.pe)
+        raise TapeError(f"pe {pe!r} has no Hugging Face Llama equivalent (rope and nope layers export, and plugins "
+                        "whose class defines hf_export); keep the native checkpoint, which every `tape eval` opens")
     for spec in c.layers():
         for key, plain in FREQUENCY_OPTIONS.items() if spec.pe == "rope" else ():
             if spec.pe_args.get(key, plain) != plain:
-                raise TapeError(f"pe_args.{key}: {spec.pe_args[key]!r} has no Hugging Face equivalent (transformers "
-                                "rotates every dim of a head at its rope type's frequencies); keep the native "
-                                "checkpoint, which every `tape eval` opens")
+                raise TapeError(f"pe_args.{key}: {spec.pe_args[key]!r} has no Hugging Face Llama equivalent "
+                                "(transformers rotates every dim of a head at its rope type's frequencies); keep the "
+                                "native checkpoint, which every `tape eval` opens")
     if c.pe not in ("rope", "nope"):  # a plugin with an export of its own: a Llama, every layer alike
         if c.attention_keys():
             raise TapeError(f"model {', '.join(c.attention_keys())}: a plugin PE exports as a Llama with every layer "
