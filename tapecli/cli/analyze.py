@@ -83,7 +83,7 @@ def attention(
     seq_len: int = SEQ_LEN_OPTION,
     samples: int = integer(2, "--samples", min=1, help="Sequences per model (text: the first N windows)."),
     seed: int = SEED_OPTION,
-    sink: int = integer(1, "--sink", min=0, help="Report the attention mass on the first N tokens (attention sinks)."),
+    sink: int = integer(1, "--sink", min=1, help="Report the attention mass on the first N tokens (attention sinks)."),
     window: int = integer(16, "--window", min=1, help="Report the attention mass within the last N tokens."),
     maps_max: int = integer(64, "--maps-max", min=0, help="Draw the attention maps of the first sequence when "
                                                         "--seq-len is at most this (0: never)."),

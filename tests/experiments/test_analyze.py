@@ -400,11 +400,11 @@ def test_attention_command_compares_models_and_draws_every_picture(tmp_path, syn
 
 @pytest.mark.parametrize("args,fragments", [
     (["--seq-len", "1"], ("--seq-len must be at least 2",)),
-    (["--samples", "0"], ("--samples must be a positive integer",)),
+    (["--samples", "0"], ("'--samples'", "greater than or equal to 1")),
     (["--data", "grid-1d"], ("trained on selective-copy, not on --data grid-1d",)),
     (["--data", "missing.txt"], ("missing.txt",)),
     (["--sink", "20"], ("--sink must be between 1 and --seq-len - 1",)),
-    (["--window", "0"], ("--window must be between 1",)),
+    (["--window", "0"], ("'--window'", "greater than or equal to 1")),
     (["--maps-max", "-1"], ("--maps-max",)),
 ])
 def test_bad_input_is_one_line(tmp_path, synthetic_runs, args, fragments):

@@ -28,7 +28,7 @@ from typing import Any
 from tapecli.errors import TapeError
 from tapecli.eval.protocol import Evaluation, Opening, source_of
 from tapecli.experiments.analyze.pictures import PICTURES, Picture, finish
-from tapecli.experiments.analyze.sequences import DataSource, Sequence, training_length
+from tapecli.experiments.analyze.sequences import DataSource, OverSequences, Sequence
 from tapecli.experiments.analyze.stats import AttentionStats, bin_labels, merge
 from tapecli.experiments.analyze.stats import finish as finish_stats
 from tapecli.store.door import OpenedModel
@@ -98,7 +98,7 @@ def record(model: Any, ids: Any, seq_len: int, sink: int, window: int, maps: boo
 
 
 @dataclass
-class AttentionAnalysis(Evaluation):
+class AttentionAnalysis(OverSequences, Evaluation):
     """Attention statistics, pictures and maps of several models on the same sequences (module docstring)."""
 
     name = "attention"
@@ -126,16 +126,6 @@ class AttentionAnalysis(Evaluation):
         return {"task": "attention", "models": [source_of(m)[1] for m in models], **self.source.describe(),
                 "sink": self.sink, "window": self.window, "maps": self.source.seq_len <= self.maps_max,
                 "dtype": opening.dtype_name(), "pe_args": opening.pe_args}
-
-    def prepare(self, opened: OpenedModel) -> None:
-        self.sequences = self.source.sequences(opened)
-        self.length = training_length(opened)
-
-    def units(self, opened: OpenedModel) -> list[int]:
-        return list(range(len(self.sequences)))
-
-    def key(self, row: dict[str, Any]) -> int:
-        return row["sequence"]
 
     def evaluate(self, opened: OpenedModel, units: list[int]) -> list[dict[str, Any]]:
         T = self.source.seq_len

@@ -28,7 +28,7 @@ from typing import Any
 
 from tapecli.errors import TapeError
 from tapecli.eval.protocol import Evaluation, Opening, source_of
-from tapecli.experiments.analyze.sequences import IGNORE, DataSource, Sequence, training_length
+from tapecli.experiments.analyze.sequences import IGNORE, DataSource, OverSequences, Sequence
 from tapecli.store.door import OpenedModel
 
 PLOT_FILE = "position-loss.png"
@@ -104,7 +104,7 @@ def summarise(rows: list[dict[str, Any]], metric: str) -> tuple[list[float | Non
 
 
 @dataclass
-class PositionLoss(Evaluation):
+class PositionLoss(OverSequences, Evaluation):
     """Loss and accuracy per position of several models on the same sequences (module docstring)."""
 
     name = "position-loss"
@@ -124,16 +124,6 @@ class PositionLoss(Evaluation):
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         return {"task": "position-loss", "models": [source_of(m)[1] for m in models], **self.source.describe(),
                 "bins_per_octave": self.bins_per_octave, "dtype": opening.dtype_name(), "pe_args": opening.pe_args}
-
-    def prepare(self, opened: OpenedModel) -> None:
-        self.sequences = self.source.sequences(opened)
-        self.length = training_length(opened)
-
-    def units(self, opened: OpenedModel) -> list[int]:
-        return list(range(len(self.sequences)))
-
-    def key(self, row: dict[str, Any]) -> int:
-        return row["sequence"]
 
     def evaluate(self, opened: OpenedModel, units: list[int]) -> list[dict[str, Any]]:
         import torch

@@ -153,3 +153,19 @@ def training_length(opened: OpenedModel) -> int | None:
         return int(recipe.data.seq_len)
     config = opened.model.config
     return int(config.pe_args.get("original_max_len") or config.max_seq_len)
+
+
+class OverSequences:
+    """The evaluation-protocol hooks an analysis shares: its units are its source's sequences (`self.source`, a
+    DataSource), one result row per sequence, keyed by the sequence's index; `prepare` also notes the model's
+    training length. Put it before `Evaluation` in the bases."""
+
+    def prepare(self, opened: OpenedModel) -> None:
+        self.sequences = self.source.sequences(opened)
+        self.length = training_length(opened)
+
+    def units(self, opened: OpenedModel) -> list[int]:
+        return list(range(len(self.sequences)))
+
+    def key(self, row: dict[str, Any]) -> int:
+        return row["sequence"]
