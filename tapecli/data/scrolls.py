@@ -116,6 +116,9 @@ def load_split(task: str, split: str, source: str | None = None) -> Any:
     try:
         rows = datasets.Dataset.from_generator(_stream_rows, gen_kwargs={"url": url, "stamp": stamp})
     except (OSError, datasets.exceptions.DatasetGenerationError) as e:
+        if _raised_in_chain(e, datasets.arrow_writer.SchemaInferenceError):  # the generator yielded no row
+            raise TapeError(f"SCROLLS data for {task}: {split}.jsonl in {source or HUB_REPO} is empty (no rows); "
+                            "fill it or pass another file") from None
         cause = e.__cause__ if isinstance(e, datasets.exceptions.DatasetGenerationError) and e.__cause__ else e
         text = str(cause)
         # huggingface_hub's OfflineModeIsEnabled is a ConnectionError; a failed lookup says so in its text
@@ -132,7 +135,27 @@ def load_split(task: str, split: str, source: str | None = None) -> Any:
         raise TapeError(f"SCROLLS data for {task} ({split}): rows lack the field(s) {', '.join(sorted(missing))}")
     if len(rows) == 0:
         raise TapeError(f"SCROLLS data for {task} ({split}) has no rows")
+    for name, allowed in (("input", ("string",)), ("output", ("string", "null"))):  # null: test rows, no output
+        feature = rows.features[name]
+        if getattr(feature, "dtype", None) not in allowed:
+            raise TapeError(f"SCROLLS data for {task}: {split}.jsonl in {source or HUB_REPO} has field {name!r} "
+                            f"of type {getattr(feature, 'dtype', type(feature).__name__)}, expected text; fix the "
+                            "file")
     return rows
+
+
+def _raised_in_chain(error: BaseException | None, kind: type) -> bool:
+    """Whether `error` or an exception it was raised from (or while handling) is a `kind`."""
+    todo, seen = [error], set()
+    while todo:
+        error = todo.pop()
+        if error is None or id(error) in seen:
+            continue
+        if isinstance(error, kind):
+            return True
+        seen.add(id(error))
+        todo += [error.__cause__, error.__context__]
+    return False
 
 
 def _stream_rows(url: str, stamp: str) -> Any:  # `stamp` only keys the cache: a changed file is read again
