@@ -116,9 +116,6 @@ def load_split(task: str, split: str, source: str | None = None) -> Any:
     try:
         rows = datasets.Dataset.from_generator(_stream_rows, gen_kwargs={"url": url, "stamp": stamp})
     except (OSError, datasets.exceptions.DatasetGenerationError) as e:
-        if _raised_in_chain(e, datasets.arrow_writer.SchemaInferenceError):  # the generator yielded no row
-            raise TapeError(f"SCROLLS data for {task}: {split}.jsonl in {source or HUB_REPO} is empty (no rows); "
-                            "fill it or pass another file") from None
         cause = e.__cause__ if isinstance(e, datasets.exceptions.DatasetGenerationError) and e.__cause__ else e
         text = str(cause)
         # huggingface_hub's OfflineModeIsEnabled is a ConnectionError; a failed lookup says so in its text
@@ -126,6 +123,9 @@ def load_split(task: str, split: str, source: str | None = None) -> Any:
             raise TapeError(offline_hint(task)) from None
         if "No such file" in text or isinstance(cause, (FileNotFoundError, KeyError)):
             raise TapeError(f"SCROLLS data for {task}: {split}.jsonl not found in {source}") from None
+        if _raised_in_chain(e, datasets.arrow_writer.SchemaInferenceError):  # the member yielded no row
+            raise TapeError(f"SCROLLS data for {task}: {split}.jsonl in {source or HUB_REPO} is empty (no rows); "
+                            "fill it or pass another file") from None
         raise TapeError(f"SCROLLS data for {task} ({split}) could not be read: {text.splitlines()[0]}") from None
     finally:
         if quiet:

@@ -128,10 +128,21 @@ def test_data_mistakes_are_one_line_errors(tmp_path):
         (("qaspr", "validation", str(path)), "unknown SCROLLS task 'qaspr'"),
         (("qasper", "validation", str(tmp_path / "nope.zip")), "does not exist"),
     ]
+    # an empty member, and fields that are not text (issue 34: a traceback and "generator raised StopIteration")
+    numbers = [{**row, "input": 5} for row in qa_rows("validation")]
+    number_outputs = [{**row, "output": 7} for row in qa_rows("validation")]
+    for name, rows in (("empty", []), ("numbers", numbers), ("number_outputs", number_outputs)):
+        write_scrolls_zip(tmp_path / name, rows={"train": qa_rows("train"), "validation": rows})
+    cases += [
+        (("qasper", "validation", str(tmp_path / "empty")), f"validation.jsonl in {tmp_path / 'empty'} is empty"),
+        (("qasper", "validation", str(tmp_path / "numbers")), "has field 'input' of type int64, expected text"),
+        (("qasper", "validation", str(tmp_path / "number_outputs")), "has field 'output' of type int64"),
+    ]
     for args, message in cases:
         with pytest.raises(TapeError) as info:
             load_split(*args)
         assert message in str(info.value) and "\n" not in str(info.value)
+    assert len(load_split("qasper", "train", str(tmp_path / "empty"))) == 6  # the other members still read
 
 
 def test_budgets_scale_with_seq_len():
