@@ -239,6 +239,10 @@ class SyntheticData(DataSchema):
     def check(self) -> None:
         super().check()
         positive("data.train_size", self.train_size)
+        if self.train_size is not None and self.train_size > TRAIN_STREAM_LENGTH:
+            raise TapeError(f"data.train_size: at most {TRAIN_STREAM_LENGTH:,} sequences (2**31: a sequence's index "
+                            f"seeds it), got {self.train_size:,}; use train.max_steps with data.train_size=null "
+                            "for an endless stream")
 
     def build(self, tokenizer: Any, seed: int, cache_dir: Path) -> tuple[SyntheticDataset, SyntheticDataset]:
         """The training sequences (the first data.train_size of the stream seeded by `seed`, or the endless stream)

@@ -10,6 +10,8 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+ETA_LIMIT_S = 100 * 365 * 86400  # longer than this: "over 100 years"
+
 
 class TrainProgress:
     """Step, loss, learning rate, tokens/s and ETA. Silent when `enabled` is False (ranks other than 0)."""
@@ -46,7 +48,9 @@ class TrainProgress:
             self._bar.update(self._task, completed=step, loss=loss, lr=lr, tps=tokens_per_s)
         elif step % self.log_every == 0 or step == self.max_steps:
             seconds_per_step = (time.perf_counter() - self._t0) / max(1, step - self.start_step)
-            eta = timedelta(seconds=round(seconds_per_step * (self.max_steps - step)))
+            remaining = seconds_per_step * (self.max_steps - step)
+            # timedelta holds under a billion days: a step count no run reaches (train.max_steps=1e18) has no ETA
+            eta = timedelta(seconds=round(remaining)) if remaining < ETA_LIMIT_S else "over 100 years"
             self.print(f"step {step}/{self.max_steps} | loss {loss:.4f} | lr {lr:.2e} | "
                        f"{tokens_per_s:,.0f} tok/s | eta {eta}")
 
