@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tapecli.data.schema import DataSchema, check_tokenized
-from tapecli.data.sources import _OFFLINE_MARKERS
+from tapecli.data.sources import _OFFLINE_MARKERS, quiet_json_reader
 from tapecli.errors import TapeError
 
 QA_TASKS = ("qasper", "narrative_qa", "quality", "contract_nli")
@@ -108,6 +108,7 @@ def load_split(task: str, split: str, source: str | None = None) -> Any:
     if split not in SPLITS:
         raise TapeError(f"unknown SCROLLS split {split!r}; allowed: {', '.join(SPLITS)}")
     url = split_url(task, split, source)
+    quiet_json_reader()
     local = url.rsplit("::", 1)[-1]
     stamp = "hub" if is_hub(source) else f"{os.path.getsize(local)}:{os.stat(local).st_mtime_ns}"
     quiet = not datasets.utils.are_progress_bars_disabled()
@@ -123,7 +124,8 @@ def load_split(task: str, split: str, source: str | None = None) -> Any:
             raise TapeError(offline_hint(task)) from None
         if "No such file" in text or isinstance(cause, (FileNotFoundError, KeyError)):
             raise TapeError(f"SCROLLS data for {task}: {split}.jsonl not found in {source}") from None
-        if _raised_in_chain(e, datasets.arrow_writer.SchemaInferenceError):  # the member yielded no row
+        # the member yielded no row: datasets' reader ran out (StopIteration) and no schema could be inferred
+        if _raised_in_chain(e, StopIteration) and _raised_in_chain(e, datasets.arrow_writer.SchemaInferenceError):
             raise TapeError(f"SCROLLS data for {task}: {split}.jsonl in {source or HUB_REPO} is empty (no rows); "
                             "fill it or pass another file") from None
         raise TapeError(f"SCROLLS data for {task} ({split}) could not be read: {text.splitlines()[0]}") from None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -138,9 +139,25 @@ def _pick(row: dict, fields: Sequence[str], where: str) -> tuple[str, ...]:
     return tuple(values)
 
 
+class _RaisedAnyway(logging.Filter):
+    """Drops the lines datasets' json reader logs ("Failed to load JSON from file ...") right before it raises the
+    same error: tape reports the raised error as its one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR and record.getMessage().startswith("Failed to "))
+
+
+def quiet_json_reader() -> None:
+    """Install `_RaisedAnyway` on datasets' json reader (once; call before reading json with `datasets`)."""
+    logger = logging.getLogger("datasets.packaged_modules.json.json")
+    if not any(isinstance(f, _RaisedAnyway) for f in logger.filters):
+        logger.addFilter(_RaisedAnyway())
+
+
 def _iter_file_rows(path: Path, fields: Sequence[str]) -> Iterator[tuple[str, ...]]:
     import datasets
 
+    quiet_json_reader()
     builder = "parquet" if path.suffix == ".parquet" else "json"
     try:
         rows = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True)
