@@ -63,7 +63,8 @@ class KvRetrieval(Evaluation):
             raise TapeError("--keys: pass at least one number of pairs, e.g. 75,140,300")
         if self.samples < 1:
             raise TapeError(f"--samples must be a positive integer, got {self.samples}")
-        self.gold = {k: gold_positions(k, self.positions or PAPER_POSITIONS.get(k, min(5, k))) for k in self.keys}
+        self.gold = {k: gold_positions(k, PAPER_POSITIONS.get(k, min(5, k)) if self.positions is None
+                                       else self.positions) for k in self.keys}  # --positions 0 is refused there
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         return {"task": "kv-retrieval", "models": [source_of(m)[1] for m in models], "keys": self.keys,
