@@ -343,6 +343,12 @@ FILE_OUTS = [
     ["export", "-c", "{run}", "--out", "{out}"],
     ["finetune", "--checkpoint", "{run}", "--recipe", "{recipe}", "--out", "{out}"],
     ["demo", "--out", "{out}"],
+    # the commands of the second campaign (tests/cli/test_faults_new.py)
+    ["analyze", "position-loss", "-m", "{run}", "--data", "{corpus}", "--seq-len", "48", "--out", "{out}"],
+    ["analyze", "attention", "-m", "{run}", "--data", "{corpus}", "--seq-len", "48", "--out", "{out}"],
+    ["eval", "babilong", "-m", "{run}", "--lengths", "0", "--samples", "1", "--out", "{out}"],
+    ["eval", "kv-retrieval", "-m", "{run}", "--keys", "2", "--samples", "1", "--out", "{out}"],
+    ["eval", "latent-list", "-m", "{run}", "--lengths", "1k", "--samples", "1", "--out", "{out}"],
 ]
 
 
