@@ -206,6 +206,9 @@ def eval_synthetic(
          pe_arg, batch_size)
 
 
+MAX_PROMPT_TOKENS = 2**24
+
+
 def _lengths(text: str, option: str = "--lengths") -> list[int]:
     """`"0,1k,2k,4096"` -> [0, 1024, 2048, 4096] (k = 1024 tokens); one line naming the option when malformed or
     negative."""
@@ -216,7 +219,8 @@ def _lengths(text: str, option: str = "--lengths") -> list[int]:
         except ValueError:
             raise TapeError(f"{option}: expected comma-separated token counts such as 0,1k,2k,4096, got {text!r}"
                             ) from None
-    return numbers(",".join(map(str, out)), option, min=0) if out else numbers(text, option, min=0)
+    # (no prompt is longer than 2**24 tokens: a mistyped length would generate for hours before failing)
+    return numbers(",".join(map(str, out)) if out else text, option, min=0, max=MAX_PROMPT_TOKENS)
 
 
 def _base_lengths(text: str | None) -> list[int] | None:

@@ -105,6 +105,8 @@ COMMANDS = [
     # the new evaluations
     ([*BABILONG, "--tasks", "qa9", "--out", "{out}"], "--tasks: unknown task qa9"),
     (["eval", "babilong", "-m", "{run}", "--lengths", "-1", "--out", "{out}"], "--lengths: -1 must be at least 0"),
+    (["eval", "babilong", "-m", "{run}", "--lengths", "10000000000k", "--out", "{out}"],
+     "--lengths: 10240000000000 must be at most 16,777,216"),
     ([*BABILONG, "--depths", "nan", "--out", "{out}"], "--depths: nan is not a finite number"),
     ([*BABILONG, "--depth-window", "0", "--out", "{out}"], "--depth-window must be in (0, 1]"),
     ([*BABILONG, "--prompt", "bogus", "--out", "{out}"], "--prompt: expected one of full, no-examples, bare"),
