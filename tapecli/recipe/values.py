@@ -130,13 +130,16 @@ def coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        errors = []
         for arg in args:
             if arg is type(None):
                 continue
             try:
                 return coerce(value, arg, key)
-            except TapeError:
-                pass
+            except TapeError as err:
+                errors.append(err)
+        if len(errors) == 1 and "out of range" in str(errors[0]):
+            raise errors[0]  # the one type it could be says what is wrong with it
         fail(key, f"expected {_describe(tp)}, got {value!r}")
     if origin is Literal:
         if value not in args:

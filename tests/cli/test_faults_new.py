@@ -115,12 +115,12 @@ COMMANDS = [
     ([*BABILONG, "--data", "{corpus}", "--out", "{out}"], "--data {corpus}: no file for qa1 at 0k"),
     ([*BABILONG, "--threshold", "nan", "--out", "{out}"], "expected a finite number, got nan"),
     (["eval", "babilong", "-m", "{root}/nope", "--out", "{out}"], "--model: {root}/nope does not exist"),
-    ([*KV[:4], "--keys", "0", "--out", "{out}"], "--keys: 0 must be at least 2"),
+    ([*KV[:4], "--keys", "0", "--out", "{out}"], "--keys: 0 must be at least 1"),
     ([*KV, "--positions", "0", "--out", "{out}"], "Invalid value for '--positions'"),
     ([*KV, "--positions", "50", "--out", "{out}"], "--positions: between 1 and the number of pairs (2), got 50"),
     ([*KV, "--threshold", "-1", "--out", "{out}"], "Invalid value for '--threshold'"),
     ([*LATENT[:4], "--lengths", "0", "--out", "{out}"], "--lengths: positive token counts, got [0]"),
-    ([*LATENT, "--relevant-ops", "-1", "--out", "{out}"], "--relevant-ops: -1 must be at least 1"),
+    ([*LATENT, "--relevant-ops", "-1", "--out", "{out}"], "--relevant-ops: counts of 0 or more, got [-1]"),
     ([*LATENT, "--base-lengths", "2k", "--out", "{out}"], "--base-lengths: 2048 is not among the lengths"),
     ([*LATENT, "--threshold", "101", "--out", "{out}"], "Invalid value for '--threshold'"),
     # issue 34: a SCROLLS `input` that is a number (was a traceback), an empty member (was "generator raised ...")
@@ -162,7 +162,7 @@ RECIPES = [
     ("model.window=nan", "model.window: expected an integer or null, got nan"),
     ("model.window=1.5", "model.window: expected an integer or null, got 1.5"),
     ("model.window=true", "model.window: expected an integer or null, got True"),
-    ("model.window=100000000000000000000000", "model.window: expected an integer or null"),  # beyond 64 bits
+    ("model.window=100000000000000000000000", "model.window: 100000000000000000000000 is out of range"),
     ("model.temperature=0", "model.temperature: the attention temperature must be a number > 0"),
     ("model.temperature=-1", "model.temperature: the attention temperature must be a number > 0"),
     ("model.temperature=nan", "model.temperature: expected a number, got nan"),
@@ -193,7 +193,7 @@ SYNTHETIC = [
     ("data.train_size=nan", "data.train_size: expected an integer or null, got nan"),
     ("data.train_size=abc", "data.train_size: expected an integer or null, got 'abc'"),
     ("data.train_size=3000000000", "data.train_size: at most 2,147,483,648 sequences"),  # was a traceback
-    ("data.train_size=100000000000000000000", "data.train_size: expected an integer or null"),  # was a traceback
+    ("data.train_size=100000000000000000000", "data.train_size: 100000000000000000000 is out of range"),
     ("train.epochs=0", "train.epochs: must be a positive integer, got 0"),
     ("train.epochs=1.5", "train.epochs: expected an integer or null, got 1.5"),
     ("train.epochs=inf", "train.epochs: expected an integer or null, got inf"),

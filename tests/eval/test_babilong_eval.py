@@ -112,7 +112,7 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
                             (["--lengths", "0,abc"], "--lengths: expected comma-separated token counts"),
                             (["--depths", "0,2"], "--depths: fractions in [0, 1] or `any`, got [2.0]"),
                             (["--prompt", "chat"], "--prompt: expected one of full, no-examples, bare"),
-                            (["--samples", "0"], "--samples must be a positive integer, got 0"),
+                            (["--samples", "0"], "'--samples': Input should be greater than or equal to 1"),
                             (["--lengths", "0,1k", "--base-lengths", "2k"], "--base-lengths: 2048 is not among"),
                             (["--data", str(tmp_path / "none")], "no such directory"),
                             (["--lengths", "20"], "babilong qa1 at length 20: even the facts of 100 stories")]:

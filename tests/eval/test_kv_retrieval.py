@@ -102,7 +102,7 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
     for extra, fragment in [(["--keys", "1"], "--keys: at least 2 pairs"),
                             (["--keys", "4", "--positions", "9"], "--positions: between 1 and the number of pairs"),
                             (["--keys", "x"], "--keys: expected comma-separated ints"),
-                            (["--samples", "0"], "--samples must be a positive integer")]:
+                            (["--samples", "0"], "'--samples': Input should be greater than or equal to 1")]:
         one_line_error(runner.invoke(app, ["eval", "kv-retrieval", "--model", str(trained()), "--out",
                                            str(tmp_path / "bad"), *extra]), 2, fragment)
         assert not (tmp_path / "bad").exists()

@@ -147,7 +147,7 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
     for extra, fragment in [(["--lengths", "1k,x"], "--lengths: expected comma-separated token counts"),
                             (["--lengths", "0"], "--lengths: positive token counts, got [0]"),
                             (["--relevant-ops", "-1"], "--relevant-ops: counts of 0 or more, got [-1]"),
-                            (["--samples", "0"], "--samples must be a positive integer, got 0"),
+                            (["--samples", "0"], "'--samples': Input should be greater than or equal to 1"),
                             (["--lengths", "512", "--base-lengths", "1k"], "--base-lengths: 1024 is not among"),
                             (["--lengths", "60"], "latent-list at length 60: the program with 1 relevant lines")]:
         where = tmp_path / f"x{len(extra)}{extra[-1]}"

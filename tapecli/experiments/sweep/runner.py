@@ -35,9 +35,9 @@ def _prepare(spec: SweepSpec, command: list[str]) -> tuple[list[Cell], dict[str,
     return cells, recipes, evaluation_for(kinds[0])
 
 
-def _claim(spec: SweepSpec) -> None:
-    """Write DIR/sweep.json; a DIR swept before must have been swept with the same recipe and overrides."""
-    from tapecli.faults import check_output_dir, reading
+def _check_out(spec: SweepSpec) -> None:
+    """DIR is new or a sweep's: checked before it is claimed, so another command's output gets no claim file."""
+    from tapecli.faults import check_output_dir
     from tapecli.store.run import output_kind
 
     check_output_dir(spec.out)
@@ -45,6 +45,12 @@ def _claim(spec: SweepSpec) -> None:
     if kind not in (None, "a sweep directory"):
         raise TapeError(f"--out {spec.out} is {kind}; a sweep writes its cells into a directory of its own: pass a "
                         "new --out (or a directory this sweep wrote)")
+
+
+def _claim(spec: SweepSpec) -> None:
+    """Write DIR/sweep.json; a DIR swept before must have been swept with the same recipe and overrides."""
+    from tapecli.faults import reading
+
     path = spec.out / SWEEP_FILE
     if path.is_file():
         with reading(path):
@@ -79,6 +85,7 @@ def run_sweep(spec: SweepSpec, executor: Any, command: list[str], dry_run: bool 
                          else f"(evaluation: {evaluation.name}, read from {cell.run_dir}/metrics.jsonl)"):
                 console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
         return None
+    _check_out(spec)
     with claim(spec.out):  # one sweep per DIR; each cell's run directory is claimed by its own training
         _claim(spec)
         todo = [cell for cell in cells if not states[cell.name].finished]
