@@ -100,7 +100,8 @@ def test_unsupported_config_is_one_line_naming_the_key(tmp_path, extra, key):
 
 @pytest.mark.parametrize("source", ["meta-llama/Llama-2-7b-hf", "llama2-7b"])
 def test_hub_id_offline_says_to_pass_a_directory(source):
-    with pytest.raises(TapeError, match="pass a local directory"):
+    with pytest.raises(TapeError, match=r"the hub cannot be reached; pass --model DIR \(a local Hugging Face model "
+                                        r"directory"):
         open_model(source, device="cpu")
 
 
