@@ -42,7 +42,9 @@ def test_built_ins_resolve_to_themselves_and_record_nothing():
     assert ModelConfig.from_dict(config.to_dict()) == config
 
 
-def test_a_file_is_imported_only_when_named_and_its_content_is_recorded(tmp_path):
+def test_a_file_is_imported_only_when_named_and_its_content_is_recorded(tmp_path, monkeypatch):
+    for name in [n for n in sys.modules if n.startswith("tapecli_pe_file_")]:  # a file is imported once per content:
+        monkeypatch.delitem(sys.modules, name)  # an earlier test's import of the same plugin would leave no marker
     path = write_plugin(tmp_path)
     marker = path.with_suffix(".imported")
     value = f"{path}:LearnedALiBi"
