@@ -306,7 +306,7 @@ def eval_passkey(
     from tapecli.eval.passkey import Passkey
 
     evaluation = Passkey(numbers(budgets, "--budgets") if budgets else None, max_tokens, trials,
-                         numbers(depths, "--depths", float) if depths else None)
+                         numbers(depths, "--depths", float, min=0, max=1) if depths else None)
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)
 
 
@@ -462,7 +462,7 @@ def eval_babilong(
     from tapecli.eval.babilong import Babilong
 
     depth_list = (None if depths is None else "any" if depths.strip().lower() == "any"
-                  else numbers(depths, "--depths", float))
+                  else numbers(depths, "--depths", float, min=0, max=1))
     evaluation = Babilong(tasks, _lengths(lengths) if lengths else None, depth_list, samples, seed, prompt, haystack,
                           data, depth_window, threshold, _base_lengths(base_lengths))
     _run(evaluation, model, out, dtype, device, pe_arg, batch_size)

@@ -110,7 +110,7 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
     model = str(trained())
     for extra, fragment in [(["--tasks", "qa9"], "--tasks: unknown task qa9; known: all, qa1"),
                             (["--lengths", "0,abc"], "--lengths: expected comma-separated token counts"),
-                            (["--depths", "0,2"], "--depths: fractions in [0, 1] or `any`, got [2.0]"),
+                            (["--depths", "0,2"], "--depths: 2 must be at most 1"),
                             (["--prompt", "chat"], "--prompt: expected one of full, no-examples, bare"),
                             (["--samples", "0"], "'--samples': Input should be greater than or equal to 1"),
                             (["--lengths", "0,1k", "--base-lengths", "2k"], "--base-lengths: 2048 is not among"),
