@@ -49,7 +49,7 @@ class PESpec:
 def parse_pe_spec(text: str, option: str = "--pe") -> PESpec:
     """`name[:key=value...]` -> PESpec; an unknown PE or pe_args key, or a malformed entry, is one line naming
     `option`. (Values are checked by the PE when the model is built.)"""
-    from tapecli.model.pe import check_pe_args, resolve_pe
+    from tapecli.model.pe import PE_NAMES, check_pe_args, resolve_pe
     from tapecli.recipe.values import parse_value
 
     text = text.strip()
@@ -57,6 +57,8 @@ def parse_pe_spec(text: str, option: str = "--pe") -> PESpec:
     names = [s for s in segments if "=" not in s]
     if segments[:len(names)] != names:
         raise TapeError(f"{option} {text!r}: pe_args entries follow the PE (e.g. rope:hope=true)")
+    if len(names) > 1 and names[0] in PE_NAMES:  # rope:hope: a built-in's pe_args entry without its value
+        raise TapeError(f"{option} {text!r}: each pe_args entry must look like key=value (e.g. rope:hope=true)")
     name, pairs = ":".join(names), segments[len(names):]
     try:
         cls = resolve_pe(name).cls

@@ -132,6 +132,7 @@ COMMANDS = [
     (["bench", "--window", "0", "--out", "{out}"], "Invalid value for '--window'"),
     (["bench", "--window", "-1", "--out", "{out}"], "Invalid value for '--window'"),
     (["bench", "--pe", "rope:hope=maybe", "--out", "{out}"], "model.pe_args.hope: expected true or false"),
+    (["bench", "--pe", "rope:hope", "--out", "{out}"], "--pe 'rope:hope': each pe_args entry must look like key=value"),
     (["sweep", "--recipe", "{recipe}", "--pe", "rope:hope=maybe", "--out", "{out}"],
      "--pe 'rope:hope=maybe': model.pe_args.hope: expected true or false, got 'maybe'"),
     (["sweep", "--recipe", "{recipe}", "--pe", f"{PE}/syntax.py:X", "--out", "{out}"], "SyntaxError"),
