@@ -144,45 +144,49 @@ def length_x(bins: int, seq_len: int) -> list[float]:
     return [math.sqrt(2 ** b * min(2 ** (b + 1) - 1, seq_len)) for b in range(bins)]
 
 
-def distance_plot(results: dict[str, Any], path: Path) -> Path:
-    """Attention mass per distance bin, a panel per model, a line per layer."""
+def _model_panels(results: dict[str, Any], path: Path, draw, xlabel: str, ylabel: str, title: str) -> Path:
+    """One log2-x panel per model (`draw(ax, model)` draws its lines), its training length marked; written
+    atomically."""
     plt = _pyplot()
     models = results["models"]
     fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.8), squeeze=False, sharey=True)
     for ax, model in zip(axes[0], models, strict=True):
-        histogram = model["stats"]["distance_histogram"]
-        _layer_lines(ax, distance_x(len(histogram[0][0])), histogram,
-                     [f"layer {k}" for k in range(len(histogram))])
+        draw(ax, model)
         _mark_lengths(ax, [model])
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("distance i - j + 1")
+        ax.set_xlabel(xlabel)
         ax.set_title(model["name"], fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("attention mass per distance bin (0, 1, 2-3, 4-7, ...)")
-    fig.suptitle(f"how far attention looks: {metric_title(results['settings'])}", fontsize=10)
+    axes[0][0].set_ylabel(ylabel)
+    fig.suptitle(f"{title}: {metric_title(results['settings'])}", fontsize=10)
     return save_figure(fig, path)
+
+
+def distance_plot(results: dict[str, Any], path: Path) -> Path:
+    """Attention mass per distance bin, a panel per model, a line per layer."""
+
+    def draw(ax, model: dict[str, Any]) -> None:
+        histogram = model["stats"]["distance_histogram"]
+        _layer_lines(ax, distance_x(len(histogram[0][0])), histogram,
+                     [f"layer {k}" for k in range(len(histogram))])
+
+    return _model_panels(results, path, draw, "distance i - j + 1",
+                         "attention mass per distance bin (0, 1, 2-3, 4-7, ...)", "how far attention looks")
 
 
 def entropy_plot(results: dict[str, Any], path: Path) -> Path:
     """Entropy against the number of keys a query sees, a panel per model, ln(n) (uniform attention) dashed."""
-    plt = _pyplot()
-    models, seq_len = results["models"], results["settings"]["seq_len"]
-    fig, axes = plt.subplots(1, len(models), figsize=(4.6 * len(models), 3.8), squeeze=False, sharey=True)
-    for ax, model in zip(axes[0], models, strict=True):
+    seq_len = results["settings"]["seq_len"]
+
+    def draw(ax, model: dict[str, Any]) -> None:
         by_length = model["stats"]["entropy_by_length"]
         xs = length_x(len(by_length[0][0]), seq_len)
         _layer_lines(ax, xs, by_length, [f"layer {k}" for k in range(len(by_length))])
         ax.plot(xs, [math.log(x) for x in xs], color="black", linestyle=":", linewidth=1, label="uniform: ln n")
-        _mark_lengths(ax, [model])
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("keys seen n (query position + 1)")
-        ax.set_title(model["name"], fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("attention entropy (nats)")
-    fig.suptitle(f"entropy as the context grows: {metric_title(results['settings'])}", fontsize=10)
-    return save_figure(fig, path)
+
+    return _model_panels(results, path, draw, "keys seen n (query position + 1)", "attention entropy (nats)",
+                         "entropy as the context grows")
 
 
 def maps_plot(model: dict[str, Any], path: Path) -> Path:
