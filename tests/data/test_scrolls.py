@@ -205,6 +205,11 @@ def test_recipe_keys():
 # --- end to end ---------------------------------------------------------------------------------------------
 
 
+# scrolls-smoke fine-tunes a checkpoint and takes its model from it; trained from scratch here, a tiny model
+# (the recipe alone would build the paper's 12 x 768 default)
+SMALL = ("model.n_layers=2", "model.dim=32", "model.n_heads=2")
+
+
 def invoke(*args: str) -> str:
     result = runner.invoke(app, list(args))
     assert result.exit_code == 0, result.output
@@ -216,7 +221,7 @@ def test_train_then_eval_scrolls_from_the_cli(tmp_path):
     data_dir = tmp_path / "scrolls"
     write_scrolls_zip(data_dir)
     run = tmp_path / "ft"
-    invoke("pretrain", "--recipe", "scrolls-smoke", "--out", str(run), f"data.source={data_dir}",
+    invoke("pretrain", "--recipe", "scrolls-smoke", "--out", str(run), f"data.source={data_dir}", *SMALL,
            "train.max_steps=2", "train.save_every=2")
     out = invoke("eval", "scrolls", "--model", str(run), "--task", "qasper", "--data", str(data_dir),
                  "--batch-size", "2")
@@ -293,7 +298,7 @@ def test_all_tasks_table_official_compat_and_seeded_sampling(tmp_path):
     for task in scrolls.TASKS:
         write_scrolls_zip(data_dir, task, small)
     run = tmp_path / "ft"
-    invoke("pretrain", "--recipe", "scrolls-smoke", "--out", str(run), f"data.source={data_dir}",
+    invoke("pretrain", "--recipe", "scrolls-smoke", "--out", str(run), f"data.source={data_dir}", *SMALL,
            "data.task=gov_report", "data.compat=official", "train.max_steps=1", "train.save_every=1")
     for task in scrolls.TASKS:  # one fine-tuned model per task, as in the paper: runs/ft-{task}
         (tmp_path / f"ft-{task}").symlink_to(run)

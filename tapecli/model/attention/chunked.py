@@ -282,9 +282,19 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q
     return apply(q, k, v, values, scale, plan, *parameters)
 
 
-@torch.compiler.disable
 def eager_apply(*args) -> Tensor:
     """ChunkedAttention with a learned pair bias (FIRE; T5 while compiling, when positions cannot be checked):
     its backward pulls dS back through the bias with torch.autograd.grad, which torch.compile cannot trace, so under
     torch.compile this one call runs eagerly (a clean graph break; the fused kernels it calls are eager anyway)."""
+    if torch.compiler.is_compiling():
+        return _outside_the_graph(*args)
     return ChunkedAttention.apply(*args)
+
+
+def _apply(*args) -> Tensor:
+    return ChunkedAttention.apply(*args)
+
+
+# torch.compiler.disable, with torch._dynamo imported at the first compiled call instead of here: the import takes
+# ~2 s, which every `tape` command would pay at start-up (torch's own lazy form; the public one where it is missing).
+_outside_the_graph = getattr(torch, "_disable_dynamo", torch.compiler.disable)(_apply)
