@@ -1,4 +1,4 @@
-"""Faults in the newest commands (extend-context, export, every evaluation, demo, finetune, loggers, FSDP).
+"""Faults in the newest commands (extend-context, export, every evaluation, demo, finetune, loggers).
 
 - Stopped in the middle: each long command is interrupted at a fixed point (right after its first finished unit:
   a samples row, a cached lm-eval answer, a checkpoint, a weight shard) by SIGKILL, SIGTERM or Ctrl-C (SIGINT), in a
@@ -6,7 +6,8 @@
   the same command run again finishes with files byte-identical to an uninterrupted run (weights, samples,
   predictions; results.json without its timings).
 - Nonsense option values and outputs that are files: one `error:` line, exit 2, nothing written.
-(Corrupt or mismatched Hugging Face directories: tests/cli/test_faults.py.)
+(Corrupt or mismatched Hugging Face directories: tests/cli/test_faults.py; SIGTERM to a sharded run:
+tests/train/test_fsdp.py.)
 """
 
 from __future__ import annotations
@@ -264,30 +265,6 @@ def test_export_after_sigkill(inputs: dict[str, Path], tmp_path: Path) -> None:
         assert files(out) == expected and not list(tmp_path.glob(".tmp-*"))
     finally:
         export.SHARD_BYTES = original
-
-
-@pytest.mark.slow
-def test_fsdp_after_sigterm(inputs: dict[str, Path], tmp_path: Path) -> None:
-    """Two sharded processes under torchrun both get SIGTERM after the first checkpoint: they agree on the step to
-    stop after, save, and the same command (resume auto) continues to the weights of an uninterrupted run."""
-    recipe = write_recipe(tmp_path / "r.yaml", inputs["corpus"], model={"pe": "tape"}, train={
-        "batch_size": 8, "micro_batch_size": 2, "max_steps": 4, "save_every": 1, "keep_last": 0, "eval_every": 0,
-        "warmup": 0, "parallel": "fsdp"})
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-
-    def run(out: Path) -> None:
-        proc = subprocess.run([*torchrun, "-m", "tapecli.cli", "pretrain", "--recipe", str(recipe), "--out",
-                               str(out)], cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-
-    run(tmp_path / "whole")
-    out = tmp_path / "stopped"
-    proc = interrupted(["pretrain", "--recipe", str(recipe), "--out", str(out)], signal.SIGTERM, CHECKPOINT,
-                       launcher=torchrun)
-    assert proc.returncode != 0 and "stopped: SIGTERM after step" in proc.stderr, proc.stderr[-3000:]
-    assert not (out / "checkpoints" / "step-00000004").exists()
-    run(out)
-    assert files(out / "checkpoints") == files(tmp_path / "whole" / "checkpoints")
 
 
 # ---------------------------------------------------------------------------------------------------------------
