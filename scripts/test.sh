@@ -10,4 +10,5 @@ trap 'rm -rf "$HF_HOME" "$SITE"' EXIT
 .venv/bin/ruff check tapecli tests
 # The documentation site: a broken link, anchor or nav entry fails (mkdocs.yml; offline, no network plugins).
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$SITE"
-.venv/bin/python -m pytest -q "$@"
+# One worker per core (pytest-xdist; -n 0 runs in this process), the longest tests spread over the workers as they go.
+.venv/bin/python -m pytest -q -n auto --dist worksteal "$@"

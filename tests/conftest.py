@@ -7,6 +7,7 @@
   any other; `trained.copy(dest, ...)` a private copy for tests that write into a run.
 - `tiny_hf_llama`: a tiny Hugging Face Llama directory (hf_helpers.make_hf_llama with 2 KV heads, 32 positions,
   byte-level BPE tokenizer.json, 40 KB shards), made once per session (read-only).
+- `plugin_site`: the plugin package of plugin_helpers pip-installed into a folder, once per session (read-only).
 - `torch_on_one_thread` (automatic): torch runs on one thread in every test; `one_thread`: the same for a module,
   stated where a test depends on it (in-process results equal to a subprocess's bit for bit).
 
@@ -31,7 +32,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="show the N tests that used the most CPU time (with the subprocesses they waited for)")
 
 
-_CPU_SECONDS: dict[str, float] = {}
+_CPU_SECONDS: dict[str, float] = {}  # nodeid -> CPU seconds, gathered from the reports (also those of xdist workers)
+_STARTED: dict[str, float] = {}
 
 
 def _cpu_seconds() -> float:
@@ -39,11 +41,30 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _STARTED[item.nodeid] = _cpu_seconds()
+
+
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    start = _cpu_seconds()
-    yield
-    _CPU_SECONDS[item.nodeid] = _cpu_seconds() - start
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    outcome = yield
+    if call.when == "teardown" and item.nodeid in _STARTED:
+        outcome.get_result().user_properties.append(("cpu_seconds", _cpu_seconds() - _STARTED.pop(item.nodeid)))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for name, value in report.user_properties:
+        if name == "cpu_seconds":
+            _CPU_SECONDS[report.nodeid] = value
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files holding `slow` tests first, each file's tests still together and in order: the long end-to-end runs
+    start early, and the last minutes of a parallel run (pytest -n) are short tests spread over every worker
+    instead of one long test holding one worker while the others wait."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the order within each group stays
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
@@ -156,6 +177,15 @@ def tiny_hf_llama(tmp_path_factory: pytest.TempPathFactory, trained: TrainedRuns
     directory = tmp_path_factory.mktemp("hf_llama") / "hf"
     make_hf_llama(directory, n_kv_heads=2, max_position_embeddings=32)
     return trained.keep(directory)
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The plugin package of plugin_helpers, really built and pip-installed (`--target`) once per session: the folder
+    to put on sys.path; read-only (not fingerprinted: importing from it may write bytecode caches)."""
+    from plugin_helpers import install_plugin
+
+    return install_plugin(tmp_path_factory.mktemp("plugin"))
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from plugin_helpers import NAME, PACKAGE, VERSION, install_plugin
+from plugin_helpers import NAME, PACKAGE, VERSION
 from typer.testing import CliRunner
 
 from tapecli import trust
@@ -52,8 +52,8 @@ def test_check_fails_with_exit_1_on_the_right_line_and_refuses_what_it_cannot_ch
     assert "not an argument of pe 'rope'" in invoke("pe", "check", "rope", "--pe-arg", "nope=1", code=2)
 
 
-def test_list_shows_built_ins_and_installed_plugins_with_their_arguments(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(install_plugin(tmp_path)))
+def test_list_shows_built_ins_and_installed_plugins_with_their_arguments(plugin_site, monkeypatch):
+    monkeypatch.syspath_prepend(str(plugin_site))
     runner_wide = CliRunner(env={"COLUMNS": "250"})
     result = runner_wide.invoke(app, ["pe", "list"])
     assert result.exit_code == 0, result.output

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from plugin_helpers import NAME, PACKAGE, VERSION, install_plugin, write_plugin
+from plugin_helpers import NAME, PACKAGE, VERSION, write_plugin
 from train_helpers import REPO, subprocess_env
 from typer.testing import CliRunner
 
@@ -122,10 +122,9 @@ def test_sweep_bench_and_doctor_take_a_plugin_file(file_run, tmp_path, monkeypat
     assert "all checks passed" in invoke("doctor", "--device", "cpu", "--pe", value)
 
 
-def test_an_installed_plugin_is_a_name_and_a_missing_one_says_what_to_install(tmp_path, monkeypatch):
-    site = install_plugin(tmp_path / "plugin")
+def test_an_installed_plugin_is_a_name_and_a_missing_one_says_what_to_install(tmp_path, monkeypatch, plugin_site):
     with monkeypatch.context() as patch:
-        patch.syspath_prepend(str(site))
+        patch.syspath_prepend(str(plugin_site))
         invoke("pretrain", *SMOKE, "--out", str(tmp_path / "run"), f"model.pe={NAME}", *SHORT)
         invoke("eval", "synthetic", "--model", str(tmp_path / "run"), "--device", "cpu")
     sys.modules.pop("learned_alibi_pe", None)

@@ -7,7 +7,6 @@ import re
 import zipfile
 
 import pytest
-from rouge_score import rouge_scorer
 from scrolls_helpers import qa_rows, write_scrolls_zip
 from typer.testing import CliRunner
 
@@ -81,6 +80,8 @@ def test_rouge_takes_each_keys_best_reference_then_the_geometric_mean_of_means()
 
 def test_rouge_1_2_l_do_not_depend_on_sentence_splitting():
     """Only ROUGE-Lsum reads the newlines the splitter adds, so the score is the same with any splitter."""
+    from rouge_score import rouge_scorer  # imports nltk (~2.5 s): here, not when the file is collected
+
     prediction = "The budget grew. Mr. Smith said roads were built! Were schools built? Yes, in 2019."
     reference = "Roads were built, Mr. Smith said. The budget grew in 2019. Schools too."
     ours = metric.rouge_scores(prediction, [reference])

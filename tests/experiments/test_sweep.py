@@ -24,8 +24,8 @@ from tapecli.cli import app
 
 runner = CliRunner()
 PES, SEEDS = ("rope", "tape"), (0, 1)
-# 8 optimizer steps of 8 micro-batches, a checkpoint every 2: long enough to be killed in the middle of a cell.
-OVERRIDES = ("train.max_steps=8", "train.save_every=2", "train.eval_every=4", "train.batch_size=32",
+# 8 optimizer steps of 4 micro-batches, a checkpoint every 2: long enough to be killed in the middle of a cell.
+OVERRIDES = ("train.max_steps=8", "train.save_every=2", "train.eval_every=4", "train.batch_size=16",
              "train.micro_batch_size=4", "train.log_every=1")
 CELLS = [f"{pe}-seed{seed}" for seed in SEEDS for pe in PES]  # the order they run in: seed by seed
 

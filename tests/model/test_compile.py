@@ -18,7 +18,6 @@ from __future__ import annotations
 import pytest
 import torch
 from test_model import VOCAB, randomize_tape, tiny
-from torch._dynamo.testing import CompileCounterWithBackend
 
 from tapecli.model import PE_NAMES
 
@@ -42,6 +41,8 @@ def step(model, x, run=None):
 
 
 def check_compiled_step(pe: str, backend: str) -> None:
+    from torch._dynamo.testing import CompileCounterWithBackend  # imports torch._dynamo (~2.5 s): not at collection
+
     torch._dynamo.reset()  # a fresh model per PE would otherwise count as recompilations of the same frames
     x = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
     eager = randomize_tape(tiny(pe, n_layers=1, n_kv_heads=2), std=0.3).train()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from plugin_helpers import MODULE, NAME, PACKAGE, VERSION, install_plugin, write_plugin
+from plugin_helpers import MODULE, NAME, PACKAGE, VERSION, write_plugin
 
 from tapecli import trust
 from tapecli.model import PE_NAMES, ModelConfig, Transformer
@@ -25,12 +25,6 @@ SIZE = dict(vocab_size=31, dim=32, n_layers=2, n_heads=4, max_seq_len=32)
 def nothing_allowed(monkeypatch):
     """Each test starts with nothing named (TAPE_ALLOW_PE unset), and leaves it as it was."""
     monkeypatch.delenv(trust.ALLOW_ENV, raising=False)
-
-
-@pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """The plugin package, really built and pip-installed into a directory put on sys.path by the tests."""
-    return install_plugin(tmp_path_factory.mktemp("plugin"))
 
 
 def test_built_ins_resolve_to_themselves_and_record_nothing():
@@ -98,9 +92,9 @@ def test_a_module_is_imported_only_when_named(tmp_path, monkeypatch):
             sys.modules.pop(name, None)
 
 
-def test_an_installed_plugin_is_a_name_and_a_missing_one_names_its_package(installed, monkeypatch):
+def test_an_installed_plugin_is_a_name_and_a_missing_one_names_its_package(plugin_site, monkeypatch):
     with monkeypatch.context() as patch:
-        patch.syspath_prepend(str(installed))
+        patch.syspath_prepend(str(plugin_site))
         config = ModelConfig(**SIZE, pe=NAME)  # no naming needed: installing it was the user's choice
         assert config.pe_plugin == {"kind": "entry-point", "name": NAME, "object": f"{MODULE}:LearnedALiBi",
                                     "package": PACKAGE, "version": VERSION}
