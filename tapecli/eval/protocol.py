@@ -208,7 +208,9 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
     if evaluation.together:
         return _run_together(evaluation, models, out, opening, batch_size, show_progress)
     report = Report()
-    for model in models:
+    for index, model in enumerate(models):
+        if index:
+            free_memory()  # the previous model's, before this one is opened
         opened = opening.open(model)
         label = evaluation.label(opened, report.results)
         while label in report.results:
@@ -221,7 +223,6 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
                                              show_progress=show_progress)
         report.folders[label] = folder
         del opened
-        free_memory()
     if len(models) > 1:
         report.comparison = Path(out) if out is not None else Path(f"eval-{evaluation.name}-comparison")
         with claim(report.comparison):
@@ -261,6 +262,8 @@ def _run_together(evaluation: Evaluation, models: list[str | OpenedModel], out: 
     with SamplesLog(folder, settings, keep=evaluation.keep) as log, \
             progress_bar(evaluation.unit, show_progress) as progress:
         for index, model in enumerate(models):
+            if index:
+                free_memory()
             opened = opening.open(model)
             evaluation.prepare(opened)
             units = evaluation.units(opened)
@@ -269,7 +272,6 @@ def _run_together(evaluation: Evaluation, models: list[str | OpenedModel], out: 
             entries.append(evaluation.results(opened, settings, rows))
             names.append(opened.name)
             del opened
-            free_memory()
     results = _finish(evaluation, evaluation.combine(settings, entries), folder, ", ".join(names), started)
     return Report({evaluation.name: results}, {evaluation.name: folder})
 
@@ -339,7 +341,8 @@ def as_opened(model: Any, tokenizer: Any, name: str = "model", source: str = "")
 
 
 def free_memory() -> None:
-    """Let the last model's memory go before the next is opened."""
+    """Let the last model's memory go before the next is opened (a full garbage collection: up to half a second in a
+    process holding many objects, so only between two models, never after the last)."""
     import torch
 
     gc.collect()

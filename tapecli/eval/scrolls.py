@@ -87,13 +87,14 @@ def run_scrolls_eval(models: list[str], tasks: list[str], run: ScrollsRun, out: 
     if out is not None:
         check_output_dir(out)
     opening = Opening(run.dtype, run.device, dict(run.pe_args or {}))
-    results = []
+    results, opened = [], None
     for spec, label in zip(models, model_labels(models), strict=True):
-        row, opened = [], None
-        for task in tasks:
-            if opened is None or "{task}" in spec:  # one model for all tasks unless the spec names one per task
-                opened = None
-                free_memory()
+        row = []
+        for number, task in enumerate(tasks):
+            if number == 0 or "{task}" in spec:  # one model for all tasks unless the spec names one per task
+                if opened is not None:
+                    opened = None
+                    free_memory()  # the previous model's, before the next is opened
                 opened = opening.open(spec.replace("{task}", task))
             row.append(evaluate_task(opened, task, run, out, label=label if len(models) > 1 else None,
                                      show_progress=show_progress))
