@@ -15,7 +15,6 @@ import collections
 import pytest
 import torch
 from test_model import VOCAB, randomize_tape, tiny
-from torch._dynamo.testing import CompileCounter
 from torch.overrides import TorchFunctionMode
 
 from tapecli.model import attention
@@ -92,6 +91,8 @@ def test_score_mod_reads_each_tensor_that_needs_gradients_once(pe):
 def counted_flex(monkeypatch):
     """flex_attention compiled with dynamo's frame counter (backend "eager": traced and guarded like the real
     kernel, run unfused), from a clean dynamo cache."""
+    from torch._dynamo.testing import CompileCounter  # imports torch._dynamo (~2 s): not when the file is collected
+
     torch._dynamo.reset()
     counter = CompileCounter()
     monkeypatch.setattr(flex, "compiled_flex", lambda: torch.compile(flex.flex_module().flex_attention,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,12 +136,19 @@ print(status("VmHWM") - before, size)
 """
 
 
+@pytest.fixture(scope="module")
+def larger_hf_llama(tmp_path_factory) -> Path:
+    """~34M parameters (135 MB in fp32) in 20 MB shards, saved once for both dtypes; read-only."""
+    directory = tmp_path_factory.mktemp("larger") / "hf"
+    make_hf_llama(directory, dim=512, n_layers=8, ffn=1376, vocab=8192, tokenizer="json", shard="20MB")
+    return directory
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_peak_memory_of_loading_is_one_copy(tmp_path, dtype):
-    # ~34M parameters (135 MB in fp32) in 20 MB shards; a second full copy would double the growth.
-    make_hf_llama(tmp_path / "hf", dim=512, n_layers=8, ffn=1376, vocab=8192, tokenizer="json", shard="20MB")
-    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(tmp_path / "hf"), dtype], check=True,
+def test_peak_memory_of_loading_is_one_copy(larger_hf_llama, dtype):
+    # A second full copy of the weights would double the growth.
+    out = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(larger_hf_llama), dtype], check=True,
                          capture_output=True, text=True).stdout.split()
     grown, size = int(out[0]), int(out[1])
     print(f"loading a {size / 2**20:.0f} MiB {dtype} model grew peak RSS by {grown / 2**20:.0f} MiB")
