@@ -21,7 +21,7 @@ from __future__ import annotations
 import difflib
 
 import typer
-from typer._click.exceptions import UsageError  # Typer >= 0.2x parses with its own vendored Click
+from typer._click.exceptions import NoSuchOption, UsageError  # Typer >= 0.2x parses with its own vendored Click
 from typer.core import TyperGroup
 
 from tapecli import faults, threads, trust
@@ -88,6 +88,29 @@ class _Guarded(Group):
                     groups.append(command)
                 elif not any(param.name == "count" for param in command.params):
                     command.params.append(_threads_option())
+
+    def make_context(self, info_name: str | None, args: list[str], parent: typer.Context | None = None,
+                     **extra: object) -> typer.Context:
+        """Parsing the root's own options: a mistake there is one line too, and a command's option given before the
+        command (`tape --threads 1 bench`) says where it goes."""
+        with faults.boundary():
+            try:
+                return super().make_context(info_name, args, parent=parent, **extra)
+            except NoSuchOption as e:
+                if e.option_name not in self._command_options():
+                    raise
+                raise UsageError(f"{e.option_name} is an option of the commands: put it after the command's name "
+                                 f"(`tape COMMAND {e.option_name} ...`)", e.ctx) from None
+
+    def _command_options(self) -> set[str]:
+        found, groups = set(), [self]
+        while groups:
+            for command in groups.pop().commands.values():
+                if isinstance(command, TyperGroup):
+                    groups.append(command)
+                else:
+                    found.update(opt for param in command.params for opt in param.opts if opt.startswith("--"))
+        return found
 
     def invoke(self, ctx: typer.Context) -> object:
         with faults.boundary():

@@ -235,6 +235,10 @@ def test_an_alias_writes_what_its_twin_writes(tmp_path, tiny_corpus):
     (["tokenizer", "trian"], "error: no such command 'trian'; did you mean `tape tokenizer train`? (see `tape "
                              "tokenizer --help`)"),
     (["zzzz"], "error: no such command 'zzzz' (see `tape --help`)"),
+    # the root's own options: one line too; a command's option before the command says where it goes
+    (["--threads", "1", "bench"], "error: --threads is an option of the commands: put it after the command's name "
+                                  "(`tape COMMAND --threads ...`) (see `tape --help`)"),
+    (["--bogus", "bench"], "error: No such option: --bogus (see `tape --help`)"),
 ])
 def test_an_unknown_command_names_the_nearest(args, line):
     result = runner.invoke(app, args, prog_name="tape")
