@@ -119,7 +119,7 @@ def test_sweep_bench_and_doctor_take_a_plugin_file(file_run, tmp_path, monkeypat
     at = json.loads(bench.read_text())["lengths"]["16"]
     assert at["paths"] == {"rope": ["sdpa"], "LearnedALiBi": ["chunked"]} and at["peak_bytes"]["LearnedALiBi"] >= 0
     monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda: "not checked")
-    assert "all checks passed" in invoke("doctor", "--device", "cpu", "--pe", value)
+    assert "all checks passed" in invoke("doctor", "--device", "cpu", "--pe", value, "--no-hybrids")
 
 
 def test_an_installed_plugin_is_a_name_and_a_missing_one_says_what_to_install(tmp_path, monkeypatch, plugin_site):

@@ -286,9 +286,7 @@ def eager_apply(*args) -> Tensor:
     """ChunkedAttention with a learned pair bias (FIRE; T5 while compiling, when positions cannot be checked):
     its backward pulls dS back through the bias with torch.autograd.grad, which torch.compile cannot trace, so under
     torch.compile this one call runs eagerly (a clean graph break; the fused kernels it calls are eager anyway)."""
-    if torch.compiler.is_compiling():
-        return _outside_the_graph(*args)
-    return ChunkedAttention.apply(*args)
+    return (_outside_the_graph if torch.compiler.is_compiling() else _apply)(*args)
 
 
 def _apply(*args) -> Tensor:
