@@ -64,13 +64,13 @@ def test_sigkill_mid_run_then_resume_matches_uninterrupted(tmp_path: Path, tiny_
     """A real `tape pretrain` process killed at some step after its first checkpoint, resumed (here, in this
     process) to the weights and metrics of an uninterrupted run."""
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus,
-                          train={"max_steps": 200, "save_every": 10, "keep_last": 2, "eval_every": 0,
+                          train={"max_steps": 60, "save_every": 10, "keep_last": 2, "eval_every": 0,
                                  "log_every": 10})
     whole = engine.pretrain(load_recipe(str(recipe)), tmp_path / "whole")
 
     killed = tmp_path / "killed"
     kill_after_first_checkpoint(["pretrain", "--recipe", str(recipe), "--out", str(killed)], killed, subprocess_env(),
-                                200)
+                                60)
 
     engine.pretrain(load_recipe(str(recipe)), killed, resume="auto")
     assert "which is no longer running; taking it over" in capsys.readouterr().err  # the killed run's claim

@@ -127,6 +127,7 @@ def test_a_second_tape_pretrain_on_the_same_out_is_refused_in_one_line(tmp_path,
         while not (out / "metrics.jsonl").exists():  # training has started (the claim came before any writing)
             assert first.poll() is None and time.monotonic() < deadline
             time.sleep(0.05)
+        first.send_signal(signal.SIGSTOP)  # still running, holding its claim, but no longer taking a core
         second = subprocess.run(cli("pretrain", "--recipe", str(recipe), "--out", str(out)), cwd=REPO, env=env,
                                 capture_output=True, text=True, timeout=120)
     finally:
