@@ -87,20 +87,12 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def one_command_tree() -> Iterator[None]:
     """Typer's CliRunner builds the Click command tree of `app` anew at every `invoke` (~0.1 s for tape's commands,
-    a minute over the suite's invocations): build it once per app. The tree holds no state between invocations (each
-    gets its own Click context); an app that gained a command since is built again."""
+    a minute over the suite's invocations): it takes cli_helpers.command_tree's, built once per app."""
     import typer.testing
+    from cli_helpers import command_tree
 
-    built: dict[int, tuple[object, int, object]] = {}  # id -> (the app, kept alive so its id stays its own, ...)
     build = typer.testing._get_command
-
-    def command_of(app: object) -> object:
-        size = len(getattr(app, "registered_commands", ())) + len(getattr(app, "registered_groups", ()))
-        if built.get(id(app), (None, None))[:2] != (app, size):
-            built[id(app)] = (app, size, build(app))
-        return built[id(app)][2]
-
-    typer.testing._get_command = command_of
+    typer.testing._get_command = command_tree
     yield
     typer.testing._get_command = build
 

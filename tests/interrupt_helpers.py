@@ -4,7 +4,8 @@ SIGINT, i.e. Ctrl-C). The point is deterministic (after the first samples row, t
 timer would race the command on a loaded machine. Also a torchrun script: every worker arms the same hook.
 
 SPEC is JSON: {"args": [...], "hook": "module:attr.path", "after": N, "signal": number, "setup": "python code"}.
-`setup` runs first (e.g. shrinking a demo budget); the hook is looked up after it.
+`setup` runs first (e.g. shrinking a demo budget); the hook is looked up after it. Tests build the command line with
+`argv(...)` (put `sys.executable`, or torchrun's, before it).
 """
 
 from __future__ import annotations
@@ -15,6 +16,13 @@ import os
 import runpy
 import sys
 from typing import Any
+
+
+def argv(args: list[str], hook: str, signal_number: int, after: int = 1, setup: str = "") -> list[str]:
+    """[this script, SPEC]: what runs `tape ARGS` and sends `signal_number` right after the `after`-th call of
+    `hook`."""
+    spec = {"args": args, "hook": hook, "after": after, "signal": int(signal_number), "setup": setup}
+    return [os.path.abspath(__file__), json.dumps(spec)]
 
 
 def arm(hook: str, after: int, signal_number: int) -> None:

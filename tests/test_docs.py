@@ -19,7 +19,6 @@ checks the links inside docs/).
 
 from __future__ import annotations
 
-import functools
 import importlib
 import re
 import shlex
@@ -180,18 +179,14 @@ def _rest(ctx) -> list[str]:
     return [*ctx._protected_args, *ctx.args]
 
 
-@functools.cache
-def _command_tree():
-    """tape's Click command tree, built once (Typer builds it anew at each call, ~0.1 s)."""
-    from tapecli.cli import app
-
-    return typer.main.get_command(app)
-
-
 def parse_tape(args: list[str], strict: bool):
     """Parse `tape ARGS` down to the leaf command; its context, or None when the line stops early (help, a group
     without a command, a placeholder command). Raises a Click UsageError (or Unreadable) when the line is wrong."""
-    command = _command_tree()
+    from cli_helpers import command_tree
+
+    from tapecli.cli import app
+
+    command = command_tree(app)
     name, parent = "tape", None
     while True:
         for _ in range(len(args) + 1):  # synopsis: a placeholder value (`--samples N`) becomes `1`, then retried

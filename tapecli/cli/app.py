@@ -81,13 +81,17 @@ class _Guarded(Group):
 
     def __init__(self, **attrs: object) -> None:
         super().__init__(**attrs)
-        groups = [self]
+        for command in self._leaves():
+            if not any(param.name == "count" for param in command.params):
+                command.params.append(_threads_option())
+
+    def _leaves(self) -> list[typer.core.TyperCommand]:
+        """Every command below this group, sub-groups' included (not the groups themselves)."""
+        found, groups = [], [self]
         while groups:
             for command in groups.pop().commands.values():
-                if isinstance(command, TyperGroup):
-                    groups.append(command)
-                elif not any(param.name == "count" for param in command.params):
-                    command.params.append(_threads_option())
+                (groups if isinstance(command, TyperGroup) else found).append(command)
+        return found
 
     def make_context(self, info_name: str | None, args: list[str], parent: typer.Context | None = None,
                      **extra: object) -> typer.Context:
@@ -97,20 +101,11 @@ class _Guarded(Group):
             try:
                 return super().make_context(info_name, args, parent=parent, **extra)
             except NoSuchOption as e:
-                if e.option_name not in self._command_options():
+                if not any(e.option_name in param.opts for command in self._leaves() for param in command.params):
                     raise
                 raise UsageError(f"{e.option_name} is an option of the commands: put it after the command's name "
                                  f"(`tape COMMAND {e.option_name} ...`)", e.ctx) from None
 
-    def _command_options(self) -> set[str]:
-        found, groups = set(), [self]
-        while groups:
-            for command in groups.pop().commands.values():
-                if isinstance(command, TyperGroup):
-                    groups.append(command)
-                else:
-                    found.update(opt for param in command.params for opt in param.opts if opt.startswith("--"))
-        return found
 
     def invoke(self, ctx: typer.Context) -> object:
         with faults.boundary():

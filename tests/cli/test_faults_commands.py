@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import interrupt_helpers
 import pytest
 from cli_helpers import one_line_error
 from shared_runs import ADDITION_RUN
@@ -28,7 +29,6 @@ from typer.testing import CliRunner
 from tapecli.cli import app
 
 runner = CliRunner()
-HELPER = str(REPO / "tests" / "interrupt_helpers.py")
 # Keys that differ between any two runs, interrupted or not (seconds: a sweep cell's training time).
 TIMINGS = {"seconds_this_session", "elapsed", "train_seconds", "seconds", "tokens_per_s"}
 # In process on one thread, as the interrupted subprocess (OMP_NUM_THREADS=1): the same floats, bit for bit.
@@ -63,17 +63,14 @@ def inputs(tmp_path_factory: pytest.TempPathFactory, trained) -> dict[str, Path]
     return found
 
 
-def interrupted(args: list[str], sig: int, hook: str, after: int = 1, setup: str = "",
-                launcher: list[str] | None = None) -> subprocess.CompletedProcess:
+def interrupted(args: list[str], sig: int, hook: str, after: int = 1, setup: str = "") -> subprocess.CompletedProcess:
     """Run `tape ARGS` in a new process that sends itself `sig` right after the `after`-th call of `hook`."""
-    spec = json.dumps({"args": args, "hook": hook, "after": after, "signal": int(sig), "setup": setup})
-    proc = subprocess.run([*(launcher or [sys.executable]), HELPER, spec], cwd=REPO, env=subprocess_env(),
-                          capture_output=True, text=True, timeout=300)
-    if launcher is None:
-        expected = -signal.SIGKILL if sig == signal.SIGKILL else 128 + sig
-        assert proc.returncode == expected, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr or launcher is not None, proc.stderr[-3000:]
-    if sig != signal.SIGKILL and launcher is None:
+    proc = subprocess.run([sys.executable, *interrupt_helpers.argv(args, hook, sig, after, setup)], cwd=REPO,
+                          env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    expected = -signal.SIGKILL if sig == signal.SIGKILL else 128 + sig
+    assert proc.returncode == expected, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    if sig != signal.SIGKILL:
         last = proc.stderr.strip().splitlines()[-1]
         assert last.startswith("stopped: "), proc.stderr[-3000:]
     return proc

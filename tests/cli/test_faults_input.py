@@ -324,16 +324,15 @@ CASES = [(hook, after, signal.SIGTERM) for hook, after in AFTER_THE_LAST_CHECKPO
 def test_a_stop_after_the_last_checkpoint_ends_the_run_with_exit_0(tmp_path: Path, corpus: Path, hook: str,
                                                                    after: int, sig: int) -> None:
     """The run saves at step 2 and step 4 (its last); the signal comes right after the hooked call returns."""
-    import json
     import subprocess
     import sys
 
+    import interrupt_helpers
     from train_helpers import REPO, subprocess_env, write_recipe
 
     recipe = write_recipe(tmp_path / "r.yaml", corpus, train={"max_steps": 4, "save_every": 2, "eval_every": 0})
-    spec = {"args": ["pretrain", "--recipe", str(recipe), "--out", str(tmp_path / "run")], "hook": hook,
-            "after": after, "signal": int(sig), "setup": ""}
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "interrupt_helpers.py"), json.dumps(spec)], cwd=REPO,
+    args = ["pretrain", "--recipe", str(recipe), "--out", str(tmp_path / "run")]
+    proc = subprocess.run([sys.executable, *interrupt_helpers.argv(args, hook, sig, after)], cwd=REPO,
                           env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert "stopped:" not in proc.stderr, proc.stderr  # (a signal during the last save may still say it was seen)

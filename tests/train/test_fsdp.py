@@ -3,12 +3,12 @@ one process, and a sharded run stopped by SIGTERM resumes exactly."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import interrupt_helpers
 import pytest
 import torch
 from train_helpers import REPO, assert_same_weights, subprocess_env, weights, write_recipe
@@ -63,9 +63,8 @@ def test_sharded_run_matches_one_process_and_resumes_exactly_after_sigterm(tmp_p
     assert_same_weights(weights(single), weights(whole), atol=1e-5)
 
     stopped = tmp_path / "stopped"
-    spec = {"args": command(stopped), "hook": "tapecli.train.engine:save_checkpoint", "after": 1,
-            "signal": int(signal.SIGTERM)}
-    proc = torchrun(str(REPO / "tests" / "interrupt_helpers.py"), json.dumps(spec), check=False)
+    proc = torchrun(*interrupt_helpers.argv(command(stopped), "tapecli.train.engine:save_checkpoint", signal.SIGTERM),
+                    check=False)
     assert proc.returncode != 0 and "stopped: SIGTERM after step" in proc.stderr, proc.stderr[-3000:]
     assert not (stopped / "checkpoints" / "step-00000004").exists()
     out = torchrun("-m", "tapecli.cli", *command(stopped)).stdout
