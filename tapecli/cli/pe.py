@@ -1,5 +1,5 @@
-"""`tape pe ...`: working on positional encodings: `check` (the conformance kit, tapecli.experiments.pe_check),
-`new` (a skeleton that passes it, tapecli.experiments.pe_templates) and `list` (built-ins and installed plugins)."""
+"""`tape pe ...`: working on positional encodings: `check` (the conformance kit, tapecli.pe.check),
+`new` (a skeleton that passes it, tapecli.pe.templates) and `list` (built-ins and installed plugins)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def check(
     Example: tape pe check kerple.py:Kerple --no-speed ; tape pe check alibi --device cuda --compile
     """
     from tapecli.eval.common import parse_pe_args
-    from tapecli.experiments.pe_check import run_pe_check
+    from tapecli.pe.check import run_pe_check
 
     value = named_pe(pe)
     lengths = numbers(speed_len, "--speed-len", min=1) if speed else []
@@ -80,9 +80,9 @@ def new(
     """
     import re
 
-    from tapecli.experiments.pe_templates import TEMPLATES, template_source
     from tapecli.faults import check_output_file
     from tapecli.files import write_atomic
+    from tapecli.pe.templates import TEMPLATES, template_source
 
     if kind not in TEMPLATES:
         raise TapeError(f"--kind: expected one of {', '.join(TEMPLATES)}, got {kind!r}")

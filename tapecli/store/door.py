@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tapecli.errors import TapeError, how_to_set
-from tapecli.model.hf import HF_CONFIG
+from tapecli.model.hf.load import HF_CONFIG
 from tapecli.store.checkpoint import (
     BASE_MODEL,
     MODEL_CONFIG,
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
     from tapecli.data.tokenizer import Tokenizer
     from tapecli.model import ModelConfig, Transformer
-    from tapecli.model.lora import LoraSpec
+    from tapecli.model.extend.lora import LoraSpec
 
 # Short names for common bases of the classes tape imports (hub ids; the meta-llama ones are gated: `hf auth login`).
 SHORT_NAMES: dict[str, str] = {
@@ -182,9 +182,9 @@ def resolve_hf_source(source: str, what: str = "--model") -> Path:
 
 def base_record(source: str, directory: Path, lora: LoraSpec | None) -> dict[str, Any]:
     """What a checkpoint on a base stores to find it again and to know it is the same: the source as given, the
-    directory it resolved to, and the fingerprint of its weights (`tapecli.model.hf_files.fingerprint`: the hub
+    directory it resolved to, and the fingerprint of its weights (`tapecli.model.hf.files.fingerprint`: the hub
     commit when it came from the hub, each weight file's size and a hash of its header and of samples of its data)."""
-    from tapecli.model.hf_files import fingerprint
+    from tapecli.model.hf.files import fingerprint
 
     return {"source": source, "directory": str(Path(directory).resolve()),
             "lora": None if lora is None else lora.to_dict(), "fingerprint": fingerprint(Path(directory))}
@@ -210,7 +210,7 @@ def find_base(record: dict[str, Any]) -> Path:
 def _check_same_base(recorded: dict[str, Any] | None, directory: Path) -> None:
     """One line naming both bases when `directory` holds other weights than the `recorded` fingerprint says
     (checkpoints written before fingerprints were recorded are not checked)."""
-    from tapecli.model.hf_files import fingerprint
+    from tapecli.model.hf.files import fingerprint
 
     if not recorded:
         return
@@ -231,7 +231,7 @@ def _check_same_base(recorded: dict[str, Any] | None, directory: Path) -> None:
 def base_config(source: Source) -> tuple[dict[str, Any], str]:
     """(the `ModelConfig.to_dict()` of the Hugging Face model a source is or sits on, how messages name it); what an
     extension plan starts from. Resolves (downloads) a hub id; loads no weights."""
-    from tapecli.model.hf import hf_model_config, read_hf_config
+    from tapecli.model.hf.load import hf_model_config, read_hf_config
 
     if source.kind == "hf":
         directory, origin = resolve_hf_source(source.spec, source.what), source.spec
@@ -366,10 +366,10 @@ def _open_checkpoint(source: Source, change: _Change) -> tuple[Transformer, Toke
 
 def _open_hf(source: Source, change: _Change, dtype: torch.dtype, device: torch.device, lora: LoraSpec | None,
              keep_base: bool) -> tuple[Transformer, Tokenizer]:
-    """A Hugging Face model: its weights assigned straight from its safetensors in `dtype` (tapecli.model.hf), its
+    """A Hugging Face model: its weights assigned straight from its safetensors in `dtype` (tapecli.model.hf.load), its
     own tokenizer."""
-    from tapecli.model.extended import build_from_base
-    from tapecli.model.hf import hf_model_config, load_hf_tokenizer, read_hf_config
+    from tapecli.model.extend.extended import build_from_base
+    from tapecli.model.hf.load import hf_model_config, load_hf_tokenizer, read_hf_config
 
     directory = resolve_hf_source(source.spec, source.what)
     hf = read_hf_config(directory)
@@ -384,9 +384,9 @@ def _open_hf(source: Source, change: _Change, dtype: torch.dtype, device: torch.
 def _open_extended(source: Source, change: _Change, dtype: torch.dtype, device: torch.device,
                    lora: LoraSpec | None, keep_base: bool) -> tuple[Transformer, Tokenizer]:
     """A checkpoint on a frozen Hugging Face base: the base again, then the checkpoint's own tensors over it."""
-    from tapecli.model.extended import build_from_base
-    from tapecli.model.hf import hf_model_config, read_hf_config
-    from tapecli.model.lora import LoraSpec, merge_lora
+    from tapecli.model.extend.extended import build_from_base
+    from tapecli.model.extend.lora import LoraSpec, merge_lora
+    from tapecli.model.hf.load import hf_model_config, read_hf_config
 
     checkpoint, record = source.checkpoint, source.base
     directory = find_base(record)

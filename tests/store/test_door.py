@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from tapecli.data.tokenizer import ByteTokenizer, load_tokenizer_dir, tokenizer_fingerprint
 from tapecli.errors import TapeError
 from tapecli.model import ModelConfig, Transformer
-from tapecli.model.hf import hf_model_config, read_hf_config
+from tapecli.model.hf.load import hf_model_config, read_hf_config
 from tapecli.recipe import load_recipe
 from tapecli.store.checkpoint import save_model
 from tapecli.store.door import find_source, is_hf_source, open_model

@@ -1,8 +1,8 @@
-"""Export a tape model as a Hugging Face directory (`tape export`), the inverse of `tapecli.model.hf`.
+"""Export a tape model as a Hugging Face directory (`tape export`), the inverse of `tapecli.model.hf.load`.
 
     export_hf(model, tokenizer, out, dtype=torch.bfloat16) -> out
 
-Writes config.json (the class that runs the model, tapecli.model.hf_arch: Llama, Mistral with a window in every
+Writes config.json (the class that runs the model, tapecli.model.hf.arch: Llama, Mistral with a window in every
 layer, SmolLM3 with NoPE layers or windows in some layers, Qwen2 with q/k/v biases, Qwen3 with QK-norm; with
 `rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards with model.safetensors.index.json),
 generation_config.json and the tokenizer (tokenizer.json or tokenizer.model, with tokenizer_config.json naming its
@@ -55,16 +55,16 @@ def pe_entries(model: Transformer) -> dict[str, Any] | None:
 
 
 def check_exportable(model: Transformer) -> tuple[str, dict[str, Any]]:
-    """(the Hugging Face class, its layer keys) the model exports as (tapecli.model.hf_arch.export_layout), or a
+    """(the Hugging Face class, its layer keys) the model exports as (tapecli.model.hf.arch.export_layout), or a
     TapeError naming why it cannot."""
-    from tapecli.model.hf_arch import export_layout
+    from tapecli.model.hf.arch import export_layout
 
     c = model.config
     if c.abacus or not c.causal:
         raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
                         "native checkpoint")
     if any("lora_" in name for name, _ in model.named_parameters()):
-        raise TapeError("merge LoRA adapters before exporting (tapecli.model.lora.merge_lora)")
+        raise TapeError("merge LoRA adapters before exporting (tapecli.model.extend.lora.merge_lora)")
     if pe_entries(model) is None:
         pe = next((s.pe for s in c.layers() if s.pe not in ("rope", "nope")), c.pe)
         raise TapeError(f"pe {pe!r} has no Hugging Face Llama equivalent (rope and nope layers export, and plugins "
@@ -84,7 +84,7 @@ def check_exportable(model: Transformer) -> tuple[str, dict[str, Any]]:
 
 
 def _config(model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype) -> dict[str, Any]:
-    from tapecli.model.hf_arch import model_type
+    from tapecli.model.hf.arch import model_type
 
     c = model.config
     arch, layers = check_exportable(model)

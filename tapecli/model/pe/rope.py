@@ -267,7 +267,7 @@ class RoPE(PositionalEncoding):
         return RotaryLayer()
 
     def hf_export(self) -> dict[str, Any]:
-        """transformers' `rope_parameters` and `max_position_embeddings` for this RoPE (tapecli.model.hf reads them
+        """transformers' `rope_parameters` and `max_position_embeddings` for this RoPE (tapecli.model.hf.load reads them
         back)."""
         params: dict[str, Any] = {"rope_theta": self.theta, "rope_type": "default"}
         max_pos = self.config.max_seq_len

@@ -15,8 +15,8 @@ from typing import Any
 
 from rich.console import Console
 
-from tapecli.experiments.pe_check.checks import CHECKS, CLAIMED, ON_REQUEST, Outcome, run_check
-from tapecli.experiments.pe_check.subject import SIZE_TEXT, Subject
+from tapecli.pe.check.checks import CHECKS, CLAIMED, ON_REQUEST, Outcome, run_check
+from tapecli.pe.check.subject import SIZE_TEXT, Subject
 
 DOCTOR_CHECKS = ("dense", "kv-cache", "chunked-prefill", "finite")
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from tapecli.cli import app
 from tapecli.data.tokenizer import ByteTokenizer
 from tapecli.model import ModelConfig, Transformer
-from tapecli.model.hf_export import export_hf
+from tapecli.model.hf.export import export_hf
 from tapecli.store.checkpoint import save_model
 from tapecli.store.door import open_model
 

@@ -125,7 +125,7 @@ import tapecli.model.transformer, safetensors.torch, tokenizers
 def status(key):  # kB values of /proc/self/status
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":")) * 1024
 
-from tapecli.model.hf import build_on_meta, hf_model_config, read_hf_config
+from tapecli.model.hf.load import build_on_meta, hf_model_config, read_hf_config
 from pathlib import Path
 build_on_meta(hf_model_config(read_hf_config(Path(sys.argv[1]))))  # warm up: code pages, not weights
 open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current resident size
