@@ -13,7 +13,8 @@ import torch
 
 from tapecli.data.tokenizer import load_tokenizer_dir
 from tapecli.errors import TapeError
-from tapecli.store.door import is_hf_source, open_model
+from tapecli.model.hf.hub import is_hf_source
+from tapecli.store.door import open_model
 
 transformers = pytest.importorskip("transformers")
 from hf_helpers import make_hf_llama, sample_text  # noqa: E402
@@ -166,6 +167,6 @@ def test_weights_must_fit_config(tmp_path):
 
 def test_every_short_name_is_in_the_help():
     from tapecli.cli.train import _BASE_HELP
-    from tapecli.store.door import SHORT_NAMES
+    from tapecli.model.hf.hub import SHORT_NAMES
 
     assert all(f" {name}," in _BASE_HELP or f" {name}." in _BASE_HELP for name in SHORT_NAMES)
