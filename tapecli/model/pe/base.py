@@ -30,6 +30,8 @@ them; `tape pe check` verifies it.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -191,6 +193,17 @@ def kernels_available() -> dict[str, bool]:
     """Which of tape's attention kernels run in this process: {"chunked": the CPU's chunked flash kernel (padding
     and cached keys), "flex": FlexAttention (CUDA)}. An `OwnAttention` PE's `plan` names its path from these."""
     return {"chunked": chunked.kernel_available(), "flex": flex.flex_available()}
+
+
+@functools.cache
+def optional_kernel(module: str, name: str) -> Any | None:
+    """`name` from the optional package `module` (a fused GPU kernel: `optional_kernel("fla.ops.path_attn.parallel",
+    "parallel_path_attention")` is flash-linear-attention's PaTH), or None when it is not installed or fails to import
+    (a broken build can raise more than ImportError). Imported once per process; a PE falls back to its own path."""
+    try:  # optional GPU kernel
+        return getattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def plain_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, scale: float) -> Tensor:
