@@ -1,18 +1,27 @@
-"""The public API for writing a positional encoding: the stable import location for PEs outside the package.
+"""The PE author's kit: the public API for writing a positional encoding, its conformance check and templates.
 
     from tapecli.pe import LayerPE, PositionalEncoding, PositionState, ScoreBias
 
-These are the very objects the built-in PEs use (tapecli/model/pe/base.py, where each hook's contract is written
-down; docs/pe-api.md is the reference, docs/write-your-own-pe.md the tutorial): the two base classes, the position
-state, the three needs a layer may declare to attention, and the helpers a PE may call. `RoPE` and `RotaryLayer`
-are there to build on (xPos, RandPE and TAPE do). Names not listed here are internal and may change.
+    tapecli/pe/__init__.py   the API (this module): the stable import location for PEs outside the package
+    tapecli/pe/check/        `tape pe check`: the conformance kit every PE must pass (`tape doctor` runs four checks)
+    tapecli/pe/templates/    `tape pe new`'s skeletons, each a working PE
+
+The names below are the very objects the built-in PEs use (tapecli/model/pe/base.py, where each hook's contract is
+written down; docs/pe-api.md is the reference, docs/write-your-own-pe.md the tutorial): the two base classes, the
+position state, the three needs a layer may declare to attention, and the helpers a PE may call. `RoPE` and
+`RotaryLayer` are there to build on (xPos, RandPE and TAPE do). `__all__` is the API: what the built-ins use, plus
+`CLAIMS` (what a PE may declare for `tape pe check` to verify) and `default_positions` (the default `positions`, for a
+PE that overrides it) -- no more (a test says so). Names not in it are internal and may change.
+
+`API_VERSION` is (major, minor): the minor grows when names are added, the major when a name or hook changes or
+goes, so a plugin may check `tapecli.pe.API_VERSION[0] == 1` (and `>= (1, n)` for a name added in 1.n).
 """
 
 from tapecli.model.pe.base import (
     CLAIMS,
     LayerCache,
     LayerPE,
-    Need,
+    Need,  # noqa: F401  (not in __all__: importable for plugins written before API_VERSION existed)
     OwnAttention,
     PositionalEncoding,
     PositionState,
@@ -27,7 +36,8 @@ from tapecli.model.pe.base import (
     flex_attention,
     forced_path,
     kernels_available,
-    pe_arguments,
+    optional_kernel,
+    pe_arguments,  # noqa: F401  (as Need)
     plain_attention,
     probing_active,
     report_weights,
@@ -35,7 +45,9 @@ from tapecli.model.pe.base import (
 )
 from tapecli.model.pe.rope import RoPE, RotaryLayer
 
-__all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding", "RoPE",
-           "RotaryLayer", "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks",
+API_VERSION = (1, 0)
+
+__all__ = ["API_VERSION", "CLAIMS", "LayerCache", "LayerPE", "OwnAttention", "PositionState", "PositionalEncoding",
+           "RoPE", "RotaryLayer", "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks",
            "check_positive_int", "default_positions", "encoded_attention", "flex_attention", "forced_path",
-           "kernels_available", "pe_arguments", "plain_attention", "probing_active", "report_weights", "rows_for"]
+           "kernels_available", "optional_kernel", "plain_attention", "probing_active", "report_weights", "rows_for"]
