@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from tapecli import faults
+from tapecli import faults, stops
 from tapecli.data.build import build_datasets
 from tapecli.data.text import IGNORE_INDEX
 from tapecli.errors import LossNotFinite, TapeError
@@ -312,7 +312,7 @@ def fit(job: Job) -> None:
     """Run optimizer steps start_step..max_steps; after each: log, validate, save, and stop if asked to."""
     t, env = job.recipe.train, job.env
     if job.start_step >= t.max_steps:
-        faults.run_finished()
+        stops.run_finished()
         if env.is_main:
             print(f"nothing to do: {job.last_checkpoint} is already at train.max_steps={t.max_steps}; "
                   f"run directory {job.out}")
@@ -328,7 +328,7 @@ def fit(job: Job) -> None:
             if done % t.save_every == 0 or done == t.max_steps:
                 job.last_checkpoint = save(job, done, loop.elapsed(job))
                 if done == t.max_steps:
-                    faults.run_finished()  # a stop request from now on has nothing to stop
+                    stops.run_finished()  # a stop request from now on has nothing to stop
             if done < t.max_steps and job.stop.requested(env):
                 _stop(job, loop, done)
     if loop.metrics is not None:
