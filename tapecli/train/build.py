@@ -1,4 +1,4 @@
-"""The model (and tokenizer) a run trains, and which of its parameters train; called by `engine.setup`.
+"""The model (and tokenizer) a run trains, and which of its parameters train; called by `tapecli.train.setup.setup`.
 
     model, tokenizer, note = build_model(recipe, resume_from, init_from, device, precision)
 
