@@ -173,6 +173,12 @@ class PositionalEncoding(nn.Module):
         while it is unchanged: None (never changes) except for RoPE's dynamic NTK scaling."""
         return None
 
+    def resolved_args(self) -> dict[str, Any]:
+        """pe_args whose default this PE resolved from the model (CoPE's npos_max, from max_seq_len) and which the
+        model's config records beside the given ones (model.pe_args, or the PE's schedule kind), so that a later
+        version's default cannot change what a saved model means. Default: none."""
+        return {}
+
     def initial_state(self, positions: Tensor, dtype: torch.dtype) -> PositionState:
         """State entering layer 0; `dtype` is the model's parameter dtype (fp64 models get fp64 states)."""
         return PositionState(positions=positions)
@@ -183,8 +189,9 @@ class PositionalEncoding(nn.Module):
 
     def hf_export(self) -> dict[str, Any] | None:
         """The entries of a Hugging Face LlamaConfig that make transformers' Llama compute exactly this PE
-        (`rope_parameters`, `max_position_embeddings`), or None: `tape export` refuses the model. Only the class
-        that defines it can export: a subclass does not inherit it (xPos is not RoPE)."""
+        (`rope_parameters`, `max_position_embeddings`), or None: `tape export` refuses the model (a ValueError naming
+        the pe_args key it cannot express is that one line). Only the class that defines it can export: a subclass
+        does not inherit it (xPos is not RoPE)."""
         return None
 
 
