@@ -98,6 +98,21 @@ def test_rope_frequency_options_are_refused_in_one_line(tmp_path, pe_args):
     assert not (tmp_path / "hf").exists()
 
 
+def test_every_rope_layer_s_own_hook_refuses_what_it_cannot_express():
+    """RoPE's export hook refuses its frequency options, also in a RoPE layer after the first (whose entries are
+    the ones exported)."""
+    from tapecli.errors import TapeError
+    from tapecli.model.hf.export import check_exportable
+
+    config = ModelConfig(vocab_size=259, dim=32, n_layers=2, n_heads=2, pe="rope", schedule={
+        "pattern": ["rope", "local"], "kinds": {"local": {"window": 4, "pe_args": {"hope": True}}}})
+    with pytest.raises(TapeError, match=r"^pe_args.hope: True has no Hugging Face Llama equivalent .*native"):
+        check_exportable(Transformer(config))
+    with pytest.raises(ValueError, match="pe_args.fope"):
+        Transformer(ModelConfig(vocab_size=259, dim=32, n_layers=1, n_heads=2, pe="rope",
+                                pe_args={"fope": True})).model.pe.hf_export()
+
+
 @pytest.mark.parametrize("pe", ["tape", "alibi", "fire", "xpos", "t5"])
 def test_pes_without_a_llama_equivalent_are_refused_in_one_line(tmp_path, pe):
     model = Transformer(ModelConfig(vocab_size=259, dim=32, n_layers=1, n_heads=2, pe=pe))
