@@ -56,12 +56,20 @@ def check(
 
     Example: tape pe check kerple.py:Kerple --no-speed ; tape pe check alibi --device cuda --compile
     """
+    from rich.console import Console
+
     from tapecli.eval.common import parse_pe_args
+    from tapecli.experiments.bench import pe_speed_rows
+    from tapecli.model.pe import resolve_pe
     from tapecli.pe.check import run_pe_check
+    from tapecli.runtime import resolve_device
 
     value = named_pe(pe)
     lengths = numbers(speed_len, "--speed-len", min=1) if speed else []
-    outcomes = run_pe_check(value, parse_pe_args(pe_arg), device=device, compile=compile, speed_lengths=lengths)
+    pe_args, console = parse_pe_args(pe_arg), Console()
+    outcomes = run_pe_check(value, pe_args, device=device, compile=compile, console=console)
+    if lengths:
+        pe_speed_rows(value, resolve_pe(value).name, pe_args, str(resolve_device(device)), lengths, console)
     if not all(o.ok for o in outcomes):
         raise typer.Exit(1)
 
