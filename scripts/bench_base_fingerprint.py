@@ -1,4 +1,4 @@
-"""How long checking an extension run's base takes (`tapecli.model.hf_files.fingerprint`, docs/context-extension.md),
+"""How long checking an extension run's base takes (`tapecli.model.hf.files.fingerprint`, docs/context-extension.md),
 read from the disk (each weight file's pages dropped from the page cache first) and from memory.
 
     python scripts/bench_base_fingerprint.py HF_DIR [HF_DIR ...]      # Hugging Face model directories
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tapecli.model.hf_files import fingerprint  # noqa: E402
+from tapecli.model.hf.files import fingerprint  # noqa: E402
 
 LAYERS, DIM, FFN, VOCAB = 32, 4096, 11008, 32000  # Llama-2-7B
 

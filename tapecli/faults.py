@@ -1,22 +1,11 @@
 """Faults from files, the OS and the hardware, turned into one line naming the file and the problem.
 
-The CLI runs every command inside `boundary()`. It prints a `TapeError` as `error: <message>` and exits with the
-error's code (2: bad input, 1: a failed run); so are click's usage errors in a sub-command's arguments (a value
-out of its range, not a number, missing). Errors the OS or a library raises for a *fault* rather than a bug -- an
-unreadable file, a full disk, a corrupt checkpoint, an out-of-memory GPU -- become one line too. Anything else is
-a bug and keeps its traceback. `tape --debug ...` or `TAPE_DEBUG=1` shows the traceback of every error.
-
-A stop request is one line too: Ctrl-C (SIGINT) or SIGTERM ends any command with `stopped: ...` and exit code
-128 + the signal (130, 143). Inside the boundary SIGTERM raises `Terminated` where Python would otherwise die
-silently; training loops install their own handler (`tapecli.train.preemption.StopSignal`: save a checkpoint
-first) and restore this one after. Every file tape writes is whole or absent at any instant (atomic renames,
-flushed JSON lines), so the same command started again continues from what was finished.
-
-A command that is one training run says so (`single_run()`); once that run has saved its last checkpoint
-(`run_finished()`), the command's work is done and a stop request has nothing left to stop: it is ignored, the
-command ends as it would have (exit 0, no traceback), and the `tape` entry point (`main`, `keep_ignoring_stops`)
-keeps ignoring it until the process exits. (A sweep or a demo runs several trainings: a stop between two of them
-stops the command.)
+The CLI runs every command inside `tapecli.stops.boundary()`, which prints what `explain` makes of an exception: a
+`TapeError` as `error: <message>`, exiting with the error's code (2: bad input, 1: a failed run); so are click's usage
+errors in a sub-command's arguments (a value out of its range, not a number, missing). Errors the OS or a library
+raises for a *fault* rather than a bug -- an unreadable file, a full disk, a corrupt checkpoint, an out-of-memory
+GPU -- become one line too. Anything else is a bug and keeps its traceback. `tape --debug ...` or `TAPE_DEBUG=1`
+shows the traceback of every error. (Stop requests, Ctrl-C and SIGTERM, are `tapecli.stops`'.)
 
 Code that reads or writes a file wraps the call in `reading(path)` / `writing(path)`: the exceptions
 libraries raise for a corrupt file (safetensors, sentencepiece, torch.load, json, yaml, UTF-8) or a failed write
@@ -39,9 +28,6 @@ from tapecli.errors import RunFailed, TapeError
 
 _debug = False
 _memory_context: tuple[str, str] | None = None  # (what is running, hint), see note_memory_use
-_single_run = False  # the command running is one training run (single_run)
-_finished = False  # ... and that run has saved its last checkpoint (run_finished)
-_ignore_after = False  # the process is the `tape` entry point: stops stay ignored after the boundary
 
 # errno values that mean the storage, not the input, failed: the run failed (exit 1), the input was fine.
 _STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
@@ -53,103 +39,22 @@ def set_debug(enabled: bool) -> None:
     _debug = enabled or os.environ.get("TAPE_DEBUG", "") not in ("", "0")
 
 
+def debugging() -> bool:
+    """Whether errors keep their tracebacks (`set_debug`, or TAPE_DEBUG set now)."""
+    return _debug or os.environ.get("TAPE_DEBUG", "") not in ("", "0")
+
+
+def forget_memory_use() -> None:
+    """A new command starts: what the last one ran no longer explains running out of memory."""
+    global _memory_context
+    _memory_context = None
+
+
 def note_memory_use(what: str, hint: str) -> None:
     """What the process is running (e.g. "a 124,000,000-parameter model") and what to lower when memory runs out;
     used in the out-of-memory message."""
     global _memory_context
     _memory_context = (what, hint)
-
-
-def single_run() -> None:
-    """The command running is one training run: its `run_finished()` ends the command's work."""
-    global _single_run
-    _single_run = True
-
-
-def run_finished() -> None:
-    """A training run saved its last checkpoint: if it is the command's one run, a stop request from now on is
-    ignored (the command's work is done)."""
-    global _finished
-    _finished = _finished or _single_run
-
-
-def finished() -> bool:
-    """Whether the command's work is done (`run_finished`): a stop request now has nothing to stop."""
-    return _finished
-
-
-def keep_ignoring_stops() -> None:
-    """The process is the `tape` entry point: once the command's work is done, stop requests stay ignored until
-    the process exits (a SIGTERM during the interpreter's shutdown must not turn exit 0 into -15)."""
-    global _ignore_after
-    _ignore_after = True
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived (raised by the boundary's handler, like KeyboardInterrupt for SIGINT)."""
-
-
-def _terminate(signum: int, frame: object) -> None:
-    if not _finished:
-        raise Terminated
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    if not _finished:
-        raise KeyboardInterrupt
-
-
-STOP_MESSAGE = ("{name}; the work finished so far is saved: run the same command again to continue (evaluations "
-                "and training resume where they stopped, other commands start over)")
-
-
-@contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield
-        return
-    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _terminate),
-                signal.SIGINT: signal.signal(signal.SIGINT, _interrupt)}
-    try:
-        yield
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, signal.SIG_IGN if _finished and _ignore_after else handler)
-
-
-@contextmanager
-def boundary() -> Iterator[None]:
-    """Report faults as `error: <one line>` and exit with their code; let real bugs through with a traceback;
-    a stop request (Ctrl-C, SIGTERM) is `stopped: <one line>`."""
-    import signal
-
-    import typer
-
-    global _memory_context, _single_run, _finished
-    _memory_context = None  # set again by whatever this command runs (note_memory_use)
-    _single_run = _finished = False
-    try:
-        with _sigterm_raises():
-            yield
-    except (KeyboardInterrupt, Terminated) as e:
-        number = signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM
-        name = "Ctrl-C (SIGINT)" if number == signal.SIGINT else "SIGTERM"
-        typer.secho(f"\nstopped: {STOP_MESSAGE.format(name=name)}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(128 + number) from None
-    except Exception as e:
-        if _debug or os.environ.get("TAPE_DEBUG", "") not in ("", "0"):
-            raise
-        explained = explain(e)
-        if explained is None:
-            raise
-        message, code, prefix = explained
-        typer.secho(f"{prefix}: {message}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(code) from None
-    finally:  # in one process running several commands (tests, a notebook), the next one starts afresh
-        _single_run = _finished = False
 
 
 def explain(e: BaseException) -> tuple[str, int, str] | None:

@@ -4,7 +4,7 @@ parser (Click's `make_context`, as litgpt's test_readme does with its parser), a
 What counts as a command line (docs/development.md, "These docs", says the same for writers):
 - strict: a line in a fenced code block that runs `tape` (also after `$ `, `.venv/bin/`, `time`, `VAR=value`),
   `python -m tapecli[.cli] ...`, `torchrun ... -m tapecli.cli ...`, `bash scripts/demo.sh ...` (= `tape demo ...`)
-  or `python -m tapecli.harness ...` (lm-eval's own parser). It must parse completely: unknown commands and options,
+  or `python -m tapecli.lm_eval_cli ...` (lm-eval's own parser). It must parse completely: unknown commands and options,
   values of the wrong type and missing required options fail. Its `key=value` overrides must load with the
   shipped recipe it names.
 - synopsis: a line in a fenced block marked `text`, and an inline code span that runs one of the above. Synopsis
@@ -150,9 +150,9 @@ def route(line: Line) -> tuple[str, list[str]]:
         raise Unreadable(f"not an invocation of tape: {words[0]}")
     if module in ("tapecli", "tapecli.cli"):
         return "tape", args
-    if module == "tapecli.harness":
+    if module == "tapecli.lm_eval_cli":
         return "harness", args
-    raise Unreadable(f"{module} is not an entry point (tapecli, tapecli.cli, tapecli.harness)")
+    raise Unreadable(f"{module} is not an entry point (tapecli, tapecli.cli, tapecli.lm_eval_cli)")
 
 
 def _check_torchrun(args: list[str]) -> None:
@@ -253,7 +253,7 @@ def check(line: Line) -> None:
     if program == "harness":
         from lm_eval._cli import HarnessCLI
 
-        cli = HarnessCLI()  # what `python -m tapecli.harness` runs; its argparse parser has no public name
+        cli = HarnessCLI()  # what `python -m tapecli.lm_eval_cli` runs; its argparse parser has no public name
         _argparse(cli._parser, args if args[:1] in (["run"], ["ls"], ["validate"]) else ["run", *args], "lm-eval")
         return
     ctx = parse_tape(args, line.strict)
@@ -272,7 +272,7 @@ def test_the_docs_hold_command_lines_of_every_kind() -> None:
     assert len(LINES) > 80
     texts = [line.text for line in LINES]
     assert sum(line.strict for line in LINES) > 40
-    for start in ("torchrun ", "python -m tapecli.harness ", "bash scripts/demo.sh", "$ tape ", "OMP_NUM_THREADS="):
+    for start in ("torchrun ", "python -m tapecli.lm_eval_cli ", "bash scripts/demo.sh", "$ tape ", "OMP_NUM_THREADS="):
         assert any(t.startswith(start) for t in texts), start
     assert {f"tape {c}" for c in ("pretrain", "finetune", "extend-context", "export", "demo", "bench", "recipes")} <= {
         " ".join(t.split()[:2]) for t in texts}
@@ -327,7 +327,7 @@ def test_extract_reads_fences_continuations_comments_synopses_and_inline_spans()
     ("torchrun --nproc_per_node 2 -m tapecli.cli pretrain --recipe c4-smoke --out r --bogus", cx.NoSuchOption),
     ("torchrun --no-such-torchrun-flag 2 -m tapecli.cli pretrain --recipe c4-smoke --out r", Unreadable),
     ("python -m tapecli.nosuch pretrain", Unreadable),
-    ("python -m tapecli.harness --model tape --no_such_flag 1", Unreadable),
+    ("python -m tapecli.lm_eval_cli --model tape --no_such_flag 1", Unreadable),
     ("bash scripts/demo.sh --seed two", cx.BadParameter),
     ('tape pretrain --recipe "c4-smoke --out runs/x', Unreadable),
 ])

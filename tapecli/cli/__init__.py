@@ -58,7 +58,7 @@ __all__ = ["ALIASES", "app", "main"]
 
 
 def main() -> None:
-    from tapecli import faults
+    from tapecli import stops
 
-    faults.keep_ignoring_stops()  # this process is the command: once its work is done, a stop has nothing to stop
+    stops.keep_ignoring_stops()  # this process is the command: once its work is done, a stop has nothing to stop
     app()

@@ -1,4 +1,4 @@
-"""The root `tape` command group. Every command runs inside one error boundary (`tapecli.faults.boundary`, entered
+"""The root `tape` command group. Every command runs inside one error boundary (`tapecli.stops.boundary`, entered
 here): user mistakes and faults (unreadable or corrupt files, a full disk, out of memory) print one line and exit 2
 (bad input) or 1 (failed run); real bugs keep their traceback. `tape --debug ...` or `TAPE_DEBUG=1` shows tracebacks.
 
@@ -24,7 +24,7 @@ import typer
 from typer._click.exceptions import NoSuchOption, UsageError  # Typer >= 0.2x parses with its own vendored Click
 from typer.core import TyperGroup
 
-from tapecli import faults, threads, trust
+from tapecli import faults, stops, threads, trust
 from tapecli.cli.options import integer
 
 threads.prepare()  # before anything imports torch
@@ -97,7 +97,7 @@ class _Guarded(Group):
                      **extra: object) -> typer.Context:
         """Parsing the root's own options: a mistake there is one line too, and a command's option given before the
         command (`tape --threads 1 bench`) says where it goes."""
-        with faults.boundary():
+        with stops.boundary():
             try:
                 return super().make_context(info_name, args, parent=parent, **extra)
             except NoSuchOption as e:
@@ -108,7 +108,7 @@ class _Guarded(Group):
 
 
     def invoke(self, ctx: typer.Context) -> object:
-        with faults.boundary():
+        with stops.boundary():
             return super().invoke(ctx)
 
 

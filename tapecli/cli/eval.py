@@ -322,7 +322,7 @@ def eval_harness(
 
     Interrupted? Run the same command again: answers already computed come from lm-eval's request cache in --out.
 
-    lm-eval's own CLI with the tape model: `python -m tapecli.harness --model tape --model_args pretrained=RUN --tasks ...`.
+    lm-eval's own CLI with the tape model: `python -m tapecli.lm_eval_cli --model tape --model_args pretrained=RUN --tasks ...`.
 
     Example: tape eval harness --model runs/c4-tape --tasks lambada_openai --limit 100
     """

@@ -26,7 +26,7 @@ def export(
     """
     import torch
 
-    from tapecli.model.hf_export import export_hf
+    from tapecli.model.hf.export import export_hf
     from tapecli.store.claim import claim
     from tapecli.store.door import open_model
 

@@ -1,5 +1,5 @@
-"""`tape pe ...`: working on positional encodings: `check` (the conformance kit, tapecli.experiments.pe_check),
-`new` (a skeleton that passes it, tapecli.experiments.pe_templates) and `list` (built-ins and installed plugins)."""
+"""`tape pe ...`: working on positional encodings: `check` (the conformance kit, tapecli.pe.check),
+`new` (a skeleton that passes it, tapecli.pe.templates) and `list` (built-ins and installed plugins)."""
 
 from __future__ import annotations
 
@@ -56,12 +56,20 @@ def check(
 
     Example: tape pe check kerple.py:Kerple --no-speed ; tape pe check alibi --device cuda --compile
     """
+    from rich.console import Console
+
     from tapecli.eval.common import parse_pe_args
-    from tapecli.experiments.pe_check import run_pe_check
+    from tapecli.experiments.bench import pe_speed_rows
+    from tapecli.model.pe import resolve_pe
+    from tapecli.pe.check import run_pe_check
+    from tapecli.runtime import resolve_device
 
     value = named_pe(pe)
     lengths = numbers(speed_len, "--speed-len", min=1) if speed else []
-    outcomes = run_pe_check(value, parse_pe_args(pe_arg), device=device, compile=compile, speed_lengths=lengths)
+    pe_args, console = parse_pe_args(pe_arg), Console()
+    outcomes = run_pe_check(value, pe_args, device=device, compile=compile, console=console)
+    if lengths:
+        pe_speed_rows(value, resolve_pe(value).name, pe_args, str(resolve_device(device)), lengths, console)
     if not all(o.ok for o in outcomes):
         raise typer.Exit(1)
 
@@ -80,9 +88,9 @@ def new(
     """
     import re
 
-    from tapecli.experiments.pe_templates import TEMPLATES, template_source
     from tapecli.faults import check_output_file
     from tapecli.files import write_atomic
+    from tapecli.pe.templates import TEMPLATES, template_source
 
     if kind not in TEMPLATES:
         raise TapeError(f"--kind: expected one of {', '.join(TEMPLATES)}, got {kind!r}")

@@ -68,10 +68,10 @@ def finetune(
 def _load(recipe: str, overrides: list[str]) -> Recipe:
     """The recipe, its notes (an old format read, a shortened warm-up) printed once, by rank 0 under torchrun.
     Every training command is one run: once it has saved its last checkpoint, a stop request is ignored."""
-    from tapecli import faults, trust
+    from tapecli import stops, trust
     from tapecli.recipe import load_recipe
 
-    faults.single_run()
+    stops.single_run()
     trust.allow_named(overrides)  # a plugin PE named here (model.pe=kerple.py:Kerple) may be imported
     loaded = load_recipe(recipe, overrides)
     if os.environ.get("RANK", "0") == "0":

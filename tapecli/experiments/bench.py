@@ -224,3 +224,19 @@ def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, m
             "paths": paths,
             "failed": {**{label: f"peak memory: {peak['error']}" for label, peak in peaks.items() if "error" in peak},
                        **failures}}
+
+
+def pe_speed_rows(pe: str, label: str, pe_args: dict, device: str, lengths: list[int], console: Console) -> None:
+    """`tape pe check`'s speed lines: the PE's training step time and peak memory vs RoPE at each length (`label`
+    names it; a 2-layer, 256-wide model in fp32 on `device`), measured by `bench_length`."""
+    label = "rope (the PE)" if label == "rope" else label
+    for seq_len in lengths:
+        common = {"n_layers": 2, "dim": 256, "n_heads": 4, "seq_len": seq_len, "batch_size": 1, "precision": "fp32",
+                  "compile": False, "device": device}
+        specs = {"rope": {"pe": "rope", "pe_args": {}, **common},
+                 label: {"pe": pe, "pe_args": pe_args, **common}}
+        result = bench_length(specs, steps=3, warmup=1, rounds=2, memory=True, console=console)
+        memory = result["memory_ratio_to_rope"][label]
+        console.print(f"speed at T = {seq_len}: {result['ratio_to_rope'][label]:.2f}x RoPE's step time, "
+                      + (f"{memory:.2f}x its peak memory" if memory is not None else "peak memory not measured")
+                      + " (2 layers, dim 256, fp32; `tape bench` for more)", markup=False, highlight=False)

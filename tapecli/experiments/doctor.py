@@ -4,9 +4,9 @@
 
 The environment: Python, torch, CUDA and the GPU's name, bf16 support, the optional kernels (flash-attn, fla,
 triton), whether torch.compile works here (a tiny function is really compiled) and the Hugging Face classes
-tape imports and exports (tapecli.model.hf_arch). Then one line per PE: the
+tape imports and exports (tapecli.model.hf.arch). Then one line per PE: the
 attention paths a training step and an evaluation forward take on the device (`tapecli.model.attention`), and four
-checks of `tape pe check` (tapecli.experiments.pe_check, their one owner) on the device, with the same tiny
+checks of `tape pe check` (tapecli.pe.check, their one owner) on the device, with the same tiny
 trained-like models:
 
   dense            fp32 on the device vs the fp64 CPU reference with every score materialised, outputs and
@@ -33,11 +33,11 @@ import torch
 from rich.console import Console
 
 from tapecli import threads
-from tapecli.experiments.pe_check import DOCTOR_CHECKS, Outcome, Subject, run_check
-from tapecli.experiments.pe_check.subject import SIZE_TEXT
 from tapecli.experiments.pe_specs import parse_pe_spec
 from tapecli.faults import failure_line
 from tapecli.model import PE_NAMES
+from tapecli.pe.check import DOCTOR_CHECKS, Outcome, Subject, run_check
+from tapecli.pe.check.subject import SIZE_TEXT
 from tapecli.runtime import resolve_device
 
 # Hybrid layouts every `tape doctor` checks (4 layers; windows of 16 keys, shorter than the checks' sequences).
@@ -92,7 +92,7 @@ def environment(device: torch.device) -> dict[str, str]:
     for name, package in (("flash-attn", "flash-attn"), ("fla", "flash-linear-attention"), ("triton", "triton")):
         env[name] = package_version(package)
     env["torch.compile"] = compile_works()
-    from tapecli.model.hf_arch import ARCHITECTURES
+    from tapecli.model.hf.arch import ARCHITECTURES
 
     env["hf import"] = f"{', '.join(ARCHITECTURES)} (transformers {package_version('transformers')})"
     return env

@@ -60,7 +60,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         from tapecli.model.pe import resolve_pe
-        from tapecli.model.schedule import layer_specs
+        from tapecli.model.schedule import layer_specs, record_resolved_args
 
         for key in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
             value = getattr(self, key)
@@ -85,11 +85,12 @@ class ModelConfig:
                 raise ValueError(f"model.{key}: must be > 0, got {getattr(self, key)!r}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
-        # The config's own copy: a PE may record a default it resolved (CoPE's npos_max), so that what is saved
-        # keeps its meaning when a later version changes the default.
         self.pe_args = dict(self.pe_args)
         self.pe_plugin = resolve_pe(self.pe, self.pe_plugin).record
-        layer_specs(self)  # validates pe_args and the layer keys now (names, types, choices), not at the first forward
+        # Validates pe_args and the layer keys now (names, types, choices), not at the first forward; then records
+        # the defaults the PEs resolved (CoPE's npos_max), so that what is saved keeps its meaning when a later
+        # version changes a default.
+        record_resolved_args(self, layer_specs(self))
         if self.abacus and len(set(self.abacus_digit_ids)) != 10:
             raise ValueError("model.abacus: needs model.abacus_digit_ids (the 10 distinct digit token ids of the "
                              "tokenizer)")

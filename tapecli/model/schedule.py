@@ -157,6 +157,30 @@ def resolve(config, body: dict[str, Any], key: str, name: str | None) -> LayerSp
                      length_scale_args=scale_args, kind=name)
 
 
+def record_resolved_args(config, specs: list[LayerSpec]) -> None:
+    """Write into `config` the pe_args its PEs resolved from it (`PositionalEncoding.resolved_args`: CoPE's npos_max)
+    that it does not hold yet, so that a later version's default cannot change what a saved model means: into
+    model.pe_args for the model's own PE (every kind that keeps that PE merges them), else into the layer's kind
+    (a layer named after a PE gets a kind of that name). New dicts, never the caller's."""
+    from tapecli.model.pe import build_pe
+    from tapecli.model.pe.base import PositionalEncoding
+
+    for spec in {spec.kind: spec for spec in specs}.values():
+        if pe_class(spec.pe, config).resolved_args is PositionalEncoding.resolved_args:
+            continue  # resolves nothing: no need to build it
+        resolved = build_pe(config, spec.pe, spec.pe_args).resolved_args()
+        recorded = {key: value for key, value in resolved.items() if key not in spec.pe_args}
+        if not recorded:
+            continue
+        if spec.pe == config.pe:
+            config.pe_args = {**config.pe_args, **recorded}
+            continue
+        kinds = config.schedule.get("kinds", {})
+        body = kinds.get(spec.kind, {"pe": spec.pe})
+        body = {**body, "pe_args": {**body.get("pe_args", {}), **recorded}}
+        config.schedule = {**config.schedule, "kinds": {**kinds, spec.kind: body}}
+
+
 def check_shared_pes(specs: list[LayerSpec], config) -> None:
     """A PE that draws its own positions (RandPE while training) would give the layers of other PEs no positions
     to agree on: it may be a model's only PE, not one of several."""

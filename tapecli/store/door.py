@@ -14,7 +14,7 @@ A spec is one of (tape sources are tried first):
     an extended checkpoint  one written by `tape extend-context` (it holds base_model.json): the frozen Hugging Face
                             base, found again from that record, with the checkpoint's own tensors over it
     a Hugging Face model    a directory (config.json, *.safetensors, tokenizer), a hub id (downloaded when online,
-                            read from the Hugging Face cache offline) or a short name (SHORT_NAMES)
+                            read from the Hugging Face cache offline) or a short name (tapecli.model.hf.hub.SHORT_NAMES)
 
 What comes back, in eval mode on `device` (tapecli.runtime: auto is the GPU if there is one):
 - the source's own tokenizer (a checkpoint's tokenizer/, a Hugging Face directory's tokenizer files);
@@ -33,14 +33,14 @@ What comes back, in eval mode on `device` (tapecli.runtime: auto is the GPU if t
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tapecli.errors import TapeError, how_to_set
-from tapecli.model.hf import HF_CONFIG
+from tapecli.model.hf.hub import HF_KINDS, is_hf_source, resolve_hf_source
+from tapecli.model.hf.load import HF_CONFIG
 from tapecli.store.checkpoint import (
     BASE_MODEL,
     MODEL_CONFIG,
@@ -59,31 +59,9 @@ if TYPE_CHECKING:
 
     from tapecli.data.tokenizer import Tokenizer
     from tapecli.model import ModelConfig, Transformer
-    from tapecli.model.lora import LoraSpec
+    from tapecli.model.extend.lora import LoraSpec
 
-# Short names for common bases of the classes tape imports (hub ids; the meta-llama ones are gated: `hf auth login`).
-SHORT_NAMES: dict[str, str] = {
-    "llama2-7b": "meta-llama/Llama-2-7b-hf",
-    "llama2-13b": "meta-llama/Llama-2-13b-hf",
-    "llama3-8b": "meta-llama/Meta-Llama-3-8B",
-    "llama3.2-1b": "meta-llama/Llama-3.2-1B",
-    "mistral-7b": "mistralai/Mistral-7B-v0.3",
-    "mistral-7b-v0.1": "mistralai/Mistral-7B-v0.1",  # sliding window of 4096 in every layer
-    "tinyllama": "TinyLlama/TinyLlama_v1.1",
-    "smollm2-135m": "HuggingFaceTB/SmolLM2-135M",
-    "smollm2-360m": "HuggingFaceTB/SmolLM2-360M",
-    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B",
-    "smollm3-3b": "HuggingFaceTB/SmolLM3-3B-Base",  # NoPE every 4th layer
-    "qwen2.5-0.5b": "Qwen/Qwen2.5-0.5B",  # q/k/v biases
-    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B",
-    "qwen2.5-7b": "Qwen/Qwen2.5-7B",
-    "qwen3-0.6b": "Qwen/Qwen3-0.6B-Base",  # QK-norm
-    "qwen3-1.7b": "Qwen/Qwen3-1.7B-Base",
-    "qwen3-8b": "Qwen/Qwen3-8B-Base",
-}
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 MODEL_KINDS = "a tape run directory, a checkpoint directory or a Hugging Face model directory or hub id"
-HF_KINDS = "a Hugging Face model directory (config.json, *.safetensors, tokenizer), hub id or short name"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -105,8 +83,15 @@ class Source:
 
 def find_source(spec: str, what: str = "--model", kinds: str = MODEL_KINDS) -> Source:
     """The source `spec` names; `what` names the option or recipe key that gave it, `kinds` what it may name, in the
-    one-line error when it names none (`--model: runs/x does not exist; pass --model PATH (a tape run ...)`)."""
+    one-line error when it names none (`--model: runs/x does not exist; pass --model PATH (a tape run ...)`).
+    With `kinds=HF_KINDS` (a base to extend) a tape run or checkpoint, or a folder without config.json, is refused."""
     path = Path(spec).expanduser()
+    if kinds == HF_KINDS and path.is_dir() and not (path / HF_CONFIG).is_file():  # only a Hugging Face model
+        tape = output_kind(path)
+        if tape in ("a tape checkpoint", "a tape run directory"):
+            raise TapeError(f"{what}: {path} is {tape}, not a Hugging Face model directory (no {HF_CONFIG}); "
+                            "pass a Hugging Face directory or hub id (`tape export` turns a RoPE checkpoint into one)")
+        resolve_hf_source(spec, what)  # a folder without config.json: one line saying so
     if _is_tape(path):
         checkpoint = resolve_checkpoint(path)
         absolute = checkpoint.resolve()
@@ -130,61 +115,11 @@ def _is_tape(path: Path) -> bool:
     return path.is_dir() and (is_checkpoint(path) or (path / CHECKPOINTS).is_dir() or bool(list_checkpoints(path)))
 
 
-def is_hf_source(source: str) -> bool:
-    """True for a Hugging Face directory (config.json, no tape model_config.json), a known short name, or a string
-    that is no local path and looks like a hub id (`owner/name`)."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        return (path / HF_CONFIG).is_file() and not (path / MODEL_CONFIG).is_file()
-    if path.exists():
-        return False
-    return source.lower() in SHORT_NAMES or bool(_HUB_ID.match(source))
-
-
-def resolve_hf_source(source: str, what: str = "--model") -> Path:
-    """The local directory of `source`: as given, or the hub snapshot (downloaded, or found in the cache offline);
-    `what` is the option or recipe key that gave it, for messages."""
-    path = Path(source).expanduser()
-    if path.is_dir():
-        if not (path / HF_CONFIG).is_file():
-            tape = output_kind(path)
-            if tape in ("a tape checkpoint", "a tape run directory"):
-                raise TapeError(f"{what}: {path} is {tape}, not a Hugging Face model directory (no {HF_CONFIG}); "
-                                "pass a Hugging Face directory or hub id (`tape export` turns a RoPE checkpoint into "
-                                "one)")
-            raise TapeError(f"{what}: {path} has no {HF_CONFIG}; {how_to_set(what, 'DIR')} ({HF_KINDS})")
-        return path
-    repo = SHORT_NAMES.get(source.lower(), source)
-    if not _HUB_ID.match(repo):
-        names = ", ".join(SHORT_NAMES)
-        raise TapeError(f"{what}: {source!r} is neither a directory nor a hub id (owner/name) nor a short name "
-                        f"({names})")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
-
-    try:
-        return Path(snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "tokenizer.model"]))
-    except GatedRepoError:
-        raise TapeError(f"{repo} is gated: accept its licence on huggingface.co and log in (`hf auth login`), "
-                        "or pass a local directory") from None
-    except RepositoryNotFoundError:
-        raise TapeError(f"{repo} does not exist on the Hugging Face hub (or needs a login)") from None
-    except LocalEntryNotFoundError:
-        local = "" if repo != source else "no directory here, and as a hub id "  # `runs/x`: a mistyped path?
-        raise TapeError(f"{what}: {source} is {local}not in the local Hugging Face cache, and the hub cannot be "
-                        f"reached; {how_to_set(what, 'DIR')} (a local Hugging Face model directory: config.json, "
-                        "*.safetensors, tokenizer)") from None
-    except Exception as e:  # network failures surface as several library-specific types
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise TapeError(f"{repo} could not be downloaded ({reason}); pass a local directory with config.json, "
-                        "*.safetensors and the tokenizer instead") from None
-
-
 def base_record(source: str, directory: Path, lora: LoraSpec | None) -> dict[str, Any]:
     """What a checkpoint on a base stores to find it again and to know it is the same: the source as given, the
-    directory it resolved to, and the fingerprint of its weights (`tapecli.model.hf_files.fingerprint`: the hub
+    directory it resolved to, and the fingerprint of its weights (`tapecli.model.hf.files.fingerprint`: the hub
     commit when it came from the hub, each weight file's size and a hash of its header and of samples of its data)."""
-    from tapecli.model.hf_files import fingerprint
+    from tapecli.model.hf.files import fingerprint
 
     return {"source": source, "directory": str(Path(directory).resolve()),
             "lora": None if lora is None else lora.to_dict(), "fingerprint": fingerprint(Path(directory))}
@@ -210,7 +145,7 @@ def find_base(record: dict[str, Any]) -> Path:
 def _check_same_base(recorded: dict[str, Any] | None, directory: Path) -> None:
     """One line naming both bases when `directory` holds other weights than the `recorded` fingerprint says
     (checkpoints written before fingerprints were recorded are not checked)."""
-    from tapecli.model.hf_files import fingerprint
+    from tapecli.model.hf.files import fingerprint
 
     if not recorded:
         return
@@ -231,7 +166,7 @@ def _check_same_base(recorded: dict[str, Any] | None, directory: Path) -> None:
 def base_config(source: Source) -> tuple[dict[str, Any], str]:
     """(the `ModelConfig.to_dict()` of the Hugging Face model a source is or sits on, how messages name it); what an
     extension plan starts from. Resolves (downloads) a hub id; loads no weights."""
-    from tapecli.model.hf import hf_model_config, read_hf_config
+    from tapecli.model.hf.load import hf_model_config, read_hf_config
 
     if source.kind == "hf":
         directory, origin = resolve_hf_source(source.spec, source.what), source.spec
@@ -366,10 +301,10 @@ def _open_checkpoint(source: Source, change: _Change) -> tuple[Transformer, Toke
 
 def _open_hf(source: Source, change: _Change, dtype: torch.dtype, device: torch.device, lora: LoraSpec | None,
              keep_base: bool) -> tuple[Transformer, Tokenizer]:
-    """A Hugging Face model: its weights assigned straight from its safetensors in `dtype` (tapecli.model.hf), its
+    """A Hugging Face model: its weights assigned straight from its safetensors in `dtype` (tapecli.model.hf.load), its
     own tokenizer."""
-    from tapecli.model.extended import build_from_base
-    from tapecli.model.hf import hf_model_config, load_hf_tokenizer, read_hf_config
+    from tapecli.model.extend.extended import build_from_base
+    from tapecli.model.hf.load import hf_model_config, load_hf_tokenizer, read_hf_config
 
     directory = resolve_hf_source(source.spec, source.what)
     hf = read_hf_config(directory)
@@ -384,9 +319,9 @@ def _open_hf(source: Source, change: _Change, dtype: torch.dtype, device: torch.
 def _open_extended(source: Source, change: _Change, dtype: torch.dtype, device: torch.device,
                    lora: LoraSpec | None, keep_base: bool) -> tuple[Transformer, Tokenizer]:
     """A checkpoint on a frozen Hugging Face base: the base again, then the checkpoint's own tensors over it."""
-    from tapecli.model.extended import build_from_base
-    from tapecli.model.hf import hf_model_config, read_hf_config
-    from tapecli.model.lora import LoraSpec, merge_lora
+    from tapecli.model.extend.extended import build_from_base
+    from tapecli.model.extend.lora import LoraSpec, merge_lora
+    from tapecli.model.hf.load import hf_model_config, read_hf_config
 
     checkpoint, record = source.checkpoint, source.base
     directory = find_base(record)

@@ -35,7 +35,7 @@ RECIPE = "recipe.yaml"
 MODEL_CONFIG = "model_config.json"  # in each checkpoint (tapecli.store.checkpoint)
 RUN_INFO = "run.json"
 # What marks the other outputs tape writes (their owners: tapecli.eval.common, tapecli.experiments.sweep.runner,
-# tapecli.store.checkpoint, tapecli.model.hf_export); `output_kind` reads them.
+# tapecli.store.checkpoint, tapecli.model.hf.export); `output_kind` reads them.
 _MARKERS = [("sweep.json", "a sweep directory"), (RUN_INFO, "a tape run directory"),
             (CHECKPOINTS, "a tape run directory"), ("model_config.json", "a tape checkpoint"),
             ("settings.json", "an evaluation's output"), ("config.json", "a Hugging Face model directory")]

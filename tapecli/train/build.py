@@ -1,4 +1,4 @@
-"""The model (and tokenizer) a run trains, and which of its parameters train; called by `engine.setup`.
+"""The model (and tokenizer) a run trains, and which of its parameters train; called by `tapecli.train.setup.setup`.
 
     model, tokenizer, note = build_model(recipe, resume_from, init_from, device, precision)
 
@@ -32,7 +32,6 @@ from tapecli.store.door import (
     base_config,
     find_source,
     open_model,
-    resolve_hf_source,
 )
 from tapecli.train.freeze import apply_freeze, apply_plan
 
@@ -48,8 +47,6 @@ def build_model(recipe: Recipe, resume_from: Path | None, init_from: str | None,
         apply_freeze(model, recipe.train.freeze, recipe.train.unfreeze)
         return model.to(device), tokenizer, None
     what = "--resume" if resume_from is not None else init_what
-    if recipe.extends and resume_from is None and Path(str(init_from)).expanduser().is_dir():
-        resolve_hf_source(str(init_from), what)  # a tape run or checkpoint, or a folder without config.json, says so
     source = find_source(str(spec), what, HF_KINDS if recipe.extends and resume_from is None else MODEL_KINDS)
     if source.kind == "hf" or (resume_from is not None and source.base is not None):
         return _on_base(recipe, source, device, precision)

@@ -1,6 +1,7 @@
 """The training loop behind `tape pretrain`, `tape finetune` and `tape extend-context`.
 
-    job = setup(recipe, out, resume, init_from, command, env)   # checks, the model (train.build), data, optimizer
+    pretrain(recipe, out)   # claims `out`, then setup -> fit
+    job = setup(recipe, out, resume, init_from, command, env)   # tapecli.train.setup: checks, model, data, resuming
     fit(job)   # per step: optimizer_step (micro-batches, one update), then log, validate, save, stop if asked
 
 Exactness is the design goal. The examples of optimizer step s are a pure function of s
@@ -13,80 +14,33 @@ the same update as one big batch (up to float summation order).
 from __future__ import annotations
 
 import contextlib
-import copy
-import dataclasses
-import hashlib
 import math
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from tapecli import faults
-from tapecli.data.build import build_datasets
+from tapecli import stops
 from tapecli.data.text import IGNORE_INDEX
-from tapecli.errors import LossNotFinite, TapeError
+from tapecli.errors import LossNotFinite
 from tapecli.recipe import Recipe
-from tapecli.recipe.legacy import legacy_hash
-from tapecli.runtime import resolve_precision, rng_state, seed_everything, set_rng_state, startup_line
-from tapecli.store.checkpoint import (
-    checkpoint_step,
-    list_checkpoints,
-    load_train_state,
-    remove_temp_dirs,
-    resolve_checkpoint,
-    save_checkpoint,
-)
+from tapecli.runtime import rng_state
+from tapecli.store.checkpoint import checkpoint_step, save_checkpoint
 from tapecli.store.claim import claim
-from tapecli.store.run import (
-    CHECKPOINTS,
-    check_no_links,
-    removed_on_failure,
-    run_entries,
-    run_recipe_path,
-    write_run_files,
-)
-from tapecli.train import distributed, fsdp, memory
-from tapecli.train.build import build_model
-from tapecli.train.continuation import check_continuation
+from tapecli.store.run import CHECKPOINTS, removed_on_failure
+from tapecli.train import distributed, fsdp
 from tapecli.train.distributed import DistEnv
 from tapecli.train.health import check_finite_weights
-from tapecli.train.loggers import check_loggers, open_loggers
-from tapecli.train.optim import build_optimizer, build_scheduler
-from tapecli.train.preemption import StopSignal, stopped
+from tapecli.train.loggers import open_loggers
+from tapecli.train.preemption import stopped
 from tapecli.train.progress import TrainProgress
-
-if TYPE_CHECKING:
-    from tapecli.model import ModelConfig
-
-
-@dataclass
-class Job:
-    """Everything `fit` needs, built by `setup`."""
-
-    recipe: Recipe
-    env: DistEnv
-    model: nn.Module
-    tokenizer: Any
-    train_data: Dataset
-    val_data: Dataset | None
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler | None
-    out: Path
-    recipe_hash: str
-    start_step: int = 0
-    tokens: int = 0  # training tokens seen before start_step
-    elapsed: float = 0.0  # training seconds before this process
-    last_checkpoint: Path | None = None
-    command: list[str] = field(default_factory=list)  # the command line, for the "resume with" message
-    stop: StopSignal = field(default_factory=StopSignal)  # SIGTERM / Ctrl-C: save after this step, then stop
+from tapecli.train.setup import Job, setup
 
 
 def pretrain(recipe: Recipe, out: str | Path, resume: str = "auto", command: list[str] | None = None,
@@ -117,132 +71,6 @@ def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command:
     finally:
         distributed.teardown()
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Setup
-
-
-def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str], env: DistEnv,
-          init_what: str = "train.init_from") -> Job:
-    """Check everything that can be wrong before writing anything, then create the run directory.
-
-    The caller's recipe is left as it is: the job holds a resolved copy (`resolve_recipe`), which RUN/recipe.yaml
-    records. `init_what` is the option or recipe key that gave `init_from`, for messages."""
-    faults.check_output_dir(out)
-    check_no_links(out, run_entries(out), "a run directory")
-    check_loggers(recipe.train.loggers)
-    precision = _check_hardware(recipe, env)
-    resume_from = find_resume(out, resume)
-    recipe.data.check_files()  # a missing data.source fails now, before a model is opened
-    seed_everything(recipe.train.seed)
-    model, tokenizer, origin = build_model(recipe, resume_from, init_from, env.device, precision, init_what)
-    if resume_from is not None:
-        check_continuation(recipe, resume_from, tokenizer, model.config)
-    recipe = resolve_recipe(recipe, precision, model.config)
-    t = recipe.train
-    recipe_hash = hashlib.sha256(recipe.to_yaml().encode()).hexdigest()[:16]
-
-    from tapecli.model import count_parameters
-
-    counts = count_parameters(model)
-    faults.note_memory_use(f"a {counts['total']:,}-parameter model ({t.micro_batch_size} x {recipe.data.seq_len} "
-                           "tokens per micro-batch)", "lower train.micro_batch_size or data.seq_len")
-    if counts["trainable"] == 0:
-        raise TapeError("train.freeze: every parameter is frozen; unfreeze some with train.unfreeze")
-    model.to(env.device)
-    model.gradient_checkpointing = t.activation_checkpointing
-    if t.parallel == "fsdp" and env.world_size > 1:
-        fsdp.shard(model, env, t.precision)  # before the optimizer: it must hold the sharded parameters
-
-    optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.betas[0], t.betas[1]))
-    scheduler = build_scheduler(optimizer, lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps,
-                                max_steps=t.max_steps, schedule=t.schedule)
-    scaler = torch.amp.GradScaler("cuda") if t.precision == "fp16" else None
-    train_data, val_data = build_datasets(recipe, tokenizer, out / "cache")
-    train_data[0]  # read one example now, so unreadable data (e.g. an offline hub stream) fails before any writing
-
-    job = Job(recipe=recipe, env=env, model=model, tokenizer=tokenizer, train_data=train_data, val_data=val_data,
-              optimizer=optimizer, scheduler=scheduler, scaler=scaler, out=out, recipe_hash=recipe_hash,
-              command=command)
-    if resume_from is not None:
-        _restore(job, resume_from)
-
-    if env.is_main:
-        remove_temp_dirs(out / CHECKPOINTS)
-        write_run_files(out, recipe.to_yaml(), t.seed, command, resume_from)
-        print(startup_line(env.device))
-        if origin is not None:
-            print(origin)
-        print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "
-              f"({counts['pe']:,} in the positional encoding)")
-        if model.config.attention_keys():  # windows, temperatures, length scales or a schedule: say what each is
-            from tapecli.model.schedule import describe
-
-            print(f"layers: {describe(model.config.layers())}")
-        print(memory.describe(memory.estimate_memory(model, recipe, env.world_size, fsdp.is_sharded(model))))
-        if resume_from is not None:
-            print(f"resuming from {resume_from} (step {job.start_step} of {t.max_steps})")
-    return job
-
-
-def resolve_recipe(recipe: Recipe, precision: str, config: ModelConfig) -> Recipe:
-    """A copy of `recipe` that says what the run does: the resolved train.precision, and the model actually trained
-    (the vocabulary size from the tokenizer, a checkpoint's or base model's shape)."""
-    resolved = copy.deepcopy(recipe)
-    resolved.train.precision = precision
-    trained = config.to_dict()
-    for f in dataclasses.fields(resolved.model):
-        setattr(resolved.model, f.name, trained[f.name])
-    return resolved
-
-
-def _check_hardware(recipe: Recipe, env: DistEnv) -> str:
-    """The resolved train.precision (tapecli.runtime), once this hardware can run it and the batch splits evenly."""
-    t = recipe.train
-    precision = resolve_precision(t.precision, env.device)
-    if precision == "fp16" and env.device.type != "cuda":
-        raise TapeError("train.precision: fp16 needs a CUDA GPU (loss scaling); use bf16 or fp32 on CPU")
-    if precision == "bf16" and env.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise TapeError("train.precision: this GPU does not support bf16; use fp16 or fp32")
-    per_step = t.micro_batch_size * env.world_size
-    if t.batch_size % per_step:
-        raise TapeError(f"train.batch_size: {t.batch_size} is not divisible by train.micro_batch_size x processes "
-                        f"= {t.micro_batch_size} x {env.world_size}")
-    return precision
-
-
-def find_resume(out: Path, resume: str) -> Path | None:
-    """The checkpoint to continue from: `auto` = the newest in `out` if any, `never` = none, else a path."""
-    existing = list_checkpoints(out / CHECKPOINTS)
-    if resume == "auto":
-        return existing[-1] if existing else None
-    if resume == "never":
-        if existing:
-            raise TapeError(f"{out} already holds checkpoints up to {existing[-1].name}; use --resume auto to "
-                            "continue that run, or another --out")
-        return None
-    if not Path(resume).expanduser().exists():
-        raise TapeError(f"--resume: {resume} does not exist; pass --resume auto (continue --out if it holds a "
-                        "checkpoint), never, or a run or checkpoint directory")
-    return resolve_checkpoint(resume)
-
-
-def _restore(job: Job, checkpoint: Path) -> None:
-    state = load_train_state(checkpoint)
-    if fsdp.is_sharded(job.model):
-        fsdp.load_optimizer_state(job.model, job.optimizer, state["optimizer"])
-    else:
-        job.optimizer.load_state_dict(state["optimizer"])
-    job.scheduler.load_state_dict(state["scheduler"])
-    if job.scaler is not None and state["scaler"] is not None:
-        job.scaler.load_state_dict(state["scaler"])
-    set_rng_state(state["rng"])
-    job.start_step, job.tokens, job.elapsed = state["step"], state["tokens"], state["elapsed"]
-    job.last_checkpoint = checkpoint
-    unchanged = state["recipe_hash"] in (job.recipe_hash, legacy_hash(job.recipe, run_recipe_path(checkpoint)))
-    if not unchanged and job.env.is_main:
-        print(f"note: the recipe differs from the one that wrote {checkpoint}; continuing with the new one")
 
 
 def _train_state(job: Job, step: int, elapsed: float, optimizer_state: dict | None = None) -> dict[str, Any]:
@@ -312,7 +140,7 @@ def fit(job: Job) -> None:
     """Run optimizer steps start_step..max_steps; after each: log, validate, save, and stop if asked to."""
     t, env = job.recipe.train, job.env
     if job.start_step >= t.max_steps:
-        faults.run_finished()
+        stops.run_finished()
         if env.is_main:
             print(f"nothing to do: {job.last_checkpoint} is already at train.max_steps={t.max_steps}; "
                   f"run directory {job.out}")
@@ -328,7 +156,7 @@ def fit(job: Job) -> None:
             if done % t.save_every == 0 or done == t.max_steps:
                 job.last_checkpoint = save(job, done, loop.elapsed(job))
                 if done == t.max_steps:
-                    faults.run_finished()  # a stop request from now on has nothing to stop
+                    stops.run_finished()  # a stop request from now on has nothing to stop
             if done < t.max_steps and job.stop.requested(env):
                 _stop(job, loop, done)
     if loop.metrics is not None:

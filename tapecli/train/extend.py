@@ -32,7 +32,7 @@ from tapecli.errors import TapeError
 if TYPE_CHECKING:
 
     from tapecli.model import ModelConfig
-    from tapecli.model.lora import LoraSpec
+    from tapecli.model.extend.lora import LoraSpec
     from tapecli.recipe import Recipe
 
 METHOD_PARAMETERS = {"tape": ["*.pe.*"], "lora": ["*.lora_A", "*.lora_B"], "longlora": ["*.lora_A", "*.lora_B"],
@@ -68,7 +68,7 @@ def scaling_args(scaling: str, compat: str, theta: float, factor: float, base_le
 
 def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
     """The extended model's config and what to train, from the recipe and the base's `ModelConfig.to_dict()`."""
-    from tapecli.model.lora import LoraSpec
+    from tapecli.model.extend.lora import LoraSpec
     from tapecli.model.merge import merge_model_config
 
     x = recipe.extend

@@ -42,7 +42,7 @@ def apply_freeze(model: nn.Module, freeze: list[str], unfreeze: list[str], keys:
 def apply_plan(model: nn.Module, plan: Plan) -> None:
     """Freeze all but the plan's trainable set (a pattern matching nothing is a TapeError), then switch longlora's
     attention to S²-Attn (training only)."""
-    from tapecli.model.s2attn import enable_s2_attn
+    from tapecli.model.extend.s2attn import enable_s2_attn
 
     apply_freeze(model, ["*"], plan.unfreeze, keys=("extend.method", "extend.trainable"))
     for name, param in model.named_parameters():

@@ -6,7 +6,7 @@ training loop asks `stop.requested(env)` after each optimizer step, saves a chec
 `Stopped` with where it is and how to resume (exit code 128 + the signal number). The first signal also puts
 the previous handlers back, so a second Ctrl-C stops at once (KeyboardInterrupt) and a second SIGTERM kills.
 Resuming from that checkpoint is exact, like any other checkpoint. A signal after the command's one run saved its
-last checkpoint (`tapecli.faults.finished`) is ignored: the run is done.
+last checkpoint (`tapecli.stops.finished`) is ignored: the run is done.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tapecli import faults
+from tapecli import stops
 from tapecli.errors import Stopped
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, *([signal.SIGUSR2] if hasattr(signal, "SIGUSR2") else []))
@@ -45,7 +45,7 @@ class StopSignal:
         self._previous = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if faults.finished():  # the command's one run saved its last checkpoint: nothing to stop
+        if stops.finished():  # the command's one run saved its last checkpoint: nothing to stop
             return
         self.signal_number = signum
         self._restore()

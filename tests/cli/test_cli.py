@@ -103,7 +103,7 @@ def test_doctor_reports_the_machine_and_checks_each_pe():
 @pytest.mark.slow
 def test_doctor_fails_loudly(monkeypatch):
     """A check that fails marks its line and makes the command exit with 1; an unknown PE is a usage error."""
-    monkeypatch.setattr("tapecli.experiments.pe_check.subject.FP32_TOLERANCE", {"cpu": 0.0})  # fp32 is not fp64
+    monkeypatch.setattr("tapecli.pe.check.subject.FP32_TOLERANCE", {"cpu": 0.0})  # fp32 is not fp64
     monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda: "not checked")
     result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi", "--no-hybrids"])
     assert result.exit_code == 1, result.output

@@ -475,7 +475,7 @@ def test_faults_are_explained_and_bugs_are_not() -> None:
 # Broken Hugging Face directories (issue 19, and issue 18's Hugging Face rows)
 #
 # Tiny Llamas saved by transformers' save_pretrained, then damaged the way downloads and hand edits damage them.
-# Every command that opens one reads it through the importer's one file boundary (tapecli.model.hf_files), so each
+# Every command that opens one reads it through the importer's one file boundary (tapecli.model.hf.files), so each
 # damage is one line naming the file and the problem, exit code 2, no traceback, and no --out left behind.
 
 
@@ -692,7 +692,7 @@ def _other_base(directory: Path) -> None:
 def _base_line(run: Path, base: Path) -> str:
     import json
 
-    from tapecli.model.hf_files import fingerprint
+    from tapecli.model.hf.files import fingerprint
 
     recorded = json.loads((run / "checkpoints" / "step-00000001" / "base_model.json").read_text())["fingerprint"]
     now = fingerprint(base)
@@ -752,7 +752,7 @@ def test_the_base_check_reads_a_few_kilobytes_per_weight_file(hf_llamas: Path, m
                                                               ) -> None:
     """What the check costs, counted rather than timed: the header and 16 x 4 KiB of each file, whatever its size
     (docs/context-extension.md gives the time it took on a 7B-sized base)."""
-    from tapecli.model import hf_files
+    from tapecli.model.hf import files as hf_files
 
     single = hf_llamas / "single" / "model.safetensors"
     header = int.from_bytes(single.read_bytes()[:8], "little")

@@ -245,9 +245,9 @@ def test_extend_context_after_sigterm(tmp_path: Path, tiny_hf_llama: Path) -> No
 def test_export_after_sigkill(inputs: dict[str, Path], tmp_path: Path) -> None:
     """Killed between two weight shards: nothing at --out; the same command writes what an uninterrupted one does."""
     out = tmp_path / "hf"
-    setup = "import tapecli.model.hf_export as e\ne.SHARD_BYTES = 20_000\n"
+    setup = "import tapecli.model.hf.export as e\ne.SHARD_BYTES = 20_000\n"
     args = ["export", "-c", str(inputs["run"]), "--out", str(out)]
-    import tapecli.model.hf_export as export
+    import tapecli.model.hf.export as export
 
     original = export.SHARD_BYTES
     export.SHARD_BYTES = 20_000

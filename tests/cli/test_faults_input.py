@@ -344,11 +344,11 @@ def test_a_stop_between_two_runs_of_one_command_still_stops_it() -> None:
     """Only a command that is one run ignores a late stop: a sweep's cell finishing does not finish the sweep."""
     import typer
 
-    from tapecli import faults
+    from tapecli import stops
 
-    with pytest.raises(typer.Exit) as stopped, faults.boundary():
-        faults.run_finished()  # a cell of a sweep: the command never said it is one run
-        assert not faults.finished()
+    with pytest.raises(typer.Exit) as stopped, stops.boundary():
+        stops.run_finished()  # a cell of a sweep: the command never said it is one run
+        assert not stops.finished()
         signal.raise_signal(signal.SIGINT)
     assert stopped.value.exit_code == 130
 
@@ -356,14 +356,14 @@ def test_a_stop_between_two_runs_of_one_command_still_stops_it() -> None:
 def test_a_finished_command_leaves_stops_working_for_the_next_one() -> None:
     """In one process that runs several commands (a notebook, these tests), a run that finished in one command does
     not make the next training ignore Ctrl-C."""
-    from tapecli import faults
+    from tapecli import stops
     from tapecli.train.preemption import StopSignal
 
-    with faults.boundary():
-        faults.single_run()
-        faults.run_finished()
-        assert faults.finished()
-    assert not faults.finished()
+    with stops.boundary():
+        stops.single_run()
+        stops.run_finished()
+        assert stops.finished()
+    assert not stops.finished()
     outer = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with StopSignal() as stop:

@@ -13,7 +13,7 @@ from tapecli import trust
 from tapecli.cli import app
 
 runner = CliRunner()
-BROKEN = Path(__file__).resolve().parents[1] / "model" / "broken_pes.py"
+BROKEN = Path(__file__).resolve().parents[1] / "pe" / "broken_pes.py"
 
 
 @pytest.fixture(autouse=True)

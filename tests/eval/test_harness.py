@@ -323,9 +323,9 @@ def test_supported_lm_eval_range_is_checked_and_matches_pyproject() -> None:
 @pytest.mark.slow
 def test_lm_evals_own_cli_runs_the_tape_model(tape_checkpoints: dict[str, Path], task_dir: Path,
                                               tmp_path: Path) -> None:
-    """`python -m tapecli.harness` is lm-eval's CLI with `tape` registered (it indexes all built-in tasks: ~15 s)."""
+    """`python -m tapecli.lm_eval_cli` is lm-eval's CLI with `tape` registered (indexing all built-in tasks: ~15 s)."""
     out = tmp_path / "stock"
-    command = [sys.executable, "-m", "tapecli.harness", "--model", "tape", "--model_args",
+    command = [sys.executable, "-m", "tapecli.lm_eval_cli", "--model", "tape", "--model_args",
                f"pretrained={tape_checkpoints['tape']}", "--device", "cpu", "--batch_size", "2", "--include_path",
                str(task_dir), "--tasks", "tiny_mc", "--limit", "2", "--output_path", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=300)

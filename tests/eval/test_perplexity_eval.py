@@ -194,7 +194,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_each_protocol_equals_transformers_on_a_hugging_face_llama(tmp_path, protocol, llama):
-    pytest.importorskip("tapecli.model.hf")  # the importer (issue 8)
+    pytest.importorskip("tapecli.model.hf.load")  # the importer (issue 8)
     directory, hf_model = llama
     vocab = hf_model.config.vocab_size
     data = tmp_path / "test.bin"

@@ -76,7 +76,7 @@ def test_default_special_tokens_equal_transformers_autotokenizer(tmp_path: Path)
     from transformers import AutoTokenizer
 
     from tapecli.data.tokenizer import SentencePieceTokenizer
-    from tapecli.model.hf import load_hf_tokenizer
+    from tapecli.model.hf.load import load_hf_tokenizer
 
     expected = {"llama2": ([1], []), "smollm2": ([], []), "qwen": ([], []), "no-post-processor": ([], []),
                 "sp-add-bos": ([1], []), "sp-unset": ([], []), "sp-add-eos": ([1], [2])}
@@ -99,7 +99,7 @@ def test_default_special_tokens_equal_transformers_autotokenizer(tmp_path: Path)
 
 def test_defaults_survive_save_and_load_and_tape_tokenizers_start_with_bos(tmp_path: Path) -> None:
     from tapecli.data.tokenizer import ByteTokenizer, CharTokenizer, load_tokenizer, load_tokenizer_dir
-    from tapecli.model.hf import load_hf_tokenizer
+    from tapecli.model.hf.load import load_hf_tokenizer
 
     for style in ("smollm2", "qwen", "llama3"):
         save_styled_tokenizer(tmp_path / style, style, [TRAIN_TEXT] * 4)
@@ -211,7 +211,7 @@ def test_perplexity_and_passkey_encode_as_the_model_s_tokenizer(llamas: dict[str
 
     from tapecli.eval.passkey import encode_prompt, evaluate_passkey, make_prompt
     from tapecli.eval.perplexity import evaluate_perplexity, load_stream
-    from tapecli.model.hf import load_hf_tokenizer
+    from tapecli.model.hf.load import load_hf_tokenizer
 
     reference = AutoTokenizer.from_pretrained(llamas[style])
     tok = load_hf_tokenizer(llamas[style], {})
@@ -240,8 +240,8 @@ def test_export_keeps_the_default_special_tokens(tmp_path: Path) -> None:
 
     from tapecli.data.tokenizer import load_tokenizer, train_tokenizer
     from tapecli.model import ModelConfig, Transformer
-    from tapecli.model.hf import load_hf_tokenizer
-    from tapecli.model.hf_export import export_hf
+    from tapecli.model.hf.export import export_hf
+    from tapecli.model.hf.load import load_hf_tokenizer
 
     for style in ("smollm2", "llama3"):
         save_styled_tokenizer(tmp_path / style, style, [TRAIN_TEXT] * 4)

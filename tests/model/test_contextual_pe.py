@@ -256,6 +256,19 @@ def test_cope_npos_max_default_is_capped_recorded_and_old_configs_keep_theirs(tm
     assert resumed.pe_args == {"npos_max": 1100}
 
 
+def test_cope_npos_max_is_recorded_for_a_cope_layer_inside_a_schedule():
+    """A CoPE kind of a schedule, and a layer named `cope`, record the npos_max they resolved in their kind, as the
+    model's own CoPE records it in model.pe_args; the caller's schedule is not touched."""
+    given = {"pattern": ["rope", "cope", "local"], "kinds": {"local": {"pe": "cope", "window": 4}}}
+    config = ModelConfig(vocab_size=61, dim=32, n_layers=3, n_heads=2, max_seq_len=2048, pe="rope", schedule=given)
+    assert config.schedule["kinds"] == {"local": {"pe": "cope", "window": 4, "pe_args": {"npos_max": 1024}},
+                                        "cope": {"pe": "cope", "pe_args": {"npos_max": 1024}}}
+    assert given == {"pattern": ["rope", "cope", "local"], "kinds": {"local": {"pe": "cope", "window": 4}}}
+    assert config.pe_args == {}  # the model's PE (RoPE) resolves nothing
+    assert ModelConfig.from_dict(config.to_dict()).to_dict() == config.to_dict()
+    assert [layer.pe.npos_max for layer in Transformer(config).model.layers[1:]] == [1024, 1024]
+
+
 def test_fresh_cope_attends_like_nope():
     """The official init (a zero table) makes a fresh CoPE model compute NoPE's logits exactly."""
     cope, nope = tiny("cope").double(), tiny("nope").double()

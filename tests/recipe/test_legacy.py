@@ -148,3 +148,17 @@ def test_an_old_run_fine_tunes(old: Path):
                  "--out", "ft-copy", "train.max_steps=1")
     assert "note: train.warmup: 1 warm-up steps do not fit train.max_steps=1; warming up for 0" in out
     assert (old / "ft-copy" / "checkpoints" / "step-00000001").is_dir()
+
+
+def test_an_old_rope_run_exports_to_hugging_face(old: Path):
+    """The RoPE run of 0.1 exports through model/hf, and transformers computes its logits."""
+    transformers = pytest.importorskip("transformers")
+    from tapecli.store.door import open_model
+
+    invoke("export", "--checkpoint", "arithmetic-smoke", "--out", "hf")
+    assert json.loads((old / "hf" / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    ours = open_model("arithmetic-smoke", device="cpu", dtype="fp32").model
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(old / "hf").eval()
+    x = torch.randint(0, ours.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x).logits, ours(x), rtol=1e-5, atol=1e-5)

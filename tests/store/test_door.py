@@ -13,10 +13,11 @@ from safetensors.torch import load_file
 from tapecli.data.tokenizer import ByteTokenizer, load_tokenizer_dir, tokenizer_fingerprint
 from tapecli.errors import TapeError
 from tapecli.model import ModelConfig, Transformer
-from tapecli.model.hf import hf_model_config, read_hf_config
+from tapecli.model.hf.hub import is_hf_source
+from tapecli.model.hf.load import hf_model_config, read_hf_config
 from tapecli.recipe import load_recipe
 from tapecli.store.checkpoint import save_model
-from tapecli.store.door import find_source, is_hf_source, open_model
+from tapecli.store.door import find_source, open_model
 from tapecli.train.extend import plan_extension
 
 IDS = torch.tensor([[1, 2, 3, 4, 5]])

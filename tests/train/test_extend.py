@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 from tapecli.cli import app
 from tapecli.model import ModelConfig, count_parameters
-from tapecli.model.extended import build_from_base
-from tapecli.model.hf import build_on_meta, hf_model_config
-from tapecli.model.lora import LoraSpec, apply_lora
+from tapecli.model.extend.extended import build_from_base
+from tapecli.model.extend.lora import LoraSpec, apply_lora
+from tapecli.model.hf.load import build_on_meta, hf_model_config
 from tapecli.recipe import load_recipe
 from tapecli.store.checkpoint import load_weights, read_model_config, resolve_checkpoint
 from tapecli.store.door import open_model

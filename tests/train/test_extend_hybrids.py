@@ -92,6 +92,6 @@ def test_extend_then_evaluate_from_the_cli(bases, tmp_path, name, method):
 
 
 def read_model_config_of_base(base: Path) -> dict:
-    from tapecli.model.hf import hf_model_config, read_hf_config
+    from tapecli.model.hf.load import hf_model_config, read_hf_config
 
     return hf_model_config(read_hf_config(base)).schedule

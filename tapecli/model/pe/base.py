@@ -1,9 +1,9 @@
 """The positional-encoding API: everything a PE file may use, and the contract of every hook.
 
 This is the one module a PE imports tape from. The ten built-in PEs (this package) use nothing else of tape, and
-`tapecli.pe` re-exports exactly these names as the stable import location for PEs written outside the package
-(plugins: docs/pe-api.md). Shapes: B batch, T current tokens, H query heads, G key/value heads (G divides H),
-d head_dim (even), V vocabulary.
+`tapecli.pe` re-exports the names a PE uses as the stable import location for PEs written outside the package
+(plugins: docs/pe-api.md; `check_pe_args` and `pe_arguments` are the registry's). Shapes: B batch, T current tokens,
+H query heads, G key/value heads (G divides H), d head_dim (even), V vocabulary.
 
 A PE has two parts:
 - a model-level `PositionalEncoding`, built once per model from `ModelConfig` and its `pe_args` (keyword-only
@@ -30,6 +30,8 @@ them; `tape pe check` verifies it.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -171,6 +173,12 @@ class PositionalEncoding(nn.Module):
         while it is unchanged: None (never changes) except for RoPE's dynamic NTK scaling."""
         return None
 
+    def resolved_args(self) -> dict[str, Any]:
+        """pe_args whose default this PE resolved from the model (CoPE's npos_max, from max_seq_len) and which the
+        model's config records beside the given ones (model.pe_args, or the PE's schedule kind), so that a later
+        version's default cannot change what a saved model means. Default: none."""
+        return {}
+
     def initial_state(self, positions: Tensor, dtype: torch.dtype) -> PositionState:
         """State entering layer 0; `dtype` is the model's parameter dtype (fp64 models get fp64 states)."""
         return PositionState(positions=positions)
@@ -181,8 +189,9 @@ class PositionalEncoding(nn.Module):
 
     def hf_export(self) -> dict[str, Any] | None:
         """The entries of a Hugging Face LlamaConfig that make transformers' Llama compute exactly this PE
-        (`rope_parameters`, `max_position_embeddings`), or None: `tape export` refuses the model. Only the class
-        that defines it can export: a subclass does not inherit it (xPos is not RoPE)."""
+        (`rope_parameters`, `max_position_embeddings`), or None: `tape export` refuses the model (a ValueError naming
+        the pe_args key it cannot express is that one line). Only the class that defines it can export: a subclass
+        does not inherit it (xPos is not RoPE)."""
         return None
 
 
@@ -191,6 +200,17 @@ def kernels_available() -> dict[str, bool]:
     """Which of tape's attention kernels run in this process: {"chunked": the CPU's chunked flash kernel (padding
     and cached keys), "flex": FlexAttention (CUDA)}. An `OwnAttention` PE's `plan` names its path from these."""
     return {"chunked": chunked.kernel_available(), "flex": flex.flex_available()}
+
+
+@functools.cache
+def optional_kernel(module: str, name: str) -> Any | None:
+    """`name` from the optional package `module` (a fused GPU kernel: `optional_kernel("fla.ops.path_attn.parallel",
+    "parallel_path_attention")` is flash-linear-attention's PaTH), or None when it is not installed or fails to import
+    (a broken build can raise more than ImportError). Imported once per process; a PE falls back to its own path."""
+    try:  # optional GPU kernel
+        return getattr(importlib.import_module(module), name)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def plain_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, scale: float) -> Tensor:

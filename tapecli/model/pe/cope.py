@@ -34,8 +34,9 @@ pe_args:
              query multiplies the whole table (z_i above), so that default made CoPE's cost per query grow with the
              context; the cap keeps it fixed past 1024 (the official default at a 1024-token block, and the
              default of MapFormer's CoPE baseline, `cope_npos_max = 1024`), and changes nothing for models of up
-             to 1024 tokens. The resolved value is recorded in the model's config (model_config.json), and a
-             config saved without it (by earlier versions) keeps meaning model.max_seq_len (`saved_args`).
+             to 1024 tokens. The resolved value is recorded in the model's config (model_config.json: model.pe_args,
+             or the schedule kind of a CoPE layer; `resolved_args`), and a config saved without it (by earlier
+             versions) keeps meaning model.max_seq_len for a model whose PE is CoPE (`saved_args`).
 """
 
 from __future__ import annotations
@@ -175,10 +176,10 @@ class CoPE(PositionalEncoding):
         self.npos_max = min(config.max_seq_len, NPOS_CAP) if npos_max is None else npos_max
         if isinstance(self.npos_max, bool) or not isinstance(self.npos_max, int) or self.npos_max < 1:
             raise ValueError(f"model.pe_args.npos_max: expected a positive integer, got {npos_max!r}")
-        # Recorded in the model's pe_args, so a later default cannot change a saved model; only when CoPE is the
-        # model's PE (a CoPE kind of a layer schedule keeps the default it was given).
-        if npos_max is None and getattr(config, "pe", None) == "cope" and isinstance(config.pe_args, dict):
-            config.pe_args["npos_max"] = self.npos_max
+
+    def resolved_args(self) -> dict:
+        """The resolved npos_max, which the model's config records (module docstring)."""
+        return {"npos_max": self.npos_max}
 
     def make_layer(self, layer_idx: int) -> LayerPE:
         return CoPELayer(self.config.head_dim, self.npos_max)

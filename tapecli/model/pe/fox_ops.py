@@ -33,24 +33,17 @@ gates near 1/2, |c| reaches about 1e4: about 1e-3 on a logit; trained gates sit 
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from tapecli.model.pe.base import flex_attention as flex_kernel
-from tapecli.model.pe.base import plain_attention
+from tapecli.model.pe.base import optional_kernel, plain_attention
 
 
-@functools.cache
 def fla_forgetting_attention():
     """fla's fused kernel, or None when flash-linear-attention is not installed (or broken)."""
-    try:  # optional GPU kernel; a broken build can raise more than ImportError
-        from fla.ops.forgetting_attn.parallel import parallel_forgetting_attn
-    except Exception:  # noqa: BLE001
-        return None
-    return parallel_forgetting_attn
+    return optional_kernel("fla.ops.forgetting_attn.parallel", "parallel_forgetting_attn")
 
 
 def dense(q: Tensor, k: Tensor, v: Tensor, decay: Tensor, key_mask: Tensor | None, scale: float) -> Tensor:

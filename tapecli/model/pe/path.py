@@ -62,8 +62,6 @@ pe_args:
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -75,6 +73,7 @@ from tapecli.model.pe.base import (
     PositionalEncoding,
     PositionState,
     forced_path,
+    optional_kernel,
     probing_active,
 )
 from tapecli.model.pe.path_ops import path_attention, path_attention_by_queries
@@ -83,14 +82,9 @@ KERNELS = ("auto", "torch")
 FLA_HEAD_DIMS = (16, 32, 64, 128)  # 128 since fla PR #503 (fla-org/flash-linear-attention, July 2025)
 
 
-@functools.cache
 def fla_path_attention():
     """fla's fused kernel, or None when flash-linear-attention is not installed (or broken)."""
-    try:  # optional GPU kernel; a broken build can raise more than ImportError
-        from fla.ops.path_attn.parallel import parallel_path_attention
-    except Exception:  # noqa: BLE001
-        return None
-    return parallel_path_attention
+    return optional_kernel("fla.ops.path_attn.parallel", "parallel_path_attention")
 
 
 class PaTHLayer(LayerPE):

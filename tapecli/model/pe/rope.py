@@ -267,8 +267,13 @@ class RoPE(PositionalEncoding):
         return RotaryLayer()
 
     def hf_export(self) -> dict[str, Any]:
-        """transformers' `rope_parameters` and `max_position_embeddings` for this RoPE (tapecli.model.hf reads them
-        back)."""
+        """transformers' `rope_parameters` and `max_position_embeddings` for this RoPE (tapecli.model.hf.load reads them
+        back); a ValueError naming the first frequency option that no Hugging Face config expresses."""
+        plain = {"frequency_fraction": 1.0, "hope": False, "fope": False, "partial_rotary_factor": 1.0}
+        for key, value in plain.items():
+            if getattr(self, key) != value:
+                raise ValueError(f"pe_args.{key}: {getattr(self, key)!r} has no Hugging Face Llama equivalent "
+                                 "(transformers rotates every dim of a head at its rope type's frequencies)")
         params: dict[str, Any] = {"rope_theta": self.theta, "rope_type": "default"}
         max_pos = self.config.max_seq_len
         if self.scaling == "none":

@@ -42,6 +42,7 @@ from tapecli.model.pe.base import (
     PositionalEncoding,
     PositionState,
     forced_path,
+    optional_kernel,
     rows_for,
 )
 from tapecli.model.pe.stickbreaking_ops import stick_breaking, stick_breaking_dense
@@ -49,14 +50,9 @@ from tapecli.model.pe.stickbreaking_ops import stick_breaking, stick_breaking_de
 KERNELS = ("auto", "torch")
 
 
-@functools.cache
 def fla_stick_breaking():
     """fla's fused kernel, or None when flash-linear-attention is not installed (or broken, or too old)."""
-    try:  # optional GPU kernel; a broken build can raise more than ImportError
-        from fla.ops.stickbreaking_attn import parallel_stickbreaking_attn
-    except Exception:  # noqa: BLE001
-        return None
-    return parallel_stickbreaking_attn
+    return optional_kernel("fla.ops.stickbreaking_attn", "parallel_stickbreaking_attn")
 
 
 @functools.cache

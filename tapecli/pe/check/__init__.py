@@ -1,11 +1,11 @@
 """`tape pe check`: a conformance kit for a positional encoding (a built-in, an installed plugin or a file).
 
-    outcomes = run_pe_check("kerple.py:Kerple", pe_args={}, device="auto", compile=False, speed_lengths=[1024])
+    outcomes = run_pe_check("kerple.py:Kerple", pe_args={}, device="auto", compile=False)
 
 Builds tiny models with the PE (subject.py) and runs the checks (checks.py), one line each: its name, ok or FAILED,
-and the number behind the verdict. Then, unless no lengths are given, the PE's row of `tape bench` (training step
-time and peak memory as ratios to RoPE) at each length, through bench's own machinery. Returns the outcomes; the
-command exits with 1 when one failed. `tape doctor` runs four of the same checks per PE (DOCTOR_CHECKS).
+and the number behind the verdict. Returns the outcomes; the command exits with 1 when one failed, after the PE's
+row of `tape bench` (`tapecli.experiments.bench.pe_speed_rows`). `tape doctor` runs four of the same checks per PE
+(DOCTOR_CHECKS).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from rich.console import Console
 
-from tapecli.experiments.pe_check.checks import CHECKS, CLAIMED, ON_REQUEST, Outcome, run_check
-from tapecli.experiments.pe_check.subject import SIZE_TEXT, Subject
+from tapecli.pe.check.checks import CHECKS, CLAIMED, ON_REQUEST, Outcome, run_check
+from tapecli.pe.check.subject import SIZE_TEXT, Subject
 
 DOCTOR_CHECKS = ("dense", "kv-cache", "chunked-prefill", "finite")
 
@@ -37,8 +37,7 @@ def chosen_checks(subject: Subject, compile: bool) -> list[str]:
 
 
 def run_pe_check(pe: str, pe_args: dict[str, Any] | None = None, device: str = "auto", compile: bool = False,
-                 speed_lengths: list[int] | None = None, compile_backend: str = "inductor",
-                 console: Console | None = None) -> list[Outcome]:
+                 compile_backend: str = "inductor", console: Console | None = None) -> list[Outcome]:
     from tapecli.model.pe import resolve_pe
     from tapecli.model.pe.plugins import describe
     from tapecli.runtime import resolve_device
@@ -62,26 +61,7 @@ def run_pe_check(pe: str, pe_args: dict[str, Any] | None = None, device: str = "
     failed = [o.name for o in outcomes if not o.ok]
     console.print(f"all {len(outcomes)} checks passed" if not failed else f"failed: {', '.join(failed)}",
                   markup=False, highlight=False, style=None if not failed else "red")
-    if speed_lengths:
-        speed_rows(pe, resolved.name, subject, speed_lengths, console)
     return outcomes
-
-
-def speed_rows(pe: str, label: str, subject: Subject, lengths: list[int], console: Console) -> None:
-    """The PE's training step time and peak memory vs RoPE at each length: `tape bench`'s own table."""
-    from tapecli.experiments.bench import bench_length
-
-    label = "rope (the PE)" if label == "rope" else label
-    for seq_len in lengths:
-        common = {"n_layers": 2, "dim": 256, "n_heads": 4, "seq_len": seq_len, "batch_size": 1, "precision": "fp32",
-                  "compile": False, "device": str(subject.device)}
-        specs = {"rope": {"pe": "rope", "pe_args": {}, **common},
-                 label: {"pe": pe, "pe_args": subject.pe_args, **common}}
-        result = bench_length(specs, steps=3, warmup=1, rounds=2, memory=True, console=console)
-        memory = result["memory_ratio_to_rope"][label]
-        console.print(f"speed at T = {seq_len}: {result['ratio_to_rope'][label]:.2f}x RoPE's step time, "
-                      + (f"{memory:.2f}x its peak memory" if memory is not None else "peak memory not measured")
-                      + " (2 layers, dim 256, fp32; `tape bench` for more)", markup=False, highlight=False)
 
 
 __all__ = ["CHECKS", "DOCTOR_CHECKS", "Outcome", "Subject", "run_check", "run_pe_check"]

@@ -13,7 +13,8 @@ import torch
 
 from tapecli.data.tokenizer import load_tokenizer_dir
 from tapecli.errors import TapeError
-from tapecli.store.door import is_hf_source, open_model
+from tapecli.model.hf.hub import is_hf_source
+from tapecli.store.door import open_model
 
 transformers = pytest.importorskip("transformers")
 from hf_helpers import make_hf_llama, sample_text  # noqa: E402
@@ -125,7 +126,7 @@ import tapecli.model.transformer, safetensors.torch, tokenizers
 def status(key):  # kB values of /proc/self/status
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith(key + ":")) * 1024
 
-from tapecli.model.hf import build_on_meta, hf_model_config, read_hf_config
+from tapecli.model.hf.load import build_on_meta, hf_model_config, read_hf_config
 from pathlib import Path
 build_on_meta(hf_model_config(read_hf_config(Path(sys.argv[1]))))  # warm up: code pages, not weights
 open("/proc/self/clear_refs", "w").write("5")  # reset the peak (VmHWM) to the current resident size
@@ -166,6 +167,6 @@ def test_weights_must_fit_config(tmp_path):
 
 def test_every_short_name_is_in_the_help():
     from tapecli.cli.train import _BASE_HELP
-    from tapecli.store.door import SHORT_NAMES
+    from tapecli.model.hf.hub import SHORT_NAMES
 
     assert all(f" {name}," in _BASE_HELP or f" {name}." in _BASE_HELP for name in SHORT_NAMES)

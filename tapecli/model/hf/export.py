@@ -1,8 +1,8 @@
-"""Export a tape model as a Hugging Face directory (`tape export`), the inverse of `tapecli.model.hf`.
+"""Export a tape model as a Hugging Face directory (`tape export`), the inverse of `tapecli.model.hf.load`.
 
     export_hf(model, tokenizer, out, dtype=torch.bfloat16) -> out
 
-Writes config.json (the class that runs the model, tapecli.model.hf_arch: Llama, Mistral with a window in every
+Writes config.json (the class that runs the model, tapecli.model.hf.arch: Llama, Mistral with a window in every
 layer, SmolLM3 with NoPE layers or windows in some layers, Qwen2 with q/k/v biases, Qwen3 with QK-norm; with
 `rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards with model.safetensors.index.json),
 generation_config.json and the tokenizer (tokenizer.json or tokenizer.model, with tokenizer_config.json naming its
@@ -31,10 +31,6 @@ if TYPE_CHECKING:
 SHARD_BYTES = 5 * 2**30
 
 
-# RoPE's frequency options (tapecli.model.pe.rope) and their plain values: no Hugging Face config expresses another.
-FREQUENCY_OPTIONS = {"frequency_fraction": 1.0, "hope": False, "fope": False, "partial_rotary_factor": 1.0}
-
-
 def pe_entries(model: Transformer) -> dict[str, Any] | None:
     """The config.json entries of the model's PE (`rope_parameters`, `max_position_embeddings`): for layers of RoPE
     and NoPE, the first RoPE layer's `RoPE.hf_export` (transformers' defaults when every layer is NoPE: its NoPE
@@ -55,26 +51,28 @@ def pe_entries(model: Transformer) -> dict[str, Any] | None:
 
 
 def check_exportable(model: Transformer) -> tuple[str, dict[str, Any]]:
-    """(the Hugging Face class, its layer keys) the model exports as (tapecli.model.hf_arch.export_layout), or a
+    """(the Hugging Face class, its layer keys) the model exports as (tapecli.model.hf.arch.export_layout), or a
     TapeError naming why it cannot."""
-    from tapecli.model.hf_arch import export_layout
+    from tapecli.model.hf.arch import export_layout
+    from tapecli.model.hybrid import layer_groups
 
     c = model.config
     if c.abacus or not c.causal:
         raise TapeError("abacus embeddings / non-causal models have no Hugging Face Llama equivalent; keep the "
                         "native checkpoint")
     if any("lora_" in name for name, _ in model.named_parameters()):
-        raise TapeError("merge LoRA adapters before exporting (tapecli.model.lora.merge_lora)")
-    if pe_entries(model) is None:
+        raise TapeError("merge LoRA adapters before exporting (tapecli.model.extend.lora.merge_lora)")
+    try:  # a PE's export hook refuses what it cannot express (RoPE's frequency options) with a ValueError
+        entries = pe_entries(model)
+        for spec, (_, pe) in zip(c.layers(), layer_groups(model.model.pe, c.n_layers), strict=True):
+            if spec.pe == "rope":  # every RoPE layer, not only the first, whose entries are exported
+                pe.hf_export()
+    except ValueError as e:
+        raise TapeError(f"{e}; keep the native checkpoint, which every `tape eval` opens") from None
+    if entries is None:
         pe = next((s.pe for s in c.layers() if s.pe not in ("rope", "nope")), c.pe)
         raise TapeError(f"pe {pe!r} has no Hugging Face Llama equivalent (rope and nope layers export, and plugins "
                         "whose class defines hf_export); keep the native checkpoint, which every `tape eval` opens")
-    for spec in c.layers():
-        for key, plain in FREQUENCY_OPTIONS.items() if spec.pe == "rope" else ():
-            if spec.pe_args.get(key, plain) != plain:
-                raise TapeError(f"pe_args.{key}: {spec.pe_args[key]!r} has no Hugging Face Llama equivalent "
-                                "(transformers rotates every dim of a head at its rope type's frequencies); keep the "
-                                "native checkpoint, which every `tape eval` opens")
     if c.pe not in ("rope", "nope"):  # a plugin with an export of its own: a Llama, every layer alike
         if c.attention_keys():
             raise TapeError(f"model {', '.join(c.attention_keys())}: a plugin PE exports as a Llama with every layer "
@@ -84,7 +82,7 @@ def check_exportable(model: Transformer) -> tuple[str, dict[str, Any]]:
 
 
 def _config(model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype) -> dict[str, Any]:
-    from tapecli.model.hf_arch import model_type
+    from tapecli.model.hf.arch import model_type
 
     c = model.config
     arch, layers = check_exportable(model)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tapecli.errors import TapeError
-from tapecli.model.hf_export import export_hf
+from tapecli.model.hf.export import export_hf
 from tapecli.model.schedule import describe
 from tapecli.store.door import open_model
 
@@ -203,7 +203,7 @@ def test_every_window_layout_transformers_writes_reads_as_its_modeling_code_runs
     NoPE intervals), the config.json transformers writes -- and the same without layer_types, as 4.x wrote it --
     gives each layer the window and RoPE that transformers' modeling code gives it (its `layer_types`, its
     `sliding_window`, SmolLM3's `no_rope_layers`)."""
-    from tapecli.model.hf import hf_model_config
+    from tapecli.model.hf.load import hf_model_config
 
     cls = getattr(transformers, arch).config_class
     grid = GRID if arch != "SmolLM3ForCausalLM" else [

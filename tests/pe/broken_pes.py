@@ -1,5 +1,5 @@
 """Deliberately broken positional encodings, each failing exactly one check of `tape pe check` (the check's name is
-in BROKEN). Written as a plugin file against `tapecli.pe` only, and checked as `tests/model/broken_pes.py:CLASS`.
+in BROKEN). Written as a plugin file against `tapecli.pe` only, and checked as `tests/pe/broken_pes.py:CLASS`.
 
 Each bug is one PE code has in the wild, made small: attention that ignores causality, positions of cached steps
 taken from the step's own length, a mask that forgets the cached tokens, a fast path that differs from the

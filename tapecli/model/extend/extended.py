@@ -4,7 +4,7 @@
 
 `config` is the base's configuration after `tapecli.model.merge` (same shapes; the PE may have grown from rope to
 tape, and max_seq_len / RoPE scaling may differ). The base's weights are assigned from its safetensors (meta device,
-one copy, `tapecli.model.hf`); the parameters the base lacks (the grown PE's) are created and initialised as in a
+one copy, `tapecli.model.hf.load`); the parameters the base lacks (the grown PE's) are created and initialised as in a
 fresh model, so TAPE's updates start at exactly zero; LoRA adapters (B = 0) are added last. So the model starts
 computing exactly what the base computes under the same RoPE scaling.
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from tapecli.model.config import ModelConfig
-    from tapecli.model.lora import LoraSpec
+    from tapecli.model.extend.lora import LoraSpec
     from tapecli.model.transformer import Transformer
 
 
@@ -33,7 +33,7 @@ def init_new_parameters(model: Transformer, device: torch.device | str, base_dir
     (N(0, init_std), then the PE's own `init_weights`)."""
     from torch import nn
 
-    from tapecli.model.hf import require_weights
+    from tapecli.model.hf.load import require_weights
     from tapecli.model.pe import LayerPE
 
     pending = {name for name, p in model.named_parameters() if p.is_meta}
@@ -51,8 +51,8 @@ def init_new_parameters(model: Transformer, device: torch.device | str, base_dir
 def build_from_base(config: ModelConfig, base_dir: Path, *, dtype: torch.dtype, device: torch.device | str,
                     lora: LoraSpec | None = None) -> Transformer:
     """The base's weights in `dtype` under `config`, new PE parameters initialised (fp32), LoRA applied."""
-    from tapecli.model.hf import build_on_meta, load_hf_weights
-    from tapecli.model.lora import apply_lora
+    from tapecli.model.extend.lora import apply_lora
+    from tapecli.model.hf.load import build_on_meta, load_hf_weights
 
     model = build_on_meta(config)
     load_hf_weights(model, base_dir, dtype, device)

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from tapecli.model import ModelConfig, Transformer
-from tapecli.model.lora import LoRALinear, LoraSpec, apply_lora, merge_lora
-from tapecli.model.s2attn import enable_s2_attn, s2_attention, s2_mask
+from tapecli.model.extend.lora import LoRALinear, LoraSpec, apply_lora, merge_lora
+from tapecli.model.extend.s2attn import enable_s2_attn, s2_attention, s2_mask
 
 
 def test_lora_linear_equals_dense_reference_and_trains_only_adapters():

@@ -8,7 +8,7 @@
 Every fault in a file raises `TapeError("<file> ...")` (exit code 2): not JSON, not safetensors, truncated or empty
 (through `tapecli.faults.reading`), a JSON list where an object belongs, an index that names no or absent shards, a
 weight stored as integers. OS errors (permission denied) pass through to the CLI's boundary, which names their file.
-What the contents *mean* (architecture, shapes against config.json, missing tensors) is `tapecli.model.hf`'s check.
+What the contents *mean* (architecture, shapes against config.json, missing tensors) is `tapecli.model.hf.load`'s check.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from tapecli.cli import app
 from tapecli.data.tokenizer import ByteTokenizer
 from tapecli.model import ModelConfig, Transformer
-from tapecli.model.hf_export import export_hf
+from tapecli.model.hf.export import export_hf
 from tapecli.store.checkpoint import save_model
 from tapecli.store.door import open_model
 
@@ -96,6 +96,21 @@ def test_rope_frequency_options_are_refused_in_one_line(tmp_path, pe_args):
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert f"pe_args.{next(iter(pe_args))}" in result.output and "no Hugging Face Llama equivalent" in result.output
     assert not (tmp_path / "hf").exists()
+
+
+def test_every_rope_layer_s_own_hook_refuses_what_it_cannot_express():
+    """RoPE's export hook refuses its frequency options, also in a RoPE layer after the first (whose entries are
+    the ones exported)."""
+    from tapecli.errors import TapeError
+    from tapecli.model.hf.export import check_exportable
+
+    config = ModelConfig(vocab_size=259, dim=32, n_layers=2, n_heads=2, pe="rope", schedule={
+        "pattern": ["rope", "local"], "kinds": {"local": {"window": 4, "pe_args": {"hope": True}}}})
+    with pytest.raises(TapeError, match=r"^pe_args.hope: True has no Hugging Face Llama equivalent .*native"):
+        check_exportable(Transformer(config))
+    with pytest.raises(ValueError, match="pe_args.fope"):
+        Transformer(ModelConfig(vocab_size=259, dim=32, n_layers=1, n_heads=2, pe="rope",
+                                pe_args={"fope": True})).model.pe.hf_export()
 
 
 @pytest.mark.parametrize("pe", ["tape", "alibi", "fire", "xpos", "t5"])

@@ -32,9 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tapecli.experiments.pe_check.subject import VOCAB, Subject
 from tapecli.model import KVCache, attention
 from tapecli.model.generation import prefill
+from tapecli.pe.check.subject import VOCAB, Subject
 
 
 @dataclass(frozen=True)

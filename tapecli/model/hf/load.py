@@ -10,7 +10,7 @@ every command opens models through. A directory holds `config.json`, `model.safe
 `model.safetensors.index.json`, `tokenizer.json` and/or `tokenizer.model`.
 Supported: `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and
 `SmolLM3ForCausalLM`, with their sliding windows, NoPE layers, q/k/v biases and QK-norm as
-`tapecli.model.hf_arch` reads them; grouped-query attention; an explicit `head_dim`; tied or untied embeddings;
+`tapecli.model.hf.arch` reads them; grouped-query attention; an explicit `head_dim`; tied or untied embeddings;
 RoPE given as `rope_parameters` (transformers 5) or as the older `rope_theta` / `rope_scaling` keys, of type default,
 linear, dynamic, yarn or llama3. Anything else (other biases, activations or architectures) is a TapeError naming
 the config key.
@@ -23,7 +23,7 @@ and ignore the factor (so tape does too, and says so on stderr), and fail with a
 Weights are read tensor by tensor from each shard (`safetensors.safe_open`) straight into the target dtype and
 assigned to a model built on the meta device, so loading never holds a second full copy of the model.
 
-Every file is read through `tapecli.model.hf_files`, and every check of what a file says names that file, so a
+Every file is read through `tapecli.model.hf.files`, and every check of what a file says names that file, so a
 damaged directory (corrupt or truncated JSON or safetensors, absent shards, unsupported architecture or tensors,
 integer or mis-shaped weights, no or a corrupt tokenizer) is one line (TapeError, exit code 2) for every command that
 opens one. A config.json without `architectures` is read as its `model_type` says, as transformers does (with a
@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tapecli.errors import TapeError
-from tapecli.model.hf_arch import architecture, read_layout
-from tapecli.model.hf_files import read_json_object, read_weights, weight_files
+from tapecli.model.hf.arch import architecture, read_layout
+from tapecli.model.hf.files import read_json_object, read_weights, weight_files
 
 if TYPE_CHECKING:
     import torch
@@ -149,7 +149,7 @@ _SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads
 def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
     """tape's ModelConfig for a Llama-family config.json (a dict; `where` names it in messages); an unsupported
     architecture or key, a missing key or a value of the wrong type raises TapeError naming the key. Which layers
-    slide or have no RoPE, and the attention's biases and norms, are `tapecli.model.hf_arch`'s reading."""
+    slide or have no RoPE, and the attention's biases and norms, are `tapecli.model.hf.arch`'s reading."""
     from tapecli.model import ModelConfig
 
     arch = architecture(hf, where)

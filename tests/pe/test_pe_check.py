@@ -1,5 +1,5 @@
 """`tape pe check`: every built-in PE passes every check that applies to it (its claims included), and for each
-check a deliberately broken PE (tests/model/broken_pes.py, a plugin file) fails exactly that check."""
+check a deliberately broken PE (tests/pe/broken_pes.py, a plugin file) fails exactly that check."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from rich.console import Console
 
 from tapecli import trust
-from tapecli.experiments.pe_check import CHECKS, run_pe_check
 from tapecli.model import PE_NAMES
+from tapecli.pe.check import CHECKS, run_pe_check
 
 BROKEN_FILE = Path(__file__).with_name("broken_pes.py")
 
