@@ -1,4 +1,4 @@
-"""`tape eval ruler`, `babilong`, `kv-retrieval`, `latent-list`: the long-context evaluations, which share lengths
+"""`tape eval ruler`, `babilong`, `kv-retrieval`, `latent-list`, `mrcr`: the long-context evaluations, which share lengths
 in tokens (`1k` = 1024), the effective length's threshold and base lengths. Registered on `eval_app`
 (tapecli.cli.eval, whose shared options and runner they use); `tapecli.cli` imports this module after it, so they
 follow the other evaluations in `tape eval --help`."""
@@ -215,4 +215,40 @@ def eval_latent_list(
 
     evaluation = LatentList(_lengths(lengths), numbers(relevant_ops, "--relevant-ops"), samples, seed, threshold,
                             _base_lengths(base_lengths))
+    run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)
+
+
+@eval_app.command("mrcr")
+def eval_mrcr(
+    model: list[str] = MODELS_OPTION,
+    data: str | None = typer.Option(None, "--data", help="MRCR's parquet files: a folder (its 2needle/, 4needle/, "
+                                    "8needle/) or one file (default: the hub dataset openai/mrcr, online only)."),
+    needles: str = typer.Option("2,4,8", "--needles", help="Comma-separated needle counts among 2, 4, 8."),
+    bins: str | None = typer.Option(None, "--bins", help="Comma-separated bin edges in tokens (prompt + answer, in "
+                                    "the model's tokenizer; k = 1024); a row counts in the (lower, upper] bin holding "
+                                    "it, rows outside every bin are left out (default: the official 4k,8k,...,1024k).",
+                                    show_default=False),
+    samples: int | None = integer(None, "--samples", min=1, help="Conversations per needle count and bin, the first "
+                                  "in file order (default: all; the dataset holds 100).", show_default=False),
+    batch_size: int = batch_size_option(1, "Conversations decoded together"),
+    out: str | None = out_option("RUN/eval-mrcr/<checkpoint name>; several models share one folder, "
+                                 "./eval-mrcr-comparison"),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """OpenAI MRCR: reproduce the i-th of 2, 4 or 8 identical requests' answers from a long conversation.
+
+    The conversation is read as "User:" / "Assistant:" turns; the model must start its answer with the row's hash. Greedy answers of up to twice the answer's tokens, stopping at EOS or the next "User:" turn, scored by the dataset card's grade(): 0 without the hash, else the difflib SequenceMatcher ratio.
+
+    results.json: the mean ratio per needle count and bin, per needle count, per bin and overall, and the share of answers without the hash; mrcr.png: ratio vs bin, one line per model and needle count.
+
+    Interrupted? Run the same command again: finished conversations are kept.
+
+    Example: tape eval mrcr --model runs/rope --data mrcr/ --needles 2,4 --bins 4k,8k,16k,32k --samples 20 --out eval/mrcr
+    """
+    from tapecli.eval.mrcr import Mrcr
+
+    evaluation = Mrcr(data, numbers(needles, "--needles", min=2, max=8), _lengths(bins, "--bins") if bins else [],
+                      samples)
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)
