@@ -1,7 +1,7 @@
-"""`tape eval ruler`, `babilong`, `kv-retrieval`, `latent-list`, `mrcr`: the long-context evaluations, which share lengths
-in tokens (`1k` = 1024), the effective length's threshold and base lengths. Registered on `eval_app`
-(tapecli.cli.eval, whose shared options and runner they use); `tapecli.cli` imports this module after it, so they
-follow the other evaluations in `tape eval --help`."""
+"""`tape eval ruler`, `babilong`, `kv-retrieval`, `latent-list`, `mrcr`, `longbench-v2`: the long-context
+evaluations, which share lengths in tokens (`1k` = 1024), the effective length's threshold and base lengths.
+Registered on `eval_app` (tapecli.cli.eval, whose shared options and runner they use); `tapecli.cli` imports this
+module after it, so they follow the other evaluations in `tape eval --help`."""
 
 from __future__ import annotations
 
@@ -251,4 +251,39 @@ def eval_mrcr(
 
     evaluation = Mrcr(data, numbers(needles, "--needles", min=2, max=8), _lengths(bins, "--bins") if bins else [],
                       samples)
+    run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)
+
+
+@eval_app.command("longbench-v2")
+def eval_longbench_v2(
+    model: list[str] = MODELS_OPTION,
+    data: str | None = typer.Option(None, "--data", help="LongBench v2's data.json, or a folder holding it (default: "
+                                    "the hub dataset THUDM/LongBench-v2, online only)."),
+    cot: bool = typer.Option(False, "--cot/--no-cot", help="Chain of thought, as the official pred.py -cot: up to "
+                             "1,024 tokens of reasoning, then the answer prompt with it."),
+    max_length: int | None = integer(None, "--max-length", min=2, help="Prompt budget in tokens; a longer prompt "
+                                     "keeps its first and last halves (default: the model's max_seq_len less the "
+                                     "tokens to generate).", show_default=False),
+    limit: int | None = integer(None, "--limit", min=1, help="Only the first N questions (a quick look; the score is "
+                                "then not the benchmark's).", show_default=False),
+    batch_size: int = batch_size_option(1, "Questions decoded together"),
+    out: str | None = out_option("RUN/eval-longbench-v2/<checkpoint name> (with --cot: eval-longbench-v2-cot); "
+                                 "several models share one folder, ./eval-longbench-v2-comparison"),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """LongBench v2: multiple-choice questions on long documents, accuracy by difficulty and length.
+
+    The official prompts (0-shot, or chain of thought with --cot), cut in the middle to the prompt budget as the official pred.py cuts them; greedy answers of up to 128 tokens; the letter found by pred.py's extract_answer ("The correct answer is (X)").
+
+    results.json: accuracy overall, easy, hard, short, medium, long (as result.py prints it), the compensated variant (0.25 per unanswered question), unanswered and truncated counts; longbench-v2.png.
+
+    Interrupted? Run the same command again: finished questions are kept.
+
+    Example: tape eval longbench-v2 --model runs/rope --data LongBench-v2/data.json --cot --out eval/longbench-v2-cot
+    """
+    from tapecli.eval.longbench_v2 import LongBenchV2
+
+    evaluation = LongBenchV2(data, cot, max_length, limit)
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)
