@@ -44,12 +44,13 @@ def read_rows(data: str | None, hub_id: str, hint: str, what: str = "--data") ->
     for path in paths:
         with reading(path):
             raw = path.read_bytes()
-        rows += _parse(path, raw, what)
+        rows += parse_rows(path, raw, what)
         files.append(f"{path.relative_to(base)} sha256:{hashlib.sha256(raw).hexdigest()}")
     return rows, {"path": str(root.resolve()), "files": files}
 
 
-def _parse(path: Path, raw: bytes, what: str) -> list[dict[str, Any]]:
+def parse_rows(path: Path, raw: bytes, what: str = "--data") -> list[dict[str, Any]]:
+    """The rows (JSON objects) of one file's bytes, by its suffix; one line naming the file when it is unreadable."""
     suffix = path.suffix.lower()
     try:
         if suffix == ".parquet":
