@@ -219,3 +219,27 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
         one_line_error(runner.invoke(app, ["eval", "longbench-v2", "--model", model, "--device", "cpu", "--out",
                                            str(where), *extra]), 2, fragment)
         assert not where.exists()
+
+
+def test_the_results_pages_sample_files_are_read_by_both_evaluations(tmp_path):
+    """scripts/long_benchmark_samples.py (docs/results/long-benchmarks-cpu.md) writes MRCR's and LongBench v2's
+    released formats, the same bytes for the same seed."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tapecli.data import mrcr
+
+    script = Path(__file__).parents[2] / "scripts" / "long_benchmark_samples.py"
+    for out in ("a", "b"):
+        subprocess.run([sys.executable, str(script), str(tmp_path / out)], check=True, capture_output=True)
+    conversations, _ = mrcr.read(str(tmp_path / "a" / "mrcr"))
+    questions, described = data.read(str(tmp_path / "a" / "longbench-v2"))
+    assert [r["n_needles"] for r in conversations] == [2] * 12 + [4] * 12 + [8] * 12 and len(questions) == 24
+    assert {(r["difficulty"], r["length"]) for r in questions} == {(d, n) for d in ("easy", "hard")
+                                                                   for n in ("short", "medium", "long")}
+    for row in conversations:  # the answer is the asked-for needle's reply, hash first
+        chat = mrcr.messages(row)
+        assert row["answer"] == row["random_string_to_prepend"] + chat[row["desired_msg_index"]]["content"]
+    assert described["files"] == data.read(str(tmp_path / "b" / "longbench-v2"))[1]["files"]
+    assert (tmp_path / "a" / "corpus.txt").read_bytes() == (tmp_path / "b" / "corpus.txt").read_bytes()
