@@ -1,4 +1,4 @@
-"""`tape eval ruler`, `babilong`, `kv-retrieval`, `latent-list`, `mrcr`, `longbench-v2`: the long-context
+"""`tape eval ruler`, `babilong`, `kv-retrieval`, `latent-list`, `mrcr`, `longbench-v2`, `nolima`: the long-context
 evaluations, which share lengths in tokens (`1k` = 1024), the effective length's threshold and base lengths.
 Registered on `eval_app` (tapecli.cli.eval, whose shared options and runner they use); `tapecli.cli` imports this
 module after it, so they follow the other evaluations in `tape eval --help`."""
@@ -286,4 +286,49 @@ def eval_longbench_v2(
     from tapecli.eval.longbench_v2 import LongBenchV2
 
     evaluation = LongBenchV2(data, cot, max_length, limit)
+    run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)
+
+
+@eval_app.command("nolima")
+def eval_nolima(
+    model: list[str] = MODELS_OPTION,
+    needle_set: str | None = typer.Option(None, "--needle-set", help="NoLiMa's needle set JSON (needle_set.json, or "
+                                          "a variant: _hard, _w_CoT, _w_Distractor, ...) (default: the hub's "
+                                          "amodaresi/NoLiMa needle_set.json, online only)."),
+    haystack: str | None = typer.Option(None, "--haystack", help="The haystack books: a folder of .txt files "
+                                        "(rand_book_1.txt ... rand_book_5.txt) or one (default: the hub's five, "
+                                        "online only)."),
+    lengths: str = typer.Option("250,500,1000,2000,4000,8000,16000,32000", "--lengths", help="Comma-separated "
+                                "context lengths in tokens of book text (NoLiMa's 1K is 1000; k = 1024 here)."),
+    depths: int = integer(26, "--depths", min=1, help="Needle depths per test, book and length: np.linspace(0, 100, "
+                          "N) % (NoLiMa: 26)."),
+    metric: str = typer.Option("contains", "--metric", help="contains (NoLiMa's run configs), EM, lastline_EM or "
+                               "lastline_contains."),
+    seed: int = integer(42, "--seed", min=0, help="Base seed of the character draws (NoLiMa: 42)."),
+    threshold: float = THRESHOLD_OPTION,
+    base_lengths: str | None = typer.Option(None, "--base-lengths", help="Lengths whose mean score is the base "
+                                            "score (NoLiMa's effective length: 85% of it; LongScore) (default: 250, "
+                                            "500 and 1000 where evaluated, else the shortest length).",
+                                            show_default=False),
+    batch_size: int = batch_size_option(1, "Prompts decoded together"),
+    out: str | None = out_option("RUN/eval-nolima/<checkpoint name>; several models share one folder, "
+                                 "./eval-nolima-comparison"),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """NoLiMa: needle in a haystack without literal matches between the question and the needle.
+
+    Every test of the needle set (one-hop and two-hop questions), every book and length gets --depths trials, placed and seeded as the official run_tests.py and book_haystack.py do it, with the model's own tokenizer; greedy answers of up to 192 tokens, scored by the official _evaluate_response (--metric).
+
+    results.json: accuracy per length (all, per question type, per test), the base score, NoLiMa's effective length (85% of the base score), RULER's and LongScore; nolima.png: accuracy vs length.
+
+    Interrupted? Run the same command again: finished trials are kept.
+
+    Example: tape eval nolima --model runs/rope --needle-set NoLiMa/needle_set.json --haystack NoLiMa/rand_shuffle --lengths 250,500,1000,2000 --depths 11 --out eval/nolima
+    """
+    from tapecli.eval.nolima import NoLiMa
+
+    evaluation = NoLiMa(needle_set, haystack, numbers(lengths, "--lengths", min=1), depths, metric, seed, threshold,
+                        numbers(base_lengths, "--base-lengths", min=1) if base_lengths else None)
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)
