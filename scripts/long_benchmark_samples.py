@@ -1,6 +1,6 @@
-"""Tiny files in the released formats of OpenAI MRCR and LongBench v2, and a training text in the same style, for the
-CPU-sized results page (docs/results/long-benchmarks-cpu.md): the real datasets are hundreds of MB of prompts of 8K
-tokens and more, beyond a tiny model and not on an offline machine.
+"""Tiny files in the released formats of OpenAI MRCR, LongBench v2 and NoLiMa, and a training text in the style of the
+first two, for the CPU-sized results page (docs/results/long-benchmarks-cpu.md): the real datasets are hundreds of MB
+of prompts of 8K tokens and more, beyond a tiny model and not on an offline machine.
 
     python scripts/long_benchmark_samples.py OUT [--seed 0]
 
@@ -11,6 +11,9 @@ writes
                                                requests each
   OUT/longbench-v2/data.json                   LongBench v2's fields; 24 questions on which box holds which colour,
                                                easy (4 boxes) or hard (12), short, medium or long contexts
+  OUT/nolima/needle_set.json                   NoLiMa's needle-set format: 3 experiments whose needle names a
+                                               {CHAR} and a place, asked about by one-hop and two-hop questions
+  OUT/nolima/books/rand_book_1.txt, _2.txt     shuffled-book stand-ins: 600 lines of the words below each
   OUT/corpus.txt                               other conversations and questions of the same kinds (seed + 1), as
                                                tape reads them, each followed by its answer: MRCR's transcript
                                                (`tapecli.data.mrcr.transcript`) + " " + answer, LongBench v2's 0-shot
@@ -78,6 +81,20 @@ def longbench_row(rng: random.Random, k: int) -> dict:
             "answer": "ABCD"[choices.index(colours[asked])], "context": " ".join(parts)}
 
 
+NOLIMA = [  # (place the needle names, city it is in (one hop), region (two hops))
+    ("Semper Opera House", "Dresden", "Saxony"), ("Kiasma museum", "Helsinki", "Uusimaa"),
+    ("Uffizi Gallery", "Florence", "Tuscany")]
+
+
+def needle_set() -> list[dict]:
+    return [{"id": f"{k + 1:04d}", "reasoning_type": "world_knowledge", "system_prompt": "You are a helpful assistant",
+             "needle": "Actually, {CHAR} lives next to the {1}.",
+             "questions": {"onehop": "Which character has been to {2}?",
+                           "twohop": "Which character has been to the region of {3}?"},
+             "character_set": ["Yuki", "Stuart", "Katie", "Diana", "Caleb"],
+             "tests": {"T01": {"input_args": list(args)}}} for k, args in enumerate(NOLIMA)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -98,6 +115,11 @@ def main() -> None:
     (out / "longbench-v2").mkdir(parents=True, exist_ok=True)
     rows = [longbench_row(rng, k) for k in range(24)]
     (out / "longbench-v2" / "data.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    (out / "nolima" / "books").mkdir(parents=True, exist_ok=True)
+    (out / "nolima" / "needle_set.json").write_text(json.dumps(needle_set(), indent=1), encoding="utf-8")
+    for k in (1, 2):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))).capitalize() + "." for _ in range(600)]
+        (out / "nolima" / "books" / f"rand_book_{k}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     train = random.Random(args.seed + 1)
     texts = []
     for _ in range(400):
@@ -108,8 +130,8 @@ def main() -> None:
         texts.append(f"{lb.fill(lb.ZERO_SHOT, row)}\nThe correct answer is ({row['answer']}).")
     train.shuffle(texts)
     (out / "corpus.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
-    print(f"wrote {out}/mrcr (36 conversations), {out}/longbench-v2/data.json (24 questions) and {out}/corpus.txt "
-          f"({sum(map(len, texts)):,} characters)")
+    print(f"wrote {out}/mrcr (36 conversations), {out}/longbench-v2/data.json (24 questions), {out}/nolima (3 "
+          f"experiments, 2 books) and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
 
 
 if __name__ == "__main__":

@@ -222,13 +222,13 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
 
 
 def test_the_results_pages_sample_files_are_read_by_both_evaluations(tmp_path):
-    """scripts/long_benchmark_samples.py (docs/results/long-benchmarks-cpu.md) writes MRCR's and LongBench v2's
-    released formats, the same bytes for the same seed."""
+    """scripts/long_benchmark_samples.py (docs/results/long-benchmarks-cpu.md) writes MRCR's, LongBench v2's and
+    NoLiMa's released formats, the same bytes for the same seed."""
     import subprocess
     import sys
     from pathlib import Path
 
-    from tapecli.data import mrcr
+    from tapecli.data import mrcr, nolima
 
     script = Path(__file__).parents[2] / "scripts" / "long_benchmark_samples.py"
     for out in ("a", "b"):
@@ -243,3 +243,8 @@ def test_the_results_pages_sample_files_are_read_by_both_evaluations(tmp_path):
         assert row["answer"] == row["random_string_to_prepend"] + chat[row["desired_msg_index"]]["content"]
     assert described["files"] == data.read(str(tmp_path / "b" / "longbench-v2"))[1]["files"]
     assert (tmp_path / "a" / "corpus.txt").read_bytes() == (tmp_path / "b" / "corpus.txt").read_bytes()
+    experiments, _ = nolima.needle_set(str(tmp_path / "a" / "nolima" / "needle_set.json"))
+    tests = nolima.expand(experiments)
+    assert len(tests) == 6 and {t.question_type for t in tests} == {"onehop", "twohop"}
+    assert tests[0].needle == "Actually, {CHAR} lives next to the Semper Opera House."
+    assert [b[0] for b in nolima.haystacks(str(tmp_path / "a" / "nolima" / "books"))] == ["rand_book_1", "rand_book_2"]
