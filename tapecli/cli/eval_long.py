@@ -329,6 +329,6 @@ def eval_nolima(
     """
     from tapecli.eval.nolima import NoLiMa
 
-    evaluation = NoLiMa(needle_set, haystack, numbers(lengths, "--lengths", min=1), depths, metric, seed, threshold,
-                        numbers(base_lengths, "--base-lengths", min=1) if base_lengths else None)
+    evaluation = NoLiMa(needle_set, haystack, _lengths(lengths), depths, metric, seed, threshold,
+                        _base_lengths(base_lengths))
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)

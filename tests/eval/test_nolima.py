@@ -275,7 +275,8 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
     given = ["--needle-set", str(tmp_path / "needle_set.json"), "--haystack", str(tmp_path / "books")]
     for n, (extra, fragment) in enumerate([
             ([*given, "--metric", "F1"], "--metric: one of contains, EM, lastline_EM, lastline_contains"),
-            ([*given, "--lengths", "100000"], "is too short for 100000 tokens"),
+            ([*given, "--lengths", "100k"], "is too short for 102400 tokens"),
+            ([*given, "--lengths", "0,250"], "--lengths: positive token counts, got [0, 250]"),
             (["--needle-set", str(tmp_path / "none.json")], "--needle-set"),
             ([], "amodaresi/NoLiMa cannot be read from the Hugging Face hub (offline or unreachable); download "
                  "needlesets/needle_set.json")]):
