@@ -16,7 +16,6 @@ name for the prompt); tape's `--lengths` names them in tokens, so 1024 reads the
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 
@@ -66,25 +65,10 @@ def rows(root: str | Path, task: str, length: int) -> tuple[list[dict[str, str]]
 
 
 def _read(path: Path, raw: bytes) -> list[dict[str, str]]:
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".parquet":
-            import io
+    from tapecli.data.released import parse_rows
 
-            import pyarrow.parquet as pq
-
-            records = pq.read_table(io.BytesIO(raw)).to_pylist()
-        elif suffix == ".jsonl":
-            records = [json.loads(line) for line in raw.decode("utf-8").splitlines() if line.strip()]
-        else:
-            data = json.loads(raw)
-            records = data if isinstance(data, list) else data.get("data") if isinstance(data, dict) else None
-    except Exception as e:  # noqa: BLE001 - any unreadable file is one line naming it
-        raise TapeError(f"--data {path}: cannot read it ({type(e).__name__}: {e})") from None
-    if not isinstance(records, list):
-        raise TapeError(f"--data {path}: expected a list of rows with {', '.join(FIELDS)}")
+    records = parse_rows(path, raw)
     for k, record in enumerate(records):
-        if not isinstance(record, dict) or any(not isinstance(record.get(f), str) for f in FIELDS):
+        if any(not isinstance(record.get(f), str) for f in FIELDS):
             raise TapeError(f"--data {path}: row {k} lacks one of the string fields {', '.join(FIELDS)}")
     return [{f: r[f] for f in FIELDS} for r in records]
-

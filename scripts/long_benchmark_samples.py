@@ -1,0 +1,138 @@
+"""Tiny files in the released formats of OpenAI MRCR, LongBench v2 and NoLiMa, and a training text in the style of the
+first two, for the CPU-sized results page (docs/results/long-benchmarks-cpu.md): the real datasets are hundreds of MB
+of prompts of 8K tokens and more, beyond a tiny model and not on an offline machine.
+
+    python scripts/long_benchmark_samples.py OUT [--seed 0]
+
+writes
+  OUT/mrcr/{2,4,8}needle/{n}needle_0.parquet   MRCR's columns: prompt (JSON chat messages), answer,
+                                               random_string_to_prepend, n_needles, desired_msg_index,
+                                               total_messages, n_chars; 12 conversations per needle count, 3 to 14
+                                               requests each
+  OUT/longbench-v2/data.json                   LongBench v2's fields; 24 questions on which box holds which colour,
+                                               easy (4 boxes) or hard (12), short, medium or long contexts
+  OUT/nolima/needle_set.json                   NoLiMa's needle-set format: 3 experiments whose needle names a
+                                               {CHAR} and a place, asked about by one-hop and two-hop questions
+  OUT/nolima/books/rand_book_1.txt, _2.txt     shuffled-book stand-ins: 600 lines of the words below each
+  OUT/corpus.txt                               other conversations and questions of the same kinds (seed + 1), as
+                                               tape reads them, each followed by its answer: MRCR's transcript
+                                               (`tapecli.data.mrcr.transcript`) + " " + answer, LongBench v2's 0-shot
+                                               prompt + "\nThe correct answer is (X)."; what the tiny model is
+                                               trained on
+Everything is drawn from `random.Random(seed)`: the same seed writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import string
+from pathlib import Path
+
+FORMATS = ["poem", "riddle", "story", "song", "note"]
+TOPICS = ["tapirs", "rocks", "owls", "rain", "ships", "bread"]
+WORDS = ["the", "a", "slow", "bright", "cold", "river", "stone", "wind", "light", "old", "green", "song", "night"]
+COLOURS = ["red", "blue", "green", "black", "white", "yellow"]
+ORDINALS = {1: "1st", 2: "2nd", 3: "3rd", 4: "4th", 5: "5th", 6: "6th", 7: "7th", 8: "8th"}
+
+
+def reply(rng: random.Random, ask: str) -> str:
+    return f"A {ask}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + "."
+
+
+def mrcr_row(rng: random.Random, needles: int) -> dict:
+    fmt, topic = rng.choice(FORMATS), rng.choice(TOPICS)
+    target = f"{fmt} about {topic}"
+    others = [f"{f} about {t}" for f in FORMATS for t in TOPICS if (f, t) != (fmt, topic)]
+    asks = [target] * needles + [rng.choice(others) for _ in range(rng.randint(1, 6))]
+    rng.shuffle(asks)
+    messages, replies = [], []
+    for ask in asks:
+        text = reply(rng, ask)
+        messages += [{"role": "user", "content": f"write a {ask}"}, {"role": "assistant", "content": text}]
+        if ask == target:
+            replies.append((len(messages) - 1, text))
+    which = rng.randint(1, needles)
+    prefix = "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(10))
+    messages.append({"role": "user", "content": f"Prepend {prefix} to the {ORDINALS[which]} (1 indexed) {target}. Do "
+                                                "not include any other text in your response."})
+    index, answer = replies[which - 1]
+    return {"prompt": json.dumps(messages), "answer": prefix + answer, "random_string_to_prepend": prefix,
+            "n_needles": needles, "desired_msg_index": index, "total_messages": len(messages),
+            "n_chars": sum(len(m["content"]) for m in messages)}
+
+
+def longbench_row(rng: random.Random, k: int) -> dict:
+    boxes = 4 if k % 2 == 0 else 12
+    colours = {b: rng.choice(COLOURS) for b in range(1, boxes + 1)}
+    filler = (k // 2) % 3  # short, medium, long: 1, 4 or 12 filler sentences between two facts
+    parts = []
+    for b, c in colours.items():
+        parts.append(f"Box {b} is {c}.")
+        parts += [" ".join(rng.choice(WORDS) for _ in range(6)).capitalize() + "." for _ in range((1, 4, 12)[filler])]
+    asked = rng.randint(1, boxes)
+    choices = rng.sample([c for c in COLOURS if c != colours[asked]], 3) + [colours[asked]]
+    rng.shuffle(choices)
+    return {"_id": f"{k:04d}", "domain": "Single-Document QA", "sub_domain": "Boxes",
+            "difficulty": "easy" if boxes == 4 else "hard", "length": ("short", "medium", "long")[filler],
+            "question": f"What colour is box {asked}?",
+            **{f"choice_{x}": c for x, c in zip("ABCD", choices, strict=True)},
+            "answer": "ABCD"[choices.index(colours[asked])], "context": " ".join(parts)}
+
+
+NOLIMA = [  # (place the needle names, city it is in (one hop), region (two hops))
+    ("Semper Opera House", "Dresden", "Saxony"), ("Kiasma museum", "Helsinki", "Uusimaa"),
+    ("Uffizi Gallery", "Florence", "Tuscany")]
+
+
+def needle_set() -> list[dict]:
+    return [{"id": f"{k + 1:04d}", "reasoning_type": "world_knowledge", "system_prompt": "You are a helpful assistant",
+             "needle": "Actually, {CHAR} lives next to the {1}.",
+             "questions": {"onehop": "Which character has been to {2}?",
+                           "twohop": "Which character has been to the region of {3}?"},
+             "character_set": ["Yuki", "Stuart", "Katie", "Diana", "Caleb"],
+             "tests": {"T01": {"input_args": list(args)}}} for k, args in enumerate(NOLIMA)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tapecli.data import longbench_v2 as lb
+    from tapecli.data import mrcr
+
+    out, rng = Path(args.out), random.Random(args.seed)
+    for needles in (2, 4, 8):
+        folder = out / "mrcr" / f"{needles}needle"
+        folder.mkdir(parents=True, exist_ok=True)
+        rows = [mrcr_row(rng, needles) for _ in range(12)]
+        pq.write_table(pa.Table.from_pylist(rows), folder / f"{needles}needle_0.parquet")
+    (out / "longbench-v2").mkdir(parents=True, exist_ok=True)
+    rows = [longbench_row(rng, k) for k in range(24)]
+    (out / "longbench-v2" / "data.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    (out / "nolima" / "books").mkdir(parents=True, exist_ok=True)
+    (out / "nolima" / "needle_set.json").write_text(json.dumps(needle_set(), indent=1), encoding="utf-8")
+    for k in (1, 2):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))).capitalize() + "." for _ in range(600)]
+        (out / "nolima" / "books" / f"rand_book_{k}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    train = random.Random(args.seed + 1)
+    texts = []
+    for _ in range(400):
+        row = mrcr_row(train, train.choice((2, 4, 8)))
+        texts.append(f"{mrcr.transcript(mrcr.messages(row))} {row['answer']}")
+    for k in range(400):
+        row = longbench_row(train, k)
+        texts.append(f"{lb.fill(lb.ZERO_SHOT, row)}\nThe correct answer is ({row['answer']}).")
+    train.shuffle(texts)
+    (out / "corpus.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
+    print(f"wrote {out}/mrcr (36 conversations), {out}/longbench-v2/data.json (24 questions), {out}/nolima (3 "
+          f"experiments, 2 books) and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
+
+
+if __name__ == "__main__":
+    main()
