@@ -1,8 +1,8 @@
 """The positional-encoding API: everything a PE file may use, and the contract of every hook.
 
-This is the one module a PE imports tape from. The ten built-in PEs (this package) use nothing else of tape, and
-`tapecli.pe` re-exports exactly these names as the stable import location for PEs written outside the package
-(plugins: docs/pe-api.md). Shapes: B batch, T current tokens, H query heads, G key/value heads (G divides H),
+This is the one module a PE imports tape from. The built-in PEs (this package; `registry.BUILTINS`) use nothing
+else of tape, and `tapecli.pe` re-exports exactly these names as the stable import location for PEs written outside
+the package (plugins: docs/pe-api.md). Shapes: B batch, T current tokens, H query heads, G key/value heads (G divides H),
 d head_dim (even), V vocabulary.
 
 A PE has two parts:
