@@ -96,6 +96,11 @@ class BabilongData(DataSchema):
     prompt: Literal["full", "no-examples", "bare"] = "bare"  # BABILong's prompt style
     haystack: str | None = None  # distractor text file or folder; null: RULER's noise sentences
 
+    def unused_keys(self, set_keys: frozenset[str]) -> list[str]:
+        if "data.depth_window" in set_keys and not self.depths:
+            return ["data.depth_window: unused with data.depths null (the facts go anywhere); leave it out"]
+        return []
+
     def check(self) -> None:
         super().check()
         check_text_tokenizer(self)
