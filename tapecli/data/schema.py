@@ -38,9 +38,9 @@ class DataSchema:
         """Raise TapeError naming the first key with a bad value (types are already checked)."""
         positive("data.seq_len", self.seq_len)
 
-    def unused_keys(self, set_keys: frozenset[str]) -> list[str]:
-        """One line per `data.` key in `set_keys` that this kind's other keys make meaningless (none by default)."""
-        return []
+    def ignored_keys(self) -> dict[str, str]:
+        """{`data.` key: why} of the keys this kind's other keys make meaningless (none by default)."""
+        return {}
 
     def build(self, tokenizer: Any, seed: int, cache_dir: Path) -> tuple[Any, Any | None]:
         """(train, validation or None) datasets: `ds[i] -> (input_ids, labels)`, LongTensors of `seq_len`."""

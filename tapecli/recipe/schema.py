@@ -238,16 +238,19 @@ class Recipe:
         """The resolved recipe as YAML text that `load_recipe` reads back to an equal recipe."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def ignored_keys(self) -> dict[str, str]:
+        """{dotted key: why} of the keys that this recipe's other options make meaningless, set or not."""
+        found = {}
+        if self.train.schedule == "constant":
+            found["train.min_lr"] = "unused by train.schedule: constant (it is where a decay ends)"
+        if self.train.init_from is not None and "tokenizer" in {f.name for f in dataclasses.fields(self.data)}:
+            found["data.tokenizer"] = "unused with train.init_from, whose model keeps its own tokenizer"
+        return {**found, **self.data.ignored_keys()}
+
     def unused_keys(self) -> list[str]:
         """One line per key the recipe sets that its other options make meaningless (the command prints them as
         notes; a recipe records only what its run uses)."""
-        found = []
-        if "train.min_lr" in self.set_keys and self.train.schedule == "constant":
-            found.append("train.min_lr: unused by train.schedule: constant (it is where a decay ends); leave it out")
-        if "data.tokenizer" in self.set_keys and self.train.init_from is not None:
-            found.append("data.tokenizer: unused with train.init_from, whose model keeps its own tokenizer; leave it "
-                         "out")
-        return found + self.data.unused_keys(self.set_keys)
+        return [f"{key}: {why}; leave it out" for key, why in self.ignored_keys().items() if key in self.set_keys]
 
     def model_config_kwargs(self, tokenizer_vocab_size: int | None = None) -> dict[str, Any]:
         """Keyword arguments for `tapecli.model.ModelConfig`, with `vocab_size` filled in from the tokenizer.
@@ -338,7 +341,8 @@ def _build(data: Any, origin: str, overrides: list[str]) -> Recipe:
     _resolve_epochs(recipe)
     notes = [f"{origin}: {legacy_note}"] if legacy_note else []
     warmup = _fit_warmup(recipe.train, on_command_line)
-    recipe.notes = tuple(notes + ([warmup] if warmup else []) + recipe.unused_keys())
+    unused = [] if legacy_note else recipe.unused_keys()  # 0.1 spelled every key: its recipes record no choice
+    recipe.notes = tuple(notes + ([warmup] if warmup else []) + unused)
     return recipe
 
 

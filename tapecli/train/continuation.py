@@ -26,7 +26,9 @@ def check_continuation(recipe: Recipe, checkpoint: Path, tokenizer: Any, config:
     if previous is not None and previous.data.kind != recipe.data.kind:
         raise TapeError(f"data.kind: the recipe says {recipe.data.kind!r} but {checkpoint} was trained on "
                         f"{previous.data.kind!r} data; {_INSTEAD}")
-    if previous is None or previous.data.tokenizer != recipe.data.tokenizer:
+    if "data.tokenizer" in recipe.ignored_keys():  # train.init_from: the data are the model's tokenizer's
+        pass
+    elif previous is None or previous.data.tokenizer != recipe.data.tokenizer:
         wanted = recipe.data.open_tokenizer(recipe.model.vocab_size)
         if tokenizer_fingerprint(wanted) != tokenizer_fingerprint(tokenizer):
             raise TapeError(f"data.tokenizer: {recipe.data.tokenizer!r} is not the tokenizer {checkpoint} was "

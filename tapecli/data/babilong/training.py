@@ -96,10 +96,8 @@ class BabilongData(DataSchema):
     prompt: Literal["full", "no-examples", "bare"] = "bare"  # BABILong's prompt style
     haystack: str | None = None  # distractor text file or folder; null: RULER's noise sentences
 
-    def unused_keys(self, set_keys: frozenset[str]) -> list[str]:
-        if "data.depth_window" in set_keys and not self.depths:
-            return ["data.depth_window: unused with data.depths null (the facts go anywhere); leave it out"]
-        return []
+    def ignored_keys(self) -> dict[str, str]:
+        return {} if self.depths else {"data.depth_window": "unused with data.depths null (the facts go anywhere)"}
 
     def check(self) -> None:
         super().check()

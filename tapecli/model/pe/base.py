@@ -2,8 +2,8 @@
 
 This is the one module a PE imports tape from. The built-in PEs (this package; `registry.BUILTINS`) use nothing
 else of tape, and `tapecli.pe` re-exports exactly these names as the stable import location for PEs written outside
-the package (plugins: docs/pe-api.md). Shapes: B batch, T current tokens, H query heads, G key/value heads (G divides H),
-d head_dim (even), V vocabulary.
+the package (plugins: docs/pe-api.md). Shapes: B batch, T current tokens, H query heads, G key/value heads (G
+divides H), d head_dim (even), V vocabulary.
 
 A PE has two parts:
 - a model-level `PositionalEncoding`, built once per model from `ModelConfig` and its `pe_args` (keyword-only
