@@ -43,8 +43,9 @@ def prose_lines(text: str) -> list[tuple[int, str]]:
 
 _PLACEHOLDER_LINE = re.compile(r"^\s*(MEASUREMENT|MEASUREMENTS|TODO|TBD|FIXME|XXX|PLACEHOLDER|RESULTS?|TABLE)\s*:?\s*$")
 _PLACEHOLDER_WORD = re.compile(r"\b(TODO|TBD|FIXME)\b")
-_PROMISE = re.compile(r"at the time of writing|when (they|it) finish(es)?\b|(will be|are|is) added (here )?(later|when)|"
-                      r"added here\b.*\bwhen\b|\bcoming soon\b|\bnot (yet )?re-run since\b", re.IGNORECASE)
+_PROMISE = re.compile(r"at the time of writing|when (they|it) finish(es)?\b|"
+                      r"(will be|are|is) added (here )?(later|when)|added here\b.*\bwhen\b|\bcoming soon\b|"
+                      r"\bnot (yet )?re-run since\b", re.IGNORECASE)
 
 
 def unfinished(text: str) -> list[str]:
@@ -65,12 +66,15 @@ def repeated_bullets(text: str) -> list[str]:
             bullets[-1][1].append(line.strip())
         elif not line.strip() or line.startswith("#"):
             bullets.append((number, []))  # a break: the next indented line belongs to no bullet
+    return _repeats((number, " ".join(lines)) for number, lines in bullets if len(" ".join(lines)) >= 20)
+
+
+def _repeats(items) -> list[str]:
+    """"line: repeats line N: text" for each (line number, text) whose text (spaces normalised) came before."""
     seen: dict[str, int] = {}
     found = []
-    for number, lines in bullets:
-        key = " ".join(" ".join(lines).split())
-        if len(key) < 20:
-            continue
+    for number, text in items:
+        key = " ".join(text.split())
         if key in seen:
             found.append(f"{number}: repeats line {seen[key]}: {key[:80]}")
         else:
@@ -81,17 +85,8 @@ def repeated_bullets(text: str) -> list[str]:
 def repeated_prose(text: str) -> list[str]:
     """A prose line (40 characters or more; not a table row, heading, link definition or bullet-less fragment of
     punctuation) that appears twice within one page."""
-    seen: dict[str, int] = {}
-    found = []
-    for number, line in prose_lines(text):
-        key = " ".join(line.split())
-        if len(key) < 40 or key.startswith(("|", "#", "[", "<")):
-            continue
-        if key in seen:
-            found.append(f"{number}: repeats line {seen[key]}: {key[:80]}")
-        else:
-            seen[key] = number
-    return found
+    return _repeats((number, line) for number, line in prose_lines(text)
+                    if len(line.strip()) >= 40 and not line.strip().startswith(("|", "#", "[", "<")))
 
 
 _ISSUE = re.compile(r"\bissues? (#\s?)?\d+\b|(?<![\w&/#`])(?<!PR )#\d{1,4}\b|\bthe issue('s)?\b(?! of\b)|"
