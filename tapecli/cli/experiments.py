@@ -225,8 +225,9 @@ def bench(
 
 def doctor(
     device: str = typer.Option("auto", help="cpu, cuda or auto (the GPU when there is one)."),
-    pes: str = typer.Option(",".join(builtin_pes()), "--pe", help="Comma-separated PEs to check (default: every built-in); a PE may carry pe_args as name:key=value "
-                                 "(e.g. rope:fope=true)."),
+    pes: str = typer.Option(",".join(builtin_pes()), "--pe",
+                            help="Comma-separated PEs to check (default: every built-in); a PE may carry pe_args as "
+                                 "name:key=value (e.g. rope:fope=true)."),
     hybrids: bool = typer.Option(True, help="Also check hybrid models (sliding windows, temperatures, length "
                                             "scales, several PEs per model)."),
 ) -> None:

@@ -21,8 +21,8 @@ def builtin_pes() -> tuple[str, ...]:
     """The built-in PE names, in the registry's order."""
     tree = ast.parse(REGISTRY.read_text(encoding="utf-8"), str(REGISTRY))
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign)
-                                                                      else None)
-        if isinstance(target, ast.Name) and target.id == "BUILTINS" and isinstance(node.value, ast.Dict):
+        targets = [node.target] if isinstance(node, ast.AnnAssign) else getattr(node, "targets", [])
+        named = any(isinstance(target, ast.Name) and target.id == "BUILTINS" for target in targets)
+        if named and isinstance(getattr(node, "value", None), ast.Dict):
             return tuple(key.value for key in node.value.keys if isinstance(key, ast.Constant))
     raise RuntimeError(f"{REGISTRY}: no `BUILTINS = {{...}}` literal to read the built-in PE names from")
