@@ -8,7 +8,8 @@ run it on the real files. Seconds in all: nothing is built or run.
 - repeated: a CHANGELOG bullet given twice; a prose line (not a table row, heading or code) twice within one page;
 - internal: a tracker's issue number ("issue 12", "#35"), or a file the repository does not ship (`method.md`);
 - stale PE lists: a count of the built-in PEs ("the ten built-in PEs") or a list of eight or more PE names that is
-  not the registry's (tapecli.model.pe.registry.BUILTINS).
+  not the registry's (tapecli.model.pe.registry.BUILTINS);
+- unsourced results: a results page (docs/results/) that names no commit ("commit 1a2b3c4") or no hardware.
 """
 
 from __future__ import annotations
@@ -155,6 +156,17 @@ def stale_pe_lists(text: str) -> list[str]:
     return found
 
 
+_COMMIT = re.compile(r"\bcommits? [0-9a-f]{7,40}\b")
+_HARDWARE = re.compile(r"\b\d+-core x86 CPU\b|\bH100\b|\bH200\b|\bA100\b")
+
+
+def unsourced(text: str) -> list[str]:
+    """A results page must say at which commit and on which hardware its figures were measured."""
+    flat = " ".join(text.split())
+    return ([] if _COMMIT.search(flat) else ["names no commit (`commit 1a2b3c4`)"]) + \
+        ([] if _HARDWARE.search(flat) else ["names no hardware (e.g. `a 2-core x86 CPU (24 GB)`)"])
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Each check fails on a bad sample.
 
@@ -167,6 +179,7 @@ BAD = {
                      "The grid models were trained on an H100 in fp32.\n"],
     internal: ["See issue 12 for the details.", "Fixed in #35.", "The exact math is in method.md.",
                "Issue 20's example", "The issue's setting", "as the design card says"],
+    unsourced: ["RoPE 0.48, TAPE 0.88, measured on the CPU.", "Measured at commit 1a2b3c4 on the shared machine."],
     stale_pe_lists: ["The ten built-in PEs use this API.",
                      "Train and evaluate positional encodings (RoPE, ALiBi, FIRE, xPos, NoPE, RandPE, T5 bias, TAPE, "
                      "CoPE, PaTH).",
@@ -179,6 +192,7 @@ GOOD = {
     repeated_prose: "| a | table row that repeats itself often |\n| a | table row that repeats itself often |\n",
     internal: "See [the anchor](speed.md#gpu) and issue tracking of your own; the issue of long contexts.",
     stale_pe_lists: "Compare RoPE, ALiBi, FIRE and TAPE.",
+    unsourced: "What `tape demo` printed at commit\n448441d on a 2-core x86 CPU (24 GB):",
 }
 
 
@@ -214,6 +228,17 @@ def _pages_found(check) -> dict[str, list[str]]:
 @pytest.mark.parametrize("check", [unfinished, repeated_prose, internal, stale_pe_lists], ids=lambda c: c.__name__)
 def test_the_docs(check):
     found = _pages_found(check)
+    assert not found, _report(found)
+
+
+# A page that reports no measurement of its own: the index, and a test's assertions.
+NOT_MEASURED = {"index.md", "harness-equivalence.md"}
+
+
+def test_every_results_page_names_its_commit_and_hardware():
+    found = {str(p.relative_to(ROOT)): unsourced(p.read_text(encoding="utf-8"))
+             for p in sorted((ROOT / "docs" / "results").glob("*.md")) if p.name not in NOT_MEASURED}
+    found = {where: lines for where, lines in found.items() if lines}
     assert not found, _report(found)
 
 
