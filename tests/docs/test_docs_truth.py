@@ -9,7 +9,8 @@ run it on the real files. Seconds in all: nothing is built or run.
 - internal: a tracker's issue number ("issue 12", "#35"), or a file the repository does not ship (`method.md`);
 - stale PE lists: a count of the built-in PEs ("the ten built-in PEs") or a list of eight or more PE names that is
   not the registry's (tapecli.model.pe.registry.BUILTINS);
-- unsourced results: a results page (docs/results/) that names no commit ("commit 1a2b3c4") or no hardware.
+- unsourced results: a results page (docs/results/) that names no commit ("commit 1a2b3c4") or no hardware;
+- dead pointers: a `docs/....md` named in the package, a shipped recipe or a script that the repository lacks.
 """
 
 from __future__ import annotations
@@ -282,3 +283,12 @@ def test_the_pe_names_of_the_help_are_the_registry_s():
 
     assert builtin_pes() == _builtins()
     assert ", ".join(_builtins()) in app.info.help
+
+
+def test_the_code_and_recipes_point_only_at_pages_that_exist():
+    """A `docs/....md` named in the package, the shipped recipes or the scripts is a page the repository ships."""
+    files = [*SOURCES, *sorted((ROOT / "recipes").glob("*.yaml")), *sorted((ROOT / "scripts").glob("*"))]
+    missing = [f"{path.relative_to(ROOT)}: {page}" for path in files if path.is_file()
+               for page in re.findall(r"\bdocs/[\w/.-]+\.md\b", path.read_text(encoding="utf-8"))
+               if not (ROOT / page).is_file()]
+    assert not missing, "\n".join(missing)
