@@ -26,6 +26,7 @@ from typer.core import TyperGroup
 
 from tapecli import faults, stops, threads, trust
 from tapecli.cli.options import integer
+from tapecli.cli.pe_names import builtin_pes
 
 threads.prepare()  # before anything imports torch
 
@@ -114,7 +115,8 @@ class _Guarded(Group):
 
 app = typer.Typer(
     name="tape",
-    help="Train and evaluate positional encodings (RoPE, ALiBi, FIRE, xPos, NoPE, RandPE, T5 bias, TAPE, CoPE, PaTH).",
+    help=f"Train and evaluate positional encodings: {len(builtin_pes())} built in ({', '.join(builtin_pes())}) and "
+         "plugins (`tape pe list`).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

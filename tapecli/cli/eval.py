@@ -189,11 +189,11 @@ def eval_synthetic(
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
 ) -> None:
-    """Selective copy or grid navigation (MapFormer): accuracy on the IID, OOD-dense and OOD-sparse splits.
+    """The generated tasks (MapFormer's selective copy and grid navigation, flip-flop, CoPE's counting): accuracy on the IID, OOD-dense and OOD-sparse splits.
 
     The task and each split's parameters come from the run's recipe (data.kind, data.*, eval.*).
 
-    Scored: the copied symbols (selective copy) or observations of revisited cells (grid), teacher-forced argmax.
+    Scored, teacher-forced argmax: the copied symbols (selective copy), observations of revisited cells (grid), the read bits (flip-flop), the answer (counting).
 
     Per split: accuracy (whole sequence right) and token_accuracy; results.json, samples.jsonl, accuracy.png.
 

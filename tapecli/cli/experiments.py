@@ -8,6 +8,7 @@ import typer
 
 from tapecli import trust
 from tapecli.cli.options import integer, numbers
+from tapecli.cli.pe_names import builtin_pes
 from tapecli.errors import TapeError
 
 
@@ -151,9 +152,9 @@ def demo(
 
 
 def bench(
-    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking,pope,mapwm", "--pe",
-                            help="Comma-separated PEs to time; a PE may carry pe_args as name:key=value[:key=value] "
-                                 "(e.g. rope:hope=true)."),
+    pes: str = typer.Option(",".join(builtin_pes()), "--pe",
+                            help="Comma-separated PEs to time (default: every built-in); a PE may carry pe_args as "
+                                 "name:key=value[:key=value] (e.g. rope:hope=true)."),
     n_layers: int = integer(None, "--n-layers", min=1, help="Decoder layers (default 2; 4 with --decode)."),
     dim: int = integer(256, "--dim", min=1, help="Hidden width."),
     n_heads: int = integer(4, "--n-heads", min=1, help="Attention heads."),
@@ -224,9 +225,9 @@ def bench(
 
 def doctor(
     device: str = typer.Option("auto", help="cpu, cuda or auto (the GPU when there is one)."),
-    pes: str = typer.Option("nope,rope,randpe,alibi,fire,xpos,t5,tape,cope,path,fox,stickbreaking,pope,mapwm", "--pe",
-                            help="Comma-separated PEs to check; a PE may carry pe_args as name:key=value "
-                                 "(e.g. rope:fope=true)."),
+    pes: str = typer.Option(",".join(builtin_pes()), "--pe",
+                            help="Comma-separated PEs to check (default: every built-in); a PE may carry pe_args as "
+                                 "name:key=value (e.g. rope:fope=true)."),
     hybrids: bool = typer.Option(True, help="Also check hybrid models (sliding windows, temperatures, length "
                                             "scales, several PEs per model)."),
 ) -> None:

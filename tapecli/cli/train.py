@@ -99,7 +99,7 @@ def extend_context(
     out: Path = typer.Option(None, "--out", help="Run directory (default: runs/extend-METHOD-SCALING)."),
     resume: str = typer.Option("auto", "--resume", help=_RESUME_HELP),
 ) -> None:
-    """Extend a pre-trained Llama's context from its max_position_embeddings L to model.max_seq_len N.
+    """Extend a pre-trained Hugging Face model's context (Llama, Mistral, Qwen2, Qwen3, SmolLM3) from its max_position_embeddings L to model.max_seq_len N.
 
     Methods (all also train embeddings and norms, extend.trainable): tape adds TAPE to the base's RoPE, its new modules zero-initialised so step 0 equals the base; lora trains LoRA r=8, alpha=16 on q, k, v, o (LongLoRA's "LoRA+"); longlora adds shifted sparse attention while training (groups of N/4, half the heads shifted; evaluation uses full attention); full trains every weight.
 

@@ -38,6 +38,10 @@ class DataSchema:
         """Raise TapeError naming the first key with a bad value (types are already checked)."""
         positive("data.seq_len", self.seq_len)
 
+    def ignored_keys(self) -> dict[str, str]:
+        """{`data.` key: why} of the keys this kind's other keys make meaningless (none by default)."""
+        return {}
+
     def build(self, tokenizer: Any, seed: int, cache_dir: Path) -> tuple[Any, Any | None]:
         """(train, validation or None) datasets: `ds[i] -> (input_ids, labels)`, LongTensors of `seq_len`."""
         raise NotImplementedError

@@ -74,15 +74,19 @@ def upgrade(data: Any) -> tuple[Any, str | None]:
 
 
 def legacy_yaml(recipe: Any, previous: Any = None) -> str:
-    """The YAML 0.1's `Recipe.to_yaml()` wrote for `recipe`; keys it no longer holds come from `previous` (a parsed
-    0.1 recipe of the same run), else from 0.1's defaults."""
+    """The YAML 0.1's `Recipe.to_yaml()` wrote for `recipe`; keys it no longer holds, or holds but its run ignores
+    (`Recipe.ignored_keys`: shipped recipes no longer spell them), come from `previous` (a parsed 0.1 recipe of the
+    same run), else from 0.1's defaults."""
     held = previous if is_legacy(previous) else {}
+    ignored = recipe.ignored_keys()
     out: dict[str, dict[str, Any]] = {}
     for section, defaults in SCHEMA.items():
         body = getattr(recipe, section)
         out[section] = {}
         for key, default in defaults.items():
-            if body is not None and hasattr(body, key):
+            if f"{section}.{key}" in ignored and key in held.get(section, {}):
+                value = held[section][key]
+            elif body is not None and hasattr(body, key):
                 value = getattr(body, key)
             else:
                 value = held.get(section, {}).get(key, default)

@@ -12,7 +12,10 @@ Every key has a default, so a file needs only the keys it changes; the shipped r
 kind has, with comments, so that they double as documentation. Values are type-checked against the annotations
 (`tapecli.recipe.values`), each section checks itself, `Recipe.validate` adds what spans sections; every user mistake
 raises TapeError with a one-line message naming the key. `Recipe.set_keys` records which keys the file or an
-override wrote (defaults never count as set); `Recipe.notes` holds one-line notes for the command to print.
+override wrote (defaults never count as set); `Recipe.notes` holds one-line notes for the command to print, among
+them one per key set that the other options make meaningless (`Recipe.unused_keys`: `train.min_lr` under a constant
+schedule, `data.tokenizer` when the run starts from a model, a kind's own cases), so a recipe records only what
+its run uses.
 Recipes written by tape 0.1 (every key of every kind spelled) are read through `tapecli.recipe.legacy`.
 """
 
@@ -235,6 +238,20 @@ class Recipe:
         """The resolved recipe as YAML text that `load_recipe` reads back to an equal recipe."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
+    def ignored_keys(self) -> dict[str, str]:
+        """{dotted key: why} of the keys that this recipe's other options make meaningless, set or not."""
+        found = {}
+        if self.train.schedule == "constant":
+            found["train.min_lr"] = "unused by train.schedule: constant (it is where a decay ends)"
+        if self.train.init_from is not None and "tokenizer" in {f.name for f in dataclasses.fields(self.data)}:
+            found["data.tokenizer"] = "unused with train.init_from, whose model keeps its own tokenizer"
+        return {**found, **self.data.ignored_keys()}
+
+    def unused_keys(self) -> list[str]:
+        """One line per key the recipe sets that its other options make meaningless (the command prints them as
+        notes; a recipe records only what its run uses)."""
+        return [f"{key}: {why}; leave it out" for key, why in self.ignored_keys().items() if key in self.set_keys]
+
     def model_config_kwargs(self, tokenizer_vocab_size: int | None = None) -> dict[str, Any]:
         """Keyword arguments for `tapecli.model.ModelConfig`, with `vocab_size` filled in from the tokenizer.
 
@@ -324,7 +341,8 @@ def _build(data: Any, origin: str, overrides: list[str]) -> Recipe:
     _resolve_epochs(recipe)
     notes = [f"{origin}: {legacy_note}"] if legacy_note else []
     warmup = _fit_warmup(recipe.train, on_command_line)
-    recipe.notes = tuple(notes + ([warmup] if warmup else []))
+    unused = [] if legacy_note else recipe.unused_keys()  # 0.1 spelled every key: its recipes record no choice
+    recipe.notes = tuple(notes + ([warmup] if warmup else []) + unused)
     return recipe
 
 

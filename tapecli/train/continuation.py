@@ -1,7 +1,8 @@
 """Continuing a checkpoint's training (`--resume`) must not change what the checkpoint means.
 
 The data kind, the tokenizer (the ids it gives) and the model config of the recipe must be those the checkpoint
-was trained with; otherwise the run is refused with one line, before anything in the run directory is written.
+was trained with; otherwise the run is refused with one line, before anything in the run directory is written. A
+run started from a model (`train.init_from`) keeps that model's tokenizer, so its `data.tokenizer` is not compared.
 (Starting a *new* run from a checkpoint with other data is fine-tuning: `tape finetune` / `train.init_from`.)
 """
 
@@ -26,7 +27,8 @@ def check_continuation(recipe: Recipe, checkpoint: Path, tokenizer: Any, config:
     if previous is not None and previous.data.kind != recipe.data.kind:
         raise TapeError(f"data.kind: the recipe says {recipe.data.kind!r} but {checkpoint} was trained on "
                         f"{previous.data.kind!r} data; {_INSTEAD}")
-    if previous is None or previous.data.tokenizer != recipe.data.tokenizer:
+    uses_its_own = "data.tokenizer" in recipe.ignored_keys()  # train.init_from: the model's tokenizer serves
+    if not uses_its_own and (previous is None or previous.data.tokenizer != recipe.data.tokenizer):
         wanted = recipe.data.open_tokenizer(recipe.model.vocab_size)
         if tokenizer_fingerprint(wanted) != tokenizer_fingerprint(tokenizer):
             raise TapeError(f"data.tokenizer: {recipe.data.tokenizer!r} is not the tokenizer {checkpoint} was "

@@ -8,9 +8,8 @@ compiled step match the eager step of an identical model.
   one graph (`fullgraph=True`); their chunked attention call runs eagerly under compile (`chunked.eager_apply`: its
   backward calls torch.autograd.grad), a deliberate graph break.
 - Inductor (the backend `train.compile: true` uses; gcc on the CPU) for ALiBi: the chunked path's custom Function,
-  with the fused CPU flash kernels, inside the compiled graph. Inductor costs 15-75 s per PE on a 2-core CPU, so
-  the other PEs went through inductor once by hand (docs/speed.md says how). The inductor cache is a temporary
-  directory.
+  with the fused CPU flash kernels, inside the compiled graph. Inductor takes tens of seconds per PE on a 2-core CPU,
+  so the other PEs are left to `tape pe check NAME --compile`. The inductor cache is a temporary directory.
 """
 
 from __future__ import annotations

@@ -306,3 +306,20 @@ def test_a_zero_learning_rate_is_allowed():
     recipe = load_recipe("c4-smoke", ["train.lr=0"])
     assert recipe.train.lr == 0.0 and recipe.train.min_lr == 0.0
     assert error_of("c4-smoke", ["train.lr=0", "train.min_lr=1e-5"]) == "train.min_lr: 1e-05 exceeds train.lr (0.0)"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_recipes_hold_no_key_their_run_ignores(name):
+    assert load_recipe(name, []).unused_keys() == []
+
+
+@pytest.mark.parametrize("recipe, overrides, key", [
+    ("counting-smoke", ["train.min_lr=0.0"], "train.min_lr"),  # a constant schedule has no end of decay
+    ("scrolls", ["data.tokenizer=byte"], "data.tokenizer"),  # train.init_from: the model brings its tokenizer
+    ("babilong-example", ["data.depth_window=0.3"], "data.depth_window"),  # data.depths null: no window
+])
+def test_a_key_the_other_options_make_meaningless_is_noted(recipe, overrides, key):
+    loaded = load_recipe(recipe, overrides)
+    assert [note.split(":")[0] for note in loaded.unused_keys()] == [key]
+    assert any(note.startswith(f"{key}: unused") for note in loaded.notes)  # printed by the training commands
+    assert load_recipe(recipe, overrides[:-1]).unused_keys() == []  # without the key: nothing to say

@@ -218,3 +218,24 @@ def test_auto_precision_is_fp32_on_cpu_and_bf16_on_capable_gpus(monkeypatch):
     assert resolve_precision("auto", torch.device("cuda")) == "bf16"
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
     assert resolve_precision("auto", torch.device("cuda")) == "fp32"
+
+
+def test_a_fine_tune_resumes_whatever_its_recipe_says_of_data_tokenizer(trained, tmp_path: Path,
+                                                                         tiny_corpus: Path) -> None:
+    """With train.init_from the run keeps its model's tokenizer, so data.tokenizer is not compared on resume (the
+    shipped fine-tuning recipe no longer spells it); without init_from another tokenizer is refused."""
+    from tapecli.data.tokenizer import load_tokenizer_dir, train_tokenizer
+    from tapecli.errors import TapeError
+    from tapecli.model import ModelConfig
+    from tapecli.store.checkpoint import read_model_config, resolve_checkpoint
+    from tapecli.train.continuation import check_continuation
+
+    run = trained()
+    checkpoint = resolve_checkpoint(run)
+    tokenizer = load_tokenizer_dir(checkpoint / "tokenizer")
+    config = ModelConfig.from_dict(read_model_config(checkpoint))
+    recipe, other = str(run / "recipe.yaml"), train_tokenizer(str(tiny_corpus), 400, str(tmp_path / "tok.model"))
+    check_continuation(load_recipe(recipe, [f"data.tokenizer={other}", f"train.init_from={run}"]), checkpoint,
+                       tokenizer, config)
+    with pytest.raises(TapeError, match="is not the tokenizer"):
+        check_continuation(load_recipe(recipe, [f"data.tokenizer={other}"]), checkpoint, tokenizer, config)

@@ -96,6 +96,9 @@ class BabilongData(DataSchema):
     prompt: Literal["full", "no-examples", "bare"] = "bare"  # BABILong's prompt style
     haystack: str | None = None  # distractor text file or folder; null: RULER's noise sentences
 
+    def ignored_keys(self) -> dict[str, str]:
+        return {} if self.depths else {"data.depth_window": "unused with data.depths null (the facts go anywhere)"}
+
     def check(self) -> None:
         super().check()
         check_text_tokenizer(self)

@@ -1,9 +1,9 @@
 """The positional-encoding API: everything a PE file may use, and the contract of every hook.
 
-This is the one module a PE imports tape from. The ten built-in PEs (this package) use nothing else of tape, and
-`tapecli.pe` re-exports the names a PE uses as the stable import location for PEs written outside the package
-(plugins: docs/pe-api.md; `check_pe_args` and `pe_arguments` are the registry's). Shapes: B batch, T current tokens,
-H query heads, G key/value heads (G divides H), d head_dim (even), V vocabulary.
+This is the one module a PE imports tape from. The built-in PEs (this package; `registry.BUILTINS`) use nothing
+else of tape, and `tapecli.pe` re-exports the names a PE uses as the stable import location for PEs written outside
+the package (plugins: docs/pe-api.md; `check_pe_args` and `pe_arguments` are the registry's). Shapes: B batch,
+T current tokens, H query heads, G key/value heads (G divides H), d head_dim (even), V vocabulary.
 
 A PE has two parts:
 - a model-level `PositionalEncoding`, built once per model from `ModelConfig` and its `pe_args` (keyword-only
