@@ -22,6 +22,7 @@ from tapecli.model.pe.base import (
     apply_rotary,
     by_query_chunks,
     check_positive_int,
+    check_range,
     default_positions,
     encoded_attention,
     flex_attention,
@@ -37,5 +38,6 @@ from tapecli.model.pe.rope import RoPE, RotaryLayer
 
 __all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding", "RoPE",
            "RotaryLayer", "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks",
-           "check_positive_int", "default_positions", "encoded_attention", "flex_attention", "forced_path",
-           "kernels_available", "pe_arguments", "plain_attention", "probing_active", "report_weights", "rows_for"]
+           "check_positive_int", "check_range", "default_positions", "encoded_attention", "flex_attention",
+           "forced_path", "kernels_available", "pe_arguments", "plain_attention", "probing_active", "report_weights",
+           "rows_for"]

@@ -4,6 +4,8 @@ An evaluation is a subclass of `Evaluation` (a dataclass of its options) that de
 
     name, unit, plot_file        its folder (eval-<name>) and label, what its progress bar counts, its PNG
     check(models)                options and models, before any model is opened or any file written (optional)
+    check_model(model, config, opening)   each model's configuration (read without weights), before any model is
+                                 opened: what this protocol cannot run on it, or what would not fit (optional)
     prepare(opened)              per-model state the other hooks need: a token stream, the budgets that fit
                                  (optional; kept on `self`, replaced by the next model's)
     settings(opened) -> dict     what determines the results: settings.json, compared when a run resumes
@@ -16,15 +18,16 @@ An evaluation is a subclass of `Evaluation` (a dataclass of its options) that de
     plot(results, path, label), compare(results by label, folder)   its PNG; the PNG comparing several models
     summary(results by label) -> str | rich renderable                 what `tape eval <name>` prints
 
-`run(evaluation, models, out, dtype=, device=, pe_args=, batch_size=)` does all the rest: it checks the options
-and --out before any work, opens each model in turn through the one door, `tapecli.store.door.open_model` (a tape run,
-checkpoint or Hugging Face model; or takes an `OpenedModel` as it is), picks each model's folder (--out, or the one
-rule of `tapecli.store.run.eval_dir`: RUN/eval-<name>/<checkpoint>), writes settings.json + samples.jsonl through
-`SamplesLog` (a rerun resumes: units already logged are not redone), shows a progress bar, writes results.json and
-the plot atomically, frees the model, and with several models writes their comparison (comparison.json + the
-`compare` PNG) to --out (default ./eval-<name>-comparison). An evaluation whose models share one folder and one
-results.json (perplexity's table) sets `together = True` and declares `shared_settings` and `combine` instead of
-`settings`; each row then starts with the model's index ("model": i).
+`run(evaluation, models, out, dtype=, device=, pe_args=, batch_size=)` does all the rest: it checks the options,
+--out and every model (`tapecli.store.door.model_config`: it exists, its configuration and --pe-arg are valid,
+`check_model`) before any work, opens each model in turn through the one door, `tapecli.store.door.open_model` (a
+tape run, checkpoint or Hugging Face model; or takes an `OpenedModel` as it is), picks each model's folder (--out,
+or the one rule of `tapecli.store.run.eval_dir`: RUN/eval-<name>/<checkpoint>), writes settings.json + samples.jsonl
+through `SamplesLog` (a rerun resumes: units already logged are not redone), shows a progress bar, writes
+results.json and the plot atomically, frees the model, and with several models writes their comparison
+(comparison.json + the `compare` PNG) to --out (default ./eval-<name>-comparison). An evaluation whose models share
+one folder and one results.json (perplexity's table) sets `together = True` and declares `shared_settings` and
+`combine` instead of `settings`; each row then starts with the model's index ("model": i).
 
 A minimal evaluation (a CLI command then calls `run(Echo(n=4), models, out, ...)`):
 
@@ -59,15 +62,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tapecli.errors import TapeError
 from tapecli.eval.common import RESULTS_FILE, SAMPLES_FILE, SamplesLog, progress_bar
 from tapecli.faults import check_output_dir
 from tapecli.files import write_atomic, write_json
 from tapecli.store.claim import claim
-from tapecli.store.door import OpenedModel, find_source, open_model
+from tapecli.store.door import OpenedModel, find_source, model_config, open_model
 from tapecli.store.run import eval_dir
+
+if TYPE_CHECKING:
+    from tapecli.model import ModelConfig
 
 COMPARISON_FILE = "comparison.json"
 
@@ -84,6 +90,11 @@ class Evaluation(ABC):
 
     def check(self, models: list[str]) -> None:
         """Fail with one line on a bad option or model (given by name) before any work: nothing is opened yet."""
+        return None  # nothing by default
+
+    def check_model(self, model: str, config: ModelConfig, opening: Opening) -> None:
+        """Fail with one line naming `model` (as given) when this protocol cannot run on it or would not fit, from
+        its configuration alone (no weights loaded); called for every model before the first is opened."""
         return None  # nothing by default
 
     def prepare(self, opened: OpenedModel) -> None:
@@ -205,6 +216,7 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
         check_output_dir(out)
     opening = Opening(dtype, device, dict(pe_args or {}))
     evaluation.check([m for m in models if not isinstance(m, OpenedModel)])
+    check_models(evaluation, models, opening)
     if evaluation.together:
         return _run_together(evaluation, models, out, opening, batch_size, show_progress)
     report = Report()
@@ -229,6 +241,16 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
             write_json(report.comparison / COMPARISON_FILE, report.results)
             evaluation.compare(report.results, report.comparison)
     return report
+
+
+def check_models(evaluation: Evaluation, models: list[str | OpenedModel], opening: Opening) -> None:
+    """Every model exists, opens with a valid configuration (and --pe-arg) and suits `evaluation`, read without
+    weights, before any of them is opened: a bad second --model is refused before the first is evaluated."""
+    for model in models:
+        if isinstance(model, OpenedModel):
+            evaluation.check_model(model.spec, model.model.config, opening)
+        else:
+            evaluation.check_model(model, model_config(model, pe_args=opening.pe_args), opening)
 
 
 def evaluate_one(evaluation: Evaluation, opened: OpenedModel, folder: str | Path, *, label: str | None = None,

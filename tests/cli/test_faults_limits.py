@@ -1,0 +1,117 @@
+"""Limits every command checks before any work: what `tape analyze attention` can probe (windowed layers are
+probed, a PE that computes its own attention without reporting its weights is refused), PE arguments out of range
+(RoPE's theta from --pe-arg or a Hugging Face config.json, factors, scales, llama4's attn_scale), evaluations whose
+score is not finite, and long-context prompts that cannot fit the model or the machine.
+
+Each refusal: exit code != 0, exactly one `error:` line naming the input and the fix, no traceback, and nothing
+written (the --out folder does not appear). Models: the shared tiny runs (`trained()`: 2 layers, dim 32, byte
+tokenizer, 32 tokens), the shipped hybrid smoke recipes (rnope-swa-smoke, irope-smoke: 4 layers, 3 of them
+windowed to 8 keys) and a tiny Mistral saved by transformers (every layer windowed to 8 keys).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_helpers import one_line_error
+from typer.testing import CliRunner
+
+from tapecli.cli import app
+
+runner = CliRunner()
+pytestmark = pytest.mark.usefixtures("one_thread")
+TESTS = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def runs(trained, shared_corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from hf_helpers import make_hf_model
+
+    mistral = tmp_path_factory.mktemp("mistral") / "hf"
+    make_hf_model(mistral, "MistralForCausalLM", sliding_window=8)
+    return {"rope": trained(), "fox": trained("tiny", "model.pe=fox"),
+            "stickbreaking": trained("tiny", "model.pe=stickbreaking"),
+            "swa": trained("rnope-swa-smoke", f"data.source={shared_corpus}", "train.max_steps=2"),
+            "irope": trained("irope-smoke", f"data.source={shared_corpus}", "train.max_steps=2"),
+            "mistral": mistral, "corpus": shared_corpus}
+
+
+def attention(runs: dict[str, Path], out: Path, *models: str, seq_len: int = 24) -> list[str]:
+    return ["analyze", "attention", *[a for m in models for a in ("-m", str(runs.get(m, m)))], "--data",
+            str(runs["corpus"]), "--seq-len", str(seq_len), "--samples", "1", "--device", "cpu", "--out", str(out)]
+
+
+# 1. tape analyze attention ----------------------------------------------------------------------------------------
+def test_windowed_hybrids_and_an_imported_mistral_are_probed(runs: dict[str, Path], tmp_path: Path) -> None:
+    """rnope-swa and irope (3 local layers of 8 keys, a global NoPE layer) and Mistral (every layer 8 keys): every
+    layer is probed; a windowed layer puts no attention 8 or more tokens back (distance bins 8-15 and 16-31), the
+    global layer does."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, attention(runs, out, "swa", "irope", "mistral", seq_len=32))
+    assert result.exit_code == 0, result.output
+    models = json.loads((out / "results.json").read_text())["models"]
+    assert len(models) == 3
+    for model in models:
+        histogram = model["stats"]["distance_histogram"]  # [layer][head][bin]: 0, 1, 2-3, 4-7, 8-15, 16-31
+        local = histogram if "mistral" in model["source"] or model["source"].endswith("/hf") else histogram[:3]
+        assert all(sum(head[4:]) == 0 for layer in local for head in layer), model["name"]
+        assert all(abs(sum(head) - 1) < 1e-6 for layer in histogram for head in layer)
+    for model in models[:2]:
+        assert sum(head[4] + head[5] for head in model["stats"]["distance_histogram"][3]) > 0  # the global layer
+
+
+def test_fox_is_probed(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = runner.invoke(app, attention(runs, out, "fox"))
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "results.json").read_text())["models"][0]["stats"]["entropy"]
+
+
+def test_a_pe_that_reports_no_weights_is_refused_before_any_work(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Stick-breaking computes its own weights and does not report them: refused in one line naming the model and
+    the layer, before the rope model before it is probed (no output folder)."""
+    out = tmp_path / "out"
+    line = one_line_error(runner.invoke(app, attention(runs, out, "rope", "stickbreaking")), 2,
+                          f"--model {runs['stickbreaking']}: layer 0's PE 'stickbreaking' computes its own attention",
+                          "tape analyze position-loss")
+    assert "reports_weights=True" in line
+    assert not out.exists()
+
+
+def test_a_plugin_with_its_own_unreported_attention_is_refused_before_any_work(tmp_path: Path) -> None:
+    """A plugin PE (tests/model/broken_pes.py: OwnAttention without reports_weights), given as a model in memory:
+    refused by the check every model gets before the first is opened."""
+    from tapecli import trust
+    from tapecli.data.tokenizer import ByteTokenizer
+    from tapecli.errors import TapeError
+    from tapecli.eval.protocol import as_opened, run
+    from tapecli.experiments.analyze.attention import AttentionAnalysis
+    from tapecli.experiments.analyze.sequences import DataSource
+    from tapecli.model import ModelConfig, Transformer
+
+    plugin = tmp_path / "own.py"
+    shutil.copy(TESTS / "model" / "broken_pes.py", plugin)
+    trust.allow(str(plugin))
+    model = Transformer(ModelConfig(vocab_size=260, dim=32, n_layers=2, n_heads=2, max_seq_len=32,
+                                    pe=f"{plugin}:ChunkedMask"))
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text to read " * 50)
+    analysis = AttentionAnalysis(source=DataSource(str(corpus), seq_len=16, samples=1), window=4)
+    with pytest.raises(TapeError, match=r"--model own: layer 0's PE '.*own.py:ChunkedMask' computes its own "
+                                        r"attention and does not report its weights"):
+        run(analysis, [as_opened(model, ByteTokenizer(), name="own")], tmp_path / "out", show_progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_second_model_is_refused_before_the_first_is_probed(runs: dict[str, Path], tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """`runs/missing` (a mistyped run) looks like a hub id (owner/name): it is resolved (offline: refused) before the
+    first model is opened."""
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    one_line_error(runner.invoke(app, attention(runs, out, "rope", "runs/missing")), 2,
+                   "--model: runs/missing is no directory here, and as a hub id not in the local Hugging Face cache")
+    assert not out.exists()
