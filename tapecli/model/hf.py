@@ -194,7 +194,7 @@ def hf_key_names(message: str) -> str:
         key = match.group(1)
         return f"rope_parameters.{_HF_NAMES[key]}" if key in _HF_NAMES else match.group(0)
 
-    return re.sub(r"model\.pe_args\.(\w+)", name, message)
+    return re.sub(r"model\.(?:schedule\.kinds\.\w+\.)?pe_args\.(\w+)", name, message)  # a hybrid's kinds too
 
 
 # ---------------------------------------------------------------------------------------------------------------

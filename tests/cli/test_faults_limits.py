@@ -115,3 +115,75 @@ def test_a_missing_second_model_is_refused_before_the_first_is_probed(runs: dict
     one_line_error(runner.invoke(app, attention(runs, out, "rope", "runs/missing")), 2,
                    "--model: runs/missing is no directory here, and as a hub id not in the local Hugging Face cache")
     assert not out.exists()
+
+
+# 2. PE arguments out of range ---------------------------------------------------------------------------------------
+PERPLEXITY = ["eval", "perplexity", "--seq-len", "16", "--max-windows", "1", "--device", "cpu"]
+THETA = "must be a finite number > 1 (the base wavelength"
+PE_ARGS = [
+    (["theta=-1"], f"--pe-arg: theta: {THETA}: 10000 in Llama 2, 500000 in Llama 3), got -1.0"),
+    (["theta=0"], f"--pe-arg: theta: {THETA}"),
+    (["theta=nan"], "--pe-arg: theta: must be a finite number, got nan"),
+    (["theta=inf"], "--pe-arg: theta: must be a finite number, got inf"),
+    (["scaling=linear", "factor=0.5"], "--pe-arg: factor: must be >= 1 for scaling 'linear', got 0.5"),
+    (["scaling=yarn", "factor=2", "beta_fast=-1"], "--pe-arg: beta_fast: must be a finite number > 0, got -1.0"),
+    (["scaling=yarn", "factor=2", "attention_factor=0"], "--pe-arg: attention_factor: must be a finite number > 0"),
+    (["scaling=llama3", "factor=8", "low_freq_factor=4", "high_freq_factor=1"],
+     "--pe-arg: high_freq_factor: must be > low_freq_factor (4.0) for scaling 'llama3', got 1.0"),
+    (["fope=true", "fope_sigma=-0.1"], "--pe-arg: fope_sigma: must be a finite number >= 0, got -0.1"),
+]
+
+
+@pytest.mark.parametrize(("pe_args", "fragment"), PE_ARGS, ids=[" ".join(a) for a, _ in PE_ARGS])
+def test_pe_arguments_out_of_range_are_one_line(runs: dict[str, Path], tmp_path: Path, pe_args: list[str],
+                                                fragment: str) -> None:
+    out = tmp_path / "out"
+    args = [*PERPLEXITY, "--model", str(runs["rope"]), "--data", str(runs["corpus"]), "--out", str(out)]
+    one_line_error(runner.invoke(app, [*args, *[a for arg in pe_args for a in ("--pe-arg", arg)]]), 2, fragment)
+    assert not out.exists()
+
+
+RECIPE_VALUES = [
+    ("model.pe_args.theta=-1", f"model.pe_args.theta: {THETA}"),
+    ("model.pe=xpos model.pe_args.scale_base=0", "model.pe_args.scale_base: must be a finite number > 0, got 0.0"),
+    ("model.pe=fire model.pe_args.init_c=-0.1", "model.pe_args.init_c: must be a finite number > 0 (c in log"),
+    ("model.pe=fox model.pe_args.theta=0.5", "model.pe_args.theta: must be a finite number > 1 (the base wave"),
+    ("model.length_scale=llama4 model.length_scale_args.attn_scale=-0.1",
+     "model.length_scale_args.attn_scale: expected a number >= 0 (finite), got -0.1"),
+    ("model.length_scale=llama4 model.length_scale_args.floor_scale=inf",
+     "model.length_scale_args.floor_scale: expected a number > 0 (finite), got inf"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "fragment"), RECIPE_VALUES, ids=[o for o, _ in RECIPE_VALUES])
+def test_training_refuses_pe_arguments_out_of_range(trained, shared_corpus: Path, tmp_path: Path, overrides: str,
+                                                    fragment: str) -> None:
+    out = tmp_path / "out"
+    args = ["pretrain", "--recipe", str(trained.recipe()), "--out", str(out), f"data.source={shared_corpus}"]
+    one_line_error(runner.invoke(app, [*args, *overrides.split()]), 2, fragment)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("arch", "value"), [("llama", -1), ("llama", 0), ("smollm3", -1)])
+def test_a_hugging_face_rope_theta_out_of_range_is_one_line(tiny_hf_llama: Path, runs: dict[str, Path],
+                                                            tmp_path: Path, arch: str, value: float) -> None:
+    """rope_parameters.rope_theta of a config.json (a Llama; an imported SmolLM3, NoPE every 4th layer), named as
+    config.json names it."""
+    directory = tmp_path / "hf"
+    if arch == "llama":
+        shutil.copytree(tiny_hf_llama, directory)
+    else:
+        from hf_helpers import make_hf_model
+
+        make_hf_model(directory, "SmolLM3ForCausalLM")
+    config = json.loads((directory / "config.json").read_text())
+    if "rope_parameters" in config:
+        config["rope_parameters"]["rope_theta"] = value
+    else:
+        config["rope_theta"] = value
+    (directory / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    args = [*PERPLEXITY, "--model", str(directory), "--data", str(runs["corpus"]), "--out", str(out)]
+    one_line_error(runner.invoke(app, args), 2, f"{directory}/config.json: rope_parameters.rope_theta: {THETA}",
+                   f"got {float(value)}")
+    assert not out.exists()
