@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterator
@@ -316,14 +317,46 @@ def _work(evaluation: Evaluation, opened: OpenedModel, units: list[Hashable], lo
     todo = [unit for unit in units if unit not in done]
     bar = progress.add_task(description, total=len(units), completed=len(units) - len(todo))
     for batch in evaluation.batches(todo, batch_size):
-        log.append([{**tag, **row} for row in evaluation.evaluate(opened, batch)])
+        rows = evaluation.evaluate(opened, batch)
+        for row in rows:
+            _check_finite(row, opened, f"{evaluation.name} computed",
+                          f"on {evaluation.unit.removesuffix('s')} {evaluation.key(row)!r}")
+        log.append([{**tag, **row} for row in rows])
         progress.advance(bar, len(batch))
     return [row for row in log.rows if mine(row)]
 
 
+def non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinity in a row or results (nested dicts and lists): (its key path, the value)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = non_finite(item, f"{path}.{key}" if path and isinstance(key, str) else f"{path}[{key}]"
+                           if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def _check_finite(value: Any, model: OpenedModel | str, what: str, where: str) -> None:
+    """A non-finite score is an error, not a result: one line naming the model, the value and where it first
+    appeared, raised before it is written (samples.jsonl keeps the finite rows before it)."""
+    found = non_finite(value)
+    if found is None:
+        return
+    spec = model.spec if isinstance(model, OpenedModel) else model
+    where = f" {where}" if where else ""
+    raise TapeError(f"--model {spec}: {what} {found[0]}={found[1]}{where} (the first non-finite value; not "
+                    "written): the model computes NaN or infinity there; check its weights and its PE (`tape pe "
+                    "check`, a --pe-arg), or evaluate an earlier checkpoint")
+
+
 def _finish(evaluation: Evaluation, results: dict[str, Any], folder: Path, label: str, started: float
             ) -> dict[str, Any]:
-    """Write results.json (with the session's seconds, if `timed`) and the plot, atomically."""
+    """Write results.json (with the session's seconds, if `timed`) and the plot, atomically; a non-finite value in
+    them is a TapeError (`_check_finite`) and nothing is written."""
+    _check_finite(results, label, f"{evaluation.name}'s results hold", "")
     if evaluation.timed:
         results["seconds_this_session"] = round(time.perf_counter() - started, 2)
     write_atomic(folder / RESULTS_FILE, evaluation.dumps(results))

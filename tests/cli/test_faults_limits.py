@@ -187,3 +187,43 @@ def test_a_hugging_face_rope_theta_out_of_range_is_one_line(tiny_hf_llama: Path,
     one_line_error(runner.invoke(app, args), 2, f"{directory}/config.json: rope_parameters.rope_theta: {THETA}",
                    f"got {float(value)}")
     assert not out.exists()
+
+
+# 3. non-finite scores -------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def nan_run(trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the tiny run whose final norm's weights are NaN (a damaged checkpoint): every logit is NaN."""
+    from safetensors.torch import load_file, save_file
+
+    run = trained.copy(tmp_path_factory.mktemp("nan") / "run")
+    weights = run / "checkpoints" / "step-00000002" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["model.norm.weight"].fill_(float("nan"))
+    save_file(tensors, weights)
+    return run
+
+
+NAN_EVALS = [
+    (["eval", "perplexity", "--seq-len", "16", "--data", "{corpus}"], "perplexity computed"),
+    (["analyze", "position-loss", "--seq-len", "16", "--data", "{corpus}", "--samples", "2"], "position-loss computed"),
+    (["eval", "kv-retrieval", "--keys", "2", "--samples", "1"], None),
+]
+
+
+@pytest.mark.parametrize(("args", "what"), NAN_EVALS, ids=[a[1] for a, _ in NAN_EVALS])
+def test_a_non_finite_score_is_an_error_not_a_result(nan_run: Path, runs: dict[str, Path], tmp_path: Path,
+                                                      args: list[str], what: str | None) -> None:
+    """Perplexity and position-loss score the model's log-probabilities: NaN is refused in one line naming the model,
+    the value and the first unit, and no results.json is written. KV retrieval scores generated text: a model of
+    NaN logits retrieves nothing (accuracy 0, a finite result)."""
+    out = tmp_path / "out"
+    command = [*[a.format(corpus=runs["corpus"]) for a in args], "--model", str(nan_run), "--device", "cpu",
+               "--out", str(out)]
+    result = runner.invoke(app, command)
+    if what is None:
+        assert result.exit_code == 0, result.output
+        return
+    line = one_line_error(result, 2, f"--model {nan_run}: {what} ", "=nan on ", "(the first non-finite value; not "
+                          "written): the model computes NaN or infinity there")
+    assert "Traceback" not in line
+    assert not (out / "results.json").exists()
