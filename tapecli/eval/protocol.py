@@ -4,8 +4,9 @@ An evaluation is a subclass of `Evaluation` (a dataclass of its options) that de
 
     name, unit, plot_file        its folder (eval-<name>) and label, what its progress bar counts, its PNG
     check(models)                options and models, before any model is opened or any file written (optional)
-    check_model(model, config, opening)   each model's configuration (read without weights), before any model is
-                                 opened: what this protocol cannot run on it, or what would not fit (optional)
+    check_model(model, opening, batch_size)   each model before any is opened (a `Candidate`: its configuration
+                                 read without weights, its tokenizer on request): what this protocol cannot run on
+                                 it, or what would not fit (optional)
     prepare(opened)              per-model state the other hooks need: a token stream, the budgets that fit
                                  (optional; kept on `self`, replaced by the next model's)
     settings(opened) -> dict     what determines the results: settings.json, compared when a run resumes
@@ -93,9 +94,9 @@ class Evaluation(ABC):
         """Fail with one line on a bad option or model (given by name) before any work: nothing is opened yet."""
         return None  # nothing by default
 
-    def check_model(self, model: str, config: ModelConfig, opening: Opening) -> None:
-        """Fail with one line naming `model` (as given) when this protocol cannot run on it or would not fit, from
-        its configuration alone (no weights loaded); called for every model before the first is opened."""
+    def check_model(self, model: Candidate, opening: Opening, batch_size: int) -> None:
+        """Fail with one line naming `model.spec` when this protocol cannot run on it or would not fit, from its
+        configuration (and tokenizer) alone, no weights loaded; called for every model before the first is opened."""
         return None  # nothing by default
 
     def prepare(self, opened: OpenedModel) -> None:
@@ -182,6 +183,21 @@ class Opening:
 
 
 @dataclass
+class Candidate:
+    """A model as `Evaluation.check_model` sees it, before any model is opened: the spec as given, the configuration
+    it opens with (`tapecli.store.door.model_config`), and its tokenizer, read on request."""
+
+    spec: str
+    config: ModelConfig
+    opened: OpenedModel | None = None  # a model given in memory
+
+    def tokenizer(self) -> Any:
+        from tapecli.store.door import model_tokenizer
+
+        return self.opened.tokenizer if self.opened is not None else model_tokenizer(self.spec)
+
+
+@dataclass
 class Report:
     """What `run` wrote: each folder's results.json content and the folder, by model label (a `together`
     evaluation: one entry, under the evaluation's name), and the comparison folder (several models)."""
@@ -217,7 +233,7 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
         check_output_dir(out)
     opening = Opening(dtype, device, dict(pe_args or {}))
     evaluation.check([m for m in models if not isinstance(m, OpenedModel)])
-    check_models(evaluation, models, opening)
+    check_models(evaluation, models, opening, batch_size)
     if evaluation.together:
         return _run_together(evaluation, models, out, opening, batch_size, show_progress)
     report = Report()
@@ -244,14 +260,16 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
     return report
 
 
-def check_models(evaluation: Evaluation, models: list[str | OpenedModel], opening: Opening) -> None:
+def check_models(evaluation: Evaluation, models: list[str | OpenedModel], opening: Opening,
+                 batch_size: int = 1) -> None:
     """Every model exists, opens with a valid configuration (and --pe-arg) and suits `evaluation`, read without
     weights, before any of them is opened: a bad second --model is refused before the first is evaluated."""
     for model in models:
         if isinstance(model, OpenedModel):
-            evaluation.check_model(model.spec, model.model.config, opening)
+            candidate = Candidate(model.spec, model.model.config, model)
         else:
-            evaluation.check_model(model, model_config(model, pe_args=opening.pe_args), opening)
+            candidate = Candidate(model, model_config(model, pe_args=opening.pe_args))
+        evaluation.check_model(candidate, opening, batch_size)
 
 
 def evaluate_one(evaluation: Evaluation, opened: OpenedModel, folder: str | Path, *, label: str | None = None,

@@ -309,6 +309,17 @@ def model_config(spec: str, *, pe_args: dict[str, Any] | None = None, what: str 
     return change.apply(read_model_config(source.checkpoint), str(source.checkpoint / MODEL_CONFIG), quiet=True)[0]
 
 
+def model_tokenizer(spec: str, what: str = "--model") -> Tokenizer:
+    """The tokenizer `open_model(spec)` would give, without any weight (an evaluation estimating its prompts)."""
+    from tapecli.model.hf import load_hf_tokenizer, read_hf_config
+
+    source = find_source(spec, what)
+    if source.kind == "hf":
+        directory = resolve_hf_source(source.spec, source.what)
+        return load_hf_tokenizer(directory, read_hf_config(directory))
+    return load_checkpoint_tokenizer(source.checkpoint)
+
+
 @dataclass
 class _Change:
     """How the opened model's configuration differs from the saved one."""

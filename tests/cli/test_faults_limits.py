@@ -227,3 +227,58 @@ def test_a_non_finite_score_is_an_error_not_a_result(nan_run: Path, runs: dict[s
                           "written): the model computes NaN or infinity there")
     assert "Traceback" not in line
     assert not (out / "results.json").exists()
+
+
+# 4. long-context prompts that cannot fit ----------------------------------------------------------------------------
+LONG = [
+    (["eval", "kv-retrieval", "--keys", "100000", "--samples", "1"], "--keys 100000 makes prompts of about 8,100,257 "
+     "tokens", "lower --keys"),
+    (["eval", "latent-list", "--lengths", "1000000", "--samples", "1"], "--lengths 1000000 makes prompts of about "
+     "1,000,256 tokens", "lower --lengths"),
+    (["eval", "babilong", "--lengths", "1000000", "--samples", "1", "--tasks", "qa1"], "--lengths 1000000 makes "
+     "prompts of about 1,000,015 tokens", "lower --lengths"),
+    (["eval", "ruler", "--lengths", "1000000", "--samples", "1", "--tasks", "niah_single_1"], "--lengths 1000000 "
+     "makes prompts of about 1,000,000 tokens", "lower --lengths"),
+    (["eval", "passkey", "--max-tokens", "1000000", "--trials", "1"], "--max-tokens 1000000 makes prompts of about "
+     "1,000,000 tokens", "lower --max-tokens"),
+    (["eval", "kv-retrieval", "--keys", "1000", "--samples", "1", "--batch-size", "64"], "--keys 1000 makes prompts "
+     "of about 81,257 tokens x 64 prompts at a time", "lower --keys or --batch-size"),
+]
+
+
+@pytest.mark.parametrize(("args", "numbers", "fix"), LONG, ids=[" ".join(a[1:4]) for a, _, _ in LONG])
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_built(runs: dict[str, Path], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch, args: list[str],
+                                                                 numbers: str, fix: str) -> None:
+    """With 1 GiB free (the check's reading of the machine, replaced), every long-context evaluation refuses its
+    longest prompt in one line with the estimate (tokens from the byte tokenizer; memory at dim 32, 2 layers) before
+    any prompt is built or model opened. The numbers of the tiny run: kv-retrieval's 81 tokens per pair, the
+    activations' 8 x 32 + 4 x 128 values per token."""
+    from tapecli.eval import budget
+
+    monkeypatch.setattr(budget, "available", lambda device: (1 << 30, "available on this machine"))
+    monkeypatch.setattr("tapecli.eval.protocol.open_model", lambda *a, **k: pytest.fail("a model was opened"))
+    out = tmp_path / "out"
+    line = one_line_error(runner.invoke(app, [*args, "--model", str(runs["rope"]), "--device", "cpu", "--out",
+                                              str(out)]), 2, f"--model {runs['rope']}: {numbers}",
+                          "at this model's width (dim 32, 2 layers; weights ", "and 1.0 GiB is available on this "
+                          "machine; " + fix)
+    assert "activations" in line and "kv cache" in line
+    assert not out.exists()
+
+
+def test_a_prompt_no_machine_holds_is_refused_in_a_real_process(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Ten million pairs (about 810 million tokens): refused on any machine, from the real memory reading."""
+    import subprocess
+    import sys
+
+    from train_helpers import subprocess_env
+
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "tapecli", "eval", "kv-retrieval", "--keys", "10000000",
+                             "--model", str(runs["rope"]), "--device", "cpu", "--out", str(out)],
+                            capture_output=True, text=True, env=subprocess_env(), timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--keys 10000000 makes prompts of about 810,0" in lines[0], result.stderr
+    assert not out.exists()

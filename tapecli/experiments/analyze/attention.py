@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from tapecli.errors import TapeError
-from tapecli.eval.protocol import Evaluation, Opening, source_of
+from tapecli.eval.protocol import Candidate, Evaluation, Opening, source_of
 from tapecli.experiments.analyze.pictures import PICTURES, Picture, finish
 from tapecli.experiments.analyze.sequences import DataSource, OverSequences, Sequence
 from tapecli.experiments.analyze.stats import AttentionStats, bin_labels, merge
@@ -177,8 +177,8 @@ class AttentionAnalysis(OverSequences, Evaluation):
         if self.maps_max < 0:
             raise TapeError(f"--maps-max must be 0 (no maps) or more, got {self.maps_max}")
 
-    def check_model(self, model: str, config: Any, opening: Opening) -> None:
-        check_probing(model, config)
+    def check_model(self, model: Candidate, opening: Opening, batch_size: int) -> None:
+        check_probing(model.spec, model.config)
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         return {"task": "attention", "models": [source_of(m)[1] for m in models], **self.source.describe(),
