@@ -3,7 +3,10 @@
 Each model reads the same --samples sequences of --seq-len tokens (`sequences.DataSource`), one forward pass per
 sequence with attention probed (`tapecli.model.attention.probe`): every layer's exact attention weights reach a
 `Recorder` one chunk of queries at a time, whatever path the PE takes (the probe path for plain, bias and TAPE
-attention; CoPE's and PaTH's own chunked paths), so no [T, T] map is ever held for a long sequence. From them:
+attention, FoX's widened heads and MapWM's rotated ones, a sliding-window layer's band; CoPE's and PaTH's own chunked
+paths), so no [T, T] map is ever held for a long sequence. A model with a layer that does not report its weights
+(stick-breaking, a plugin's `OwnAttention` without `reports_weights`) is refused in one line before any model is
+opened (`check_probing`). From them:
 
 - the statistics of `stats.py` per layer and head (distance histogram, mean distance, entropy and its growth with
   the context, mass on the first --sink tokens, mass within the last --window tokens), summed over sequences;
