@@ -109,11 +109,8 @@ def test_a_pe_that_reports_no_weights_is_refused_while_probing(pe):
             model(ids)
 
 
-@pytest.mark.parametrize("pe", ["nope", "rope", "alibi", "t5"])
-def test_a_sliding_window_layer_reports_its_band(monkeypatch, small_chunks, pe):
-    """model.window=4: every query's weights are the naive softmax over the 4 keys it sees (itself and the 3 before
-    it), every other key 0; the table path (ALiBi, T5), the per-chunk masks (RoPE, NoPE); outputs unchanged."""
-    model = randomize_tape(tiny(pe, n_kv_heads=2, window=4, **OVERRIDES.get(pe, {})), std=0.5).double().eval()
+def probed_layers(model, monkeypatch) -> Layers:
+    """Two sequences of 13 tokens, probed: the outputs equal the unprobed ones; the layers' inputs and weights."""
     ids = torch.randint(0, VOCAB, (2, 13), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         plain = model(ids)
@@ -121,6 +118,15 @@ def test_a_sliding_window_layer_reports_its_band(monkeypatch, small_chunks, pe):
         with probe.probing(layers.observe):
             probed = model(ids)
     assert (probed - plain).abs().max() <= TOL
+    return layers
+
+
+@pytest.mark.parametrize("pe", ["nope", "rope", "alibi", "t5"])
+def test_a_sliding_window_layer_reports_its_band(monkeypatch, small_chunks, pe):
+    """model.window=4: every query's weights are the naive softmax over the 4 keys it sees (itself and the 3 before
+    it), every other key 0; the table path (ALiBi, T5), the per-chunk masks (RoPE, NoPE); outputs unchanged."""
+    model = randomize_tape(tiny(pe, n_kv_heads=2, window=4, **OVERRIDES.get(pe, {})), std=0.5).double().eval()
+    layers = probed_layers(model, monkeypatch)
     distance = torch.arange(13)[:, None] - torch.arange(13)
     band = (distance >= 0) & (distance < 4)
     for layer, (q, k, need, kwargs) in enumerate(layers.inputs):
@@ -136,13 +142,7 @@ def test_fox_reports_its_forgetting_weights(monkeypatch, small_chunks):
     """FoX's weights are softmax(q.k / sqrt(d) + c_i - c_j), c the cumulative log forget gates: reported through
     its widened heads, equal to that formula in fp64; outputs unchanged."""
     model = randomize_tape(tiny("fox", n_kv_heads=2), std=0.5).double().eval()
-    ids = torch.randint(0, VOCAB, (2, 13), generator=torch.Generator().manual_seed(3))
-    with torch.inference_mode():
-        plain = model(ids)
-        layers = Layers(monkeypatch, 13)
-        with probe.probing(layers.observe):
-            probed = model(ids)
-    assert (probed - plain).abs().max() <= TOL
+    layers = probed_layers(model, monkeypatch)
     for layer, (q, k, _, kwargs) in enumerate(layers.inputs):
         with torch.inference_mode():
             _, c = model.model.layers[layer].pe.decay(kwargs["x"], None, None)
