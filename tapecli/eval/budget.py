@@ -12,7 +12,8 @@ T tokens, `batch_size` prompts at a time, at this model's width, in the dtype it
   activations  the prefill runs a layer at a time over the whole prompt: about 8 x dim + 4 x ffn_dim values per
                token (the hidden state and its norm, q, k, v, the attention output, the MLP's three ffn-wide
                tensors); attention itself takes a chunk of queries at a time on every path a long prompt takes
-               (the chunked CPU kernel, SDPA's and flash's fused kernels, FlexAttention), at most 32 MiB per chunk
+               (the chunked CPU kernel, SDPA's and flash's fused kernels, FlexAttention), at most 32 MiB per chunk;
+               a non-causal model's dense path holds n_heads x T x T scores
   prompt       the text, its token list and ids on the host: about 100 bytes per token
 
 The sum is compared with the memory free where the model runs: the host's available memory (Linux's MemAvailable)
@@ -43,8 +44,10 @@ def estimate(config: Any, tokens: int, batch_size: int, dtype: str) -> dict[str,
     """Bytes each part needs to generate from `batch_size` prompts of `tokens` tokens (module docstring)."""
     size = DTYPE_BYTES.get(dtype, 4)
     kv = sum(2 * config.n_kv_heads * config.head_dim * min(tokens, spec.window or tokens) for spec in config.layers())
+    # Causal attention takes a chunk of queries at a time on every path; a non-causal model's is the dense [T, T].
+    attention = ATTENTION_BYTES if config.causal else batch_size * config.n_heads * tokens * tokens * 4
     return {"weights": parameters(config) * size, "kv cache": batch_size * kv * size,
-            "activations": batch_size * tokens * (8 * config.dim + 4 * config.ffn_dim) * size + ATTENTION_BYTES,
+            "activations": batch_size * tokens * (8 * config.dim + 4 * config.ffn_dim) * size + attention,
             "prompt": batch_size * tokens * PROMPT_BYTES}
 
 
