@@ -72,4 +72,4 @@ def test_nan_on_both_sides_is_no_agreement(monkeypatch, tmp_path: Path):
     outcomes = {o.name: o for o in run_pe_check(f"{plugin}:NaNBias", device="cpu", console=Console(file=io.StringIO()))}
     for name in ("causality", "kv-cache", "chunked-prefill", "padding", "batch", "dense", "save-load", "finite"):
         assert not outcomes[name].ok, (name, outcomes[name].text)
-    assert "max |diff| inf" in outcomes["causality"].text
+    assert "max |diff| inf" in outcomes["causality"].text and "max relative diff inf" in outcomes["dense"].text

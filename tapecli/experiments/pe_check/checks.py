@@ -107,7 +107,8 @@ def chunked_prefill(subject: Subject) -> Outcome:
 
 
 def _relative(got: Tensor, want: Tensor, floor: float = 0.0) -> float:
-    return _max_abs(got, want) / max(want.abs().max().item(), floor, 1e-30)
+    diff = _max_abs(got, want)
+    return diff if math.isinf(diff) else diff / max(want.abs().max().item(), floor, 1e-30)
 
 
 def dense(subject: Subject) -> Outcome:
