@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SAMPLES_FILE, SamplesLog, progress_bar
+from tapecli.eval.common import RESULTS_FILE, SAMPLES_FILE, NonFiniteLogits, SamplesLog, progress_bar
 from tapecli.faults import check_output_dir
 from tapecli.files import write_atomic, write_json
 from tapecli.store.claim import claim
@@ -335,7 +335,12 @@ def _work(evaluation: Evaluation, opened: OpenedModel, units: list[Hashable], lo
     todo = [unit for unit in units if unit not in done]
     bar = progress.add_task(description, total=len(units), completed=len(units) - len(todo))
     for batch in evaluation.batches(todo, batch_size):
-        rows = evaluation.evaluate(opened, batch)
+        try:
+            rows = evaluation.evaluate(opened, batch)
+        except NonFiniteLogits as e:
+            raise TapeError(f"--model {opened.spec}: {evaluation.name}: {e} on {evaluation.unit.removesuffix('s')} "
+                            f"{batch[0]!r} (nothing of it written); check its weights and its PE (`tape pe check`, "
+                            "a --pe-arg), or evaluate an earlier checkpoint") from None
         for row in rows:
             _check_finite(row, opened, f"{evaluation.name} computed",
                           f"on {evaluation.unit.removesuffix('s')} {evaluation.key(row)!r}")

@@ -204,29 +204,31 @@ def nan_run(trained, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 NAN_EVALS = [
-    (["eval", "perplexity", "--seq-len", "16", "--data", "{corpus}"], "perplexity computed"),
+    (["eval", "perplexity", "--seq-len", "16", "--data", "{corpus}"], "perplexity computed nll=nan on window (16, 0) "
+     "(the first non-finite value; not written): the model computes NaN or infinity there"),
     (["analyze", "position-loss", "--seq-len", "16", "--data", "{corpus}", "--samples", "2"], "position-loss computed"),
-    (["eval", "kv-retrieval", "--keys", "2", "--samples", "1"], None),
+    (["eval", "kv-retrieval", "--keys", "2", "--samples", "1"], "kv-retrieval: its logits are not finite (NaN or "
+     "infinity) at generation step 0 (0: the prompt) on prompt (2, 0, 0) (nothing of it written)"),
+    (["eval", "passkey", "--budgets", "64", "--trials", "1"], "passkey: its logits are not finite"),
 ]
 
 
 @pytest.mark.parametrize(("args", "what"), NAN_EVALS, ids=[a[1] for a, _ in NAN_EVALS])
 def test_a_non_finite_score_is_an_error_not_a_result(nan_run: Path, runs: dict[str, Path], tmp_path: Path,
-                                                      args: list[str], what: str | None) -> None:
-    """Perplexity and position-loss score the model's log-probabilities: NaN is refused in one line naming the model,
-    the value and the first unit, and no results.json is written. KV retrieval scores generated text: a model of
-    NaN logits retrieves nothing (accuracy 0, a finite result)."""
+                                                      args: list[str], what: str) -> None:
+    """Perplexity and position-loss score the model's log-probabilities, the generating evaluations its greedy
+    tokens: NaN is refused in one line naming the model, where it appeared and the first unit, and no results.json
+    is written (a NaN row is never logged; greedy decoding would have turned NaN logits into a token, and the score
+    into a meaningless 0)."""
     out = tmp_path / "out"
     command = [*[a.format(corpus=runs["corpus"]) for a in args], "--model", str(nan_run), "--device", "cpu",
                "--out", str(out)]
-    result = runner.invoke(app, command)
-    if what is None:
-        assert result.exit_code == 0, result.output
-        return
-    line = one_line_error(result, 2, f"--model {nan_run}: {what} ", "=nan on ", "(the first non-finite value; not "
-                          "written): the model computes NaN or infinity there")
+    line = one_line_error(runner.invoke(app, command), 2, f"--model {nan_run}: {what}", "check its weights and its "
+                          "PE (`tape pe check`, a --pe-arg), or evaluate an earlier checkpoint")
     assert "Traceback" not in line
     assert not (out / "results.json").exists()
+    if (out / "samples.jsonl").exists():
+        assert "NaN" not in (out / "samples.jsonl").read_text()
 
 
 # 4. long-context prompts that cannot fit ----------------------------------------------------------------------------
