@@ -9,7 +9,8 @@ An evaluation module (`tapecli.eval.addition`, `perplexity`, `passkey`, ...) hol
 3. appends result rows with `log.append(rows)` (flushed at once, so a finished unit survives an interruption), and
    writes results.json with `write_json` (atomically) at the end;
 4. decodes with `generate_batch(model, prompts, max_new_tokens)` (greedy or sampled), the one place that talks to
-   `Transformer.generate`; `generate_texts(opened, prompt texts, ...)` wraps it for the long-context evaluations
+   `Transformer.generate` (non-finite logits raise `NonFiniteLogits`); `generate_texts(opened, prompt texts, ...)`
+   wraps it for the long-context evaluations
    (default special tokens + text in, greedy text cut at EOS and stripped out);
 5. builds what depends only on the tokenizer once per distinct tokenizer with `per_tokenizer(cache, tokenizer, make)`.
 
