@@ -93,6 +93,20 @@ def prompt(records: list[tuple[str, str]], key: str) -> str:
     return PROMPT.format(formatted_kv_records=format_records(records), key=key)
 
 
+def prompt_tokens(encode, k: int, seed: int = 0) -> int:
+    """About how many tokens `encode` (text -> ids) makes of a prompt with `k` pairs, without building it: exact up to
+    8 pairs, beyond that the 8-pair prompt plus the mean tokens of a pair (from the 4th to the 8th) per further pair
+    (UUID4s are random text: every pair costs about the same)."""
+    def tokens(n: int) -> int:
+        ex = example(n, 0, seed)
+        return len(encode(prompt(ex.records, ex.key)))
+
+    if k <= 8:
+        return tokens(k)
+    per_pair = (tokens(8) - tokens(4)) / 4
+    return tokens(8) + int(per_pair * (k - 8) + 0.5)
+
+
 def correct(value: str, answer: str) -> bool:
     """`evaluate_kv_responses.py`: the value occurs in the answer, ignoring case."""
     return value.lower() in answer.lower()

@@ -43,7 +43,7 @@ from tapecli.errors import TapeError
 from tapecli.eval.common import generate_texts
 from tapecli.eval.long_context import THRESHOLD, check_base_lengths, headline, length_summary, mean_percent
 from tapecli.eval.long_context import table as score_table
-from tapecli.eval.protocol import Evaluation, Opening, source_of
+from tapecli.eval.protocol import Candidate, Evaluation, Opening, source_of
 from tapecli.store.door import OpenedModel
 
 PLOT_FILE = "babilong.png"
@@ -179,6 +179,13 @@ class Babilong(Evaluation):
                 else:
                     out += [(task, length, d, k * self.samples) for k, d in enumerate(depths)]
         return out
+
+    def check_model(self, model: Candidate, opening: Opening, batch_size: int) -> None:
+        """The longest haystack, with the answer's tokens, fits (`tapecli.eval.budget`)."""
+        from tapecli.eval.budget import check_prompt
+
+        check_prompt(model.spec, model.config, opening, batch_size, self.lengths[-1] + TOKENS_TO_GENERATE,
+                     f"--lengths {self.lengths[-1]}")
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         source = ({"data": self.sources["described"]} if self.data is not None else

@@ -9,7 +9,8 @@ An evaluation module (`tapecli.eval.addition`, `perplexity`, `passkey`, ...) hol
 3. appends result rows with `log.append(rows)` (flushed at once, so a finished unit survives an interruption), and
    writes results.json with `write_json` (atomically) at the end;
 4. decodes with `generate_batch(model, prompts, max_new_tokens)` (greedy or sampled), the one place that talks to
-   `Transformer.generate`; `generate_texts(opened, prompt texts, ...)` wraps it for the long-context evaluations
+   `Transformer.generate` (non-finite logits raise `NonFiniteLogits`); `generate_texts(opened, prompt texts, ...)`
+   wraps it for the long-context evaluations
    (default special tokens + text in, greedy text cut at EOS and stripped out);
 5. builds what depends only on the tokenizer once per distinct tokenizer with `per_tokenizer(cache, tokenizer, make)`.
 
@@ -128,6 +129,11 @@ class SamplesLog(JsonlLog):
 # Generation and progress
 
 
+class NonFiniteLogits(TapeError):
+    """Generation met logits that hold a NaN or an infinity (`generate_batch`); the runner
+    (`tapecli.eval.protocol`) names the model and the unit."""
+
+
 def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, batch_size: int = 8,
                    stop_tokens: list[int] | None = None, pad_id: int | None = None, temperature: float = 0.0,
                    top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -138,11 +144,20 @@ def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, ba
 
     Prompts are decoded `batch_size` at a time, in the order given, with the KV cache; prompts of different lengths
     in one batch are left-padded and masked, so each row generates what it generates alone (`Transformer.generate`).
-    This is the one place evaluations call `Transformer.generate`.
+    This is the one place evaluations call `Transformer.generate`. Logits that hold a NaN or an infinity (the
+    prompt's or any step's) raise `NonFiniteLogits`: greedy decoding would turn them into a token and the score into
+    a meaningless number.
     """
     import torch
 
     device = next(model.parameters()).device
+    step = [0]
+
+    def finite(module, args, logits):
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteLogits(f"its logits are not finite (NaN or infinity) at generation step {step[0]} (0: the "
+                                  "prompt)")
+        step[0] += 1
     fill = pad_id if pad_id is not None else (stop_tokens[0] if stop_tokens else 0)
     outputs: list[list[int]] = []
     for start in range(0, len(prompts), batch_size):
@@ -154,10 +169,18 @@ def generate_batch(model: Any, prompts: list[list[int]], max_new_tokens: int, ba
             mask = torch.tensor([[0] * (longest - len(p)) + [1] * len(p) for p in chunk], device=device)
         rows_stop = None if stop_check is None else (
             lambda new: torch.tensor([stop_check(row) for row in new.tolist()], dtype=torch.bool))
-        with torch.inference_mode():
-            tokens = model.generate(input_ids, max_new_tokens=max_new_tokens, use_cache=True, temperature=temperature,
-                                    top_k=top_k, top_p=top_p, seed=seed, stop_tokens=stop_tokens, pad_id=pad_id,
-                                    attention_mask=mask, stop_check=rows_stop)
+        step[0] = 0
+        head = getattr(model, "lm_head", None)  # a stand-in model (tests) may have none
+        hook = head.register_forward_hook(finite) if isinstance(head, torch.nn.Module) else None
+        try:
+            with torch.inference_mode():
+                tokens = model.generate(input_ids, max_new_tokens=max_new_tokens, use_cache=True,
+                                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                        stop_tokens=stop_tokens, pad_id=pad_id, attention_mask=mask,
+                                        stop_check=rows_stop)
+        finally:
+            if hook is not None:
+                hook.remove()
         outputs += [(row + [fill] * max_new_tokens)[:max_new_tokens] for row in tokens[:, longest:].tolist()]
     return outputs
 

@@ -27,7 +27,7 @@ from typing import Any
 from tapecli.errors import TapeError
 from tapecli.eval.long_context import THRESHOLD, headline, length_summary, mean_percent
 from tapecli.eval.long_context import table as score_table
-from tapecli.eval.protocol import Evaluation, Opening, source_of
+from tapecli.eval.protocol import Candidate, Evaluation, Opening, source_of
 from tapecli.store.door import OpenedModel
 
 PLOT_FILE = "kv-retrieval.png"
@@ -65,6 +65,17 @@ class KvRetrieval(Evaluation):
             raise TapeError(f"--samples must be a positive integer, got {self.samples}")
         self.gold = {k: gold_positions(k, PAPER_POSITIONS.get(k, min(5, k)) if self.positions is None
                                        else self.positions) for k in self.keys}  # --positions 0 is refused there
+
+    def check_model(self, model: Candidate, opening: Opening, batch_size: int) -> None:
+        """The longest prompt (the most pairs, estimated with the model's tokenizer) fits (`tapecli.eval.budget`)."""
+        from tapecli.data import kv_retrieval as kv
+        from tapecli.eval.budget import check_prompt
+
+        tokenizer = model.tokenizer()
+        tokens = kv.prompt_tokens(lambda text: tokenizer.encode(text, add_special_tokens=True), self.keys[-1],
+                                  self.seed)
+        check_prompt(model.spec, model.config, opening, batch_size, tokens + kv.MAX_NEW_TOKENS,
+                     f"--keys {self.keys[-1]}")
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         return {"task": "kv-retrieval", "models": [source_of(m)[1] for m in models], "keys": self.keys,

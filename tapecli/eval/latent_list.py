@@ -31,7 +31,7 @@ from typing import Any
 from tapecli.errors import TapeError
 from tapecli.eval.long_context import THRESHOLD, check_base_lengths, headline, length_summary, mean_percent
 from tapecli.eval.long_context import table as score_table
-from tapecli.eval.protocol import Evaluation, Opening, source_of
+from tapecli.eval.protocol import Candidate, Evaluation, Opening, source_of
 from tapecli.store.door import OpenedModel
 
 PLOT_FILE = "latent-list.png"
@@ -93,6 +93,13 @@ class LatentList(Evaluation):
         if self.samples < 1:
             raise TapeError(f"--samples must be a positive integer, got {self.samples}")
         self.base_lengths = check_base_lengths(self.base_lengths, self.lengths)
+
+    def check_model(self, model: Candidate, opening: Opening, batch_size: int) -> None:
+        """The longest list, with the answer's tokens, fits (`tapecli.eval.budget`)."""
+        from tapecli.eval.budget import check_prompt
+
+        check_prompt(model.spec, model.config, opening, batch_size, max(self.lengths) + MAX_NEW_TOKENS,
+                     f"--lengths {max(self.lengths)}")
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         return {"task": "latent-list", "models": [source_of(m)[1] for m in models], "lengths": self.lengths,

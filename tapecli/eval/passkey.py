@@ -32,7 +32,7 @@ import numpy as np
 
 from tapecli.errors import TapeError
 from tapecli.eval.common import generate_batch
-from tapecli.eval.protocol import Evaluation, run
+from tapecli.eval.protocol import Candidate, Evaluation, Opening, run
 from tapecli.store.door import OpenedModel
 
 INSTRUCTION = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
@@ -131,6 +131,13 @@ class Passkey(Evaluation):
         for budget in self.budgets or []:  # before the output directory exists
             if not 1 <= budget <= len(FILLER):
                 raise TapeError(f"--budgets: {budget} must be between 1 and {len(FILLER)} filler characters")
+
+    def check_model(self, model: Candidate, opening: Opening, batch_size: int) -> None:
+        """Prompts of up to --max-tokens fit (`tapecli.eval.budget`)."""
+        from tapecli.eval.budget import check_prompt
+
+        check_prompt(model.spec, model.config, opening, batch_size, self.max_tokens,
+                     f"--max-tokens {self.max_tokens}")
 
     def prepare(self, opened: OpenedModel) -> None:
         self.chosen = plan_budgets(opened.tokenizer, self.budgets, self.max_tokens, self.trials)

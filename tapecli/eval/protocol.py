@@ -4,6 +4,9 @@ An evaluation is a subclass of `Evaluation` (a dataclass of its options) that de
 
     name, unit, plot_file        its folder (eval-<name>) and label, what its progress bar counts, its PNG
     check(models)                options and models, before any model is opened or any file written (optional)
+    check_model(model, opening, batch_size)   each model before any is opened (a `Candidate`: its configuration
+                                 read without weights, its tokenizer on request): what this protocol cannot run on
+                                 it, or what would not fit (optional)
     prepare(opened)              per-model state the other hooks need: a token stream, the budgets that fit
                                  (optional; kept on `self`, replaced by the next model's)
     settings(opened) -> dict     what determines the results: settings.json, compared when a run resumes
@@ -16,15 +19,16 @@ An evaluation is a subclass of `Evaluation` (a dataclass of its options) that de
     plot(results, path, label), compare(results by label, folder)   its PNG; the PNG comparing several models
     summary(results by label) -> str | rich renderable                 what `tape eval <name>` prints
 
-`run(evaluation, models, out, dtype=, device=, pe_args=, batch_size=)` does all the rest: it checks the options
-and --out before any work, opens each model in turn through the one door, `tapecli.store.door.open_model` (a tape run,
-checkpoint or Hugging Face model; or takes an `OpenedModel` as it is), picks each model's folder (--out, or the one
-rule of `tapecli.store.run.eval_dir`: RUN/eval-<name>/<checkpoint>), writes settings.json + samples.jsonl through
-`SamplesLog` (a rerun resumes: units already logged are not redone), shows a progress bar, writes results.json and
-the plot atomically, frees the model, and with several models writes their comparison (comparison.json + the
-`compare` PNG) to --out (default ./eval-<name>-comparison). An evaluation whose models share one folder and one
-results.json (perplexity's table) sets `together = True` and declares `shared_settings` and `combine` instead of
-`settings`; each row then starts with the model's index ("model": i).
+`run(evaluation, models, out, dtype=, device=, pe_args=, batch_size=)` does all the rest: it checks the options,
+--out and every model (`tapecli.store.door.model_config`: it exists, its configuration and --pe-arg are valid,
+`check_model`) before any work, opens each model in turn through the one door, `tapecli.store.door.open_model` (a
+tape run, checkpoint or Hugging Face model; or takes an `OpenedModel` as it is), picks each model's folder (--out,
+or the one rule of `tapecli.store.run.eval_dir`: RUN/eval-<name>/<checkpoint>), writes settings.json + samples.jsonl
+through `SamplesLog` (a rerun resumes: units already logged are not redone), shows a progress bar, writes
+results.json and the plot atomically, frees the model, and with several models writes their comparison
+(comparison.json + the `compare` PNG) to --out (default ./eval-<name>-comparison). An evaluation whose models share
+one folder and one results.json (perplexity's table) sets `together = True` and declares `shared_settings` and
+`combine` instead of `settings`; each row then starts with the model's index ("model": i).
 
 A minimal evaluation (a CLI command then calls `run(Echo(n=4), models, out, ...)`):
 
@@ -54,20 +58,24 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tapecli.errors import TapeError
-from tapecli.eval.common import RESULTS_FILE, SAMPLES_FILE, SamplesLog, progress_bar
+from tapecli.eval.common import RESULTS_FILE, SAMPLES_FILE, NonFiniteLogits, SamplesLog, progress_bar
 from tapecli.faults import check_output_dir
 from tapecli.files import write_atomic, write_json
 from tapecli.store.claim import claim
-from tapecli.store.door import OpenedModel, find_source, open_model
+from tapecli.store.door import OpenedModel, find_source, model_config, open_model
 from tapecli.store.run import eval_dir
+
+if TYPE_CHECKING:
+    from tapecli.model import ModelConfig
 
 COMPARISON_FILE = "comparison.json"
 
@@ -84,6 +92,11 @@ class Evaluation(ABC):
 
     def check(self, models: list[str]) -> None:
         """Fail with one line on a bad option or model (given by name) before any work: nothing is opened yet."""
+        return None  # nothing by default
+
+    def check_model(self, model: Candidate, opening: Opening, batch_size: int) -> None:
+        """Fail with one line naming `model.spec` when this protocol cannot run on it or would not fit, from its
+        configuration (and tokenizer) alone, no weights loaded; called for every model before the first is opened."""
         return None  # nothing by default
 
     def prepare(self, opened: OpenedModel) -> None:
@@ -170,6 +183,21 @@ class Opening:
 
 
 @dataclass
+class Candidate:
+    """A model as `Evaluation.check_model` sees it, before any model is opened: the spec as given, the configuration
+    it opens with (`tapecli.store.door.model_config`), and its tokenizer, read on request."""
+
+    spec: str
+    config: ModelConfig
+    opened: OpenedModel | None = None  # a model given in memory
+
+    def tokenizer(self) -> Any:
+        from tapecli.store.door import model_tokenizer
+
+        return self.opened.tokenizer if self.opened is not None else model_tokenizer(self.spec)
+
+
+@dataclass
 class Report:
     """What `run` wrote: each folder's results.json content and the folder, by model label (a `together`
     evaluation: one entry, under the evaluation's name), and the comparison folder (several models)."""
@@ -205,6 +233,7 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
         check_output_dir(out)
     opening = Opening(dtype, device, dict(pe_args or {}))
     evaluation.check([m for m in models if not isinstance(m, OpenedModel)])
+    check_models(evaluation, models, opening, batch_size)
     if evaluation.together:
         return _run_together(evaluation, models, out, opening, batch_size, show_progress)
     report = Report()
@@ -229,6 +258,18 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
             write_json(report.comparison / COMPARISON_FILE, report.results)
             evaluation.compare(report.results, report.comparison)
     return report
+
+
+def check_models(evaluation: Evaluation, models: list[str | OpenedModel], opening: Opening,
+                 batch_size: int = 1) -> None:
+    """Every model exists, opens with a valid configuration (and --pe-arg) and suits `evaluation`, read without
+    weights, before any of them is opened: a bad second --model is refused before the first is evaluated."""
+    for model in models:
+        if isinstance(model, OpenedModel):
+            candidate = Candidate(model.spec, model.model.config, model)
+        else:
+            candidate = Candidate(model, model_config(model, pe_args=opening.pe_args))
+        evaluation.check_model(candidate, opening, batch_size)
 
 
 def evaluate_one(evaluation: Evaluation, opened: OpenedModel, folder: str | Path, *, label: str | None = None,
@@ -294,14 +335,51 @@ def _work(evaluation: Evaluation, opened: OpenedModel, units: list[Hashable], lo
     todo = [unit for unit in units if unit not in done]
     bar = progress.add_task(description, total=len(units), completed=len(units) - len(todo))
     for batch in evaluation.batches(todo, batch_size):
-        log.append([{**tag, **row} for row in evaluation.evaluate(opened, batch)])
+        try:
+            rows = evaluation.evaluate(opened, batch)
+        except NonFiniteLogits as e:
+            raise TapeError(f"--model {opened.spec}: {evaluation.name}: {e} on {evaluation.unit.removesuffix('s')} "
+                            f"{batch[0]!r} (nothing of it written); check its weights and its PE (`tape pe check`, "
+                            "a --pe-arg), or evaluate an earlier checkpoint") from None
+        for row in rows:
+            _check_finite(row, opened, f"{evaluation.name} computed",
+                          f"on {evaluation.unit.removesuffix('s')} {evaluation.key(row)!r}")
+        log.append([{**tag, **row} for row in rows])
         progress.advance(bar, len(batch))
     return [row for row in log.rows if mine(row)]
 
 
+def non_finite(value: Any, path: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinity in a row or results (nested dicts and lists): (its key path, the value)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = non_finite(item, f"{path}.{key}" if path and isinstance(key, str) else f"{path}[{key}]"
+                           if path else str(key))
+        if found:
+            return found
+    return None
+
+
+def _check_finite(value: Any, model: OpenedModel | str, what: str, where: str) -> None:
+    """A non-finite score is an error, not a result: one line naming the model, the value and where it first
+    appeared, raised before it is written (samples.jsonl keeps the finite rows before it)."""
+    found = non_finite(value)
+    if found is None:
+        return
+    spec = model.spec if isinstance(model, OpenedModel) else model
+    where = f" {where}" if where else ""
+    raise TapeError(f"--model {spec}: {what} {found[0]}={found[1]}{where} (the first non-finite value; not "
+                    "written): the model computes NaN or infinity there; check its weights and its PE (`tape pe "
+                    "check`, a --pe-arg), or evaluate an earlier checkpoint")
+
+
 def _finish(evaluation: Evaluation, results: dict[str, Any], folder: Path, label: str, started: float
             ) -> dict[str, Any]:
-    """Write results.json (with the session's seconds, if `timed`) and the plot, atomically."""
+    """Write results.json (with the session's seconds, if `timed`) and the plot, atomically; a non-finite value in
+    them is a TapeError (`_check_finite`) and nothing is written."""
+    _check_finite(results, label, f"{evaluation.name}'s results hold", "")
     if evaluation.timed:
         results["seconds_this_session"] = round(time.perf_counter() - started, 2)
     write_atomic(folder / RESULTS_FILE, evaluation.dumps(results))

@@ -35,7 +35,7 @@ from tapecli.errors import TapeError
 from tapecli.eval.common import generate_batch
 from tapecli.eval.long_context import THRESHOLD, check_base_lengths, headline, length_summary, mean_percent
 from tapecli.eval.long_context import table as score_table
-from tapecli.eval.protocol import Evaluation, Opening, run, source_of
+from tapecli.eval.protocol import Candidate, Evaluation, Opening, run, source_of
 from tapecli.store.door import OpenedModel
 
 PLOT_FILE = "ruler.png"
@@ -140,6 +140,13 @@ class Ruler(Evaluation):
         self.chosen = plan(self.tasks, self.haystack, self.qa_data)
         for line in self.chosen.skipped:
             (self.notify or (lambda _: None))(line)
+
+    def check_model(self, model: Candidate, opening: Opening, batch_size: int) -> None:
+        """The longest context fits (`tapecli.eval.budget`)."""
+        from tapecli.eval.budget import check_prompt
+
+        check_prompt(model.spec, model.config, opening, batch_size, max(self.lengths),
+                     f"--lengths {max(self.lengths)}")
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         return {"task": "ruler", "models": [source_of(m)[1] for m in models], "tasks": self.chosen.tasks,

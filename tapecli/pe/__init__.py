@@ -31,6 +31,7 @@ from tapecli.model.pe.base import (
     apply_rotary,
     by_query_chunks,
     check_positive_int,
+    check_range,
     default_positions,
     encoded_attention,
     flex_attention,
@@ -49,5 +50,6 @@ API_VERSION = (1, 0)
 
 __all__ = ["API_VERSION", "CLAIMS", "LayerCache", "LayerPE", "OwnAttention", "PositionState", "PositionalEncoding",
            "RoPE", "RotaryLayer", "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks",
-           "check_positive_int", "default_positions", "encoded_attention", "flex_attention", "forced_path",
-           "kernels_available", "optional_kernel", "plain_attention", "probing_active", "report_weights", "rows_for"]
+           "check_positive_int", "check_range", "default_positions", "encoded_attention", "flex_attention",
+           "forced_path", "kernels_available", "optional_kernel", "plain_attention", "probing_active", "report_weights",
+           "rows_for"]

@@ -4,6 +4,7 @@ base, resuming on a base), evaluation (every `tape eval`) and export.
     source = find_source(spec)                         # what `spec` names, found without loading any weights
     opened = open_model(spec_or_source, device="auto", dtype="auto")     # evaluation, export
     opened = open_model(spec, pe_args={"scaling": "linear", "factor": 2})   # evaluation with --pe-arg
+    config = model_config(spec, pe_args=...)          # what open_model would build, without any weight
     opened = open_model(spec, dtype="fp32", model_keys=recipe.set_values("model"))          # fine-tune, resume
     opened = open_model(spec, config=plan.config, lora=plan.lora, keep_base=True)           # extend-context
     opened.model, opened.tokenizer, opened.record()
@@ -228,6 +229,32 @@ def open_model(spec: str | Source, *, device: str | torch.device = "auto", dtype
                        name=source.name)
 
 
+def model_config(spec: str, *, pe_args: dict[str, Any] | None = None, what: str = "--model") -> ModelConfig:
+    """The configuration `open_model(spec, pe_args=...)` would build, read without any weight (a hub id is
+    resolved, so downloaded when online): what a command checks every model against before any work. A missing
+    model, a bad config.json or a bad --pe-arg is the TapeError opening it would raise."""
+    from tapecli.model.hf import hf_model_config, read_hf_config
+
+    source = find_source(spec, what)
+    change = _Change({}, None, pe_args or {})
+    if source.kind == "hf":
+        directory = resolve_hf_source(source.spec, source.what)
+        saved = hf_model_config(read_hf_config(directory), str(directory / HF_CONFIG)).to_dict()
+        return change.apply(saved, source.spec, quiet=True)[0]
+    return change.apply(read_model_config(source.checkpoint), str(source.checkpoint / MODEL_CONFIG), quiet=True)[0]
+
+
+def model_tokenizer(spec: str, what: str = "--model") -> Tokenizer:
+    """The tokenizer `open_model(spec)` would give, without any weight (an evaluation estimating its prompts)."""
+    from tapecli.model.hf import load_hf_tokenizer, read_hf_config
+
+    source = find_source(spec, what)
+    if source.kind == "hf":
+        directory = resolve_hf_source(source.spec, source.what)
+        return load_hf_tokenizer(directory, read_hf_config(directory))
+    return load_checkpoint_tokenizer(source.checkpoint)
+
+
 @dataclass
 class _Change:
     """How the opened model's configuration differs from the saved one."""
@@ -236,8 +263,9 @@ class _Change:
     config: ModelConfig | None
     pe_args: dict[str, Any]
 
-    def apply(self, saved: dict[str, Any], origin: str) -> tuple[ModelConfig, bool]:
-        """(the configuration to build, whether the PE grew from rope to tape)."""
+    def apply(self, saved: dict[str, Any], origin: str, quiet: bool = False) -> tuple[ModelConfig, bool]:
+        """(the configuration to build, whether the PE grew from rope to tape); `quiet`: no note on a changed
+        plugin (the model is only being checked; opening it prints the note)."""
         from tapecli.model import ModelConfig
         from tapecli.model.merge import GROWTH, merge_model_config
 
@@ -252,7 +280,8 @@ class _Change:
                 raise TapeError(f"{origin}: {e}") from None
         if self.pe_args:
             config = _with_pe_args(config, self.pe_args)
-        _note_plugin_change(saved.get("pe_plugin"), config.pe_plugin, origin)
+        if not quiet:
+            _note_plugin_change(saved.get("pe_plugin"), config.pe_plugin, origin)
         return config, grown
 
 

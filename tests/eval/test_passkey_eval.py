@@ -98,6 +98,7 @@ class Oracle(torch.nn.Module):
 @pytest.mark.parametrize("off_by_one", [False, True])
 def test_scoring_is_exact_match_on_the_answer_tokens(tmp_path, monkeypatch, off_by_one):
     monkeypatch.setattr(protocol, "open_model", lambda spec, **_: _opened(Oracle(off_by_one)))
+    monkeypatch.setattr(protocol, "model_config", lambda spec, **_: _opened(Oracle(off_by_one)).model.config)
     results = evaluate_passkey("oracle", tmp_path, budgets=[64, 128], trials=5, batch_size=4, show_progress=False)
     assert results["accuracy"] == (0.0 if off_by_one else 1.0)
     rows = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]

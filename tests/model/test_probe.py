@@ -70,10 +70,11 @@ def reference(model, q, k, need, kwargs):
     return naive_weights(q, k, bias, kwargs["q_pos"], kwargs["k_pos"], kwargs["key_mask"]), None
 
 
-UNREPORTED = ("fox", "stickbreaking", "mapwm")  # own attention that reports no weights: refused while probing
+UNREPORTED = ("stickbreaking",)  # own attention that reports no weights: refused while probing
+THROUGH_TAPE = ("fox", "mapwm")  # own attention computed by tape's attention on encoded heads: tested below
 
 
-@pytest.mark.parametrize("pe", [pe for pe in PE_NAMES if pe not in UNREPORTED])
+@pytest.mark.parametrize("pe", [pe for pe in PE_NAMES if pe not in UNREPORTED + THROUGH_TAPE])
 @pytest.mark.parametrize("path", ["sdpa", "chunked", "dense"])
 def test_reported_weights_are_the_naive_weights_on_every_path(monkeypatch, small_chunks, pe, path):
     """Own-attention PEs: their default path and their reference path under forced("dense") (sdpa and chunked
@@ -106,6 +107,69 @@ def test_a_pe_that_reports_no_weights_is_refused_while_probing(pe):
         with pytest.raises(ValueError, match=r"^attention probing: this PE computes its own attention and does not "
                                              r"report its weights"):
             model(ids)
+
+
+def probed_layers(model, monkeypatch) -> Layers:
+    """Two sequences of 13 tokens, probed: the outputs equal the unprobed ones; the layers' inputs and weights."""
+    ids = torch.randint(0, VOCAB, (2, 13), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        plain = model(ids)
+        layers = Layers(monkeypatch, 13)
+        with probe.probing(layers.observe):
+            probed = model(ids)
+    assert (probed - plain).abs().max() <= TOL
+    return layers
+
+
+@pytest.mark.parametrize("pe", ["nope", "rope", "alibi", "t5"])
+def test_a_sliding_window_layer_reports_its_band(monkeypatch, small_chunks, pe):
+    """model.window=4: every query's weights are the naive softmax over the 4 keys it sees (itself and the 3 before
+    it), every other key 0; the table path (ALiBi, T5), the per-chunk masks (RoPE, NoPE); outputs unchanged."""
+    model = randomize_tape(tiny(pe, n_kv_heads=2, window=4, **OVERRIDES.get(pe, {})), std=0.5).double().eval()
+    layers = probed_layers(model, monkeypatch)
+    distance = torch.arange(13)[:, None] - torch.arange(13)
+    band = (distance >= 0) & (distance < 4)
+    for layer, (q, k, need, kwargs) in enumerate(layers.inputs):
+        assert kwargs["window"] == 4 and (layers.rows[layer] == 1).all()
+        bias = need.pairs if isinstance(need, ScoreBias) else None
+        scores = naive_weights(q, k, bias, kwargs["q_pos"], kwargs["k_pos"]).log()
+        weights = scores.masked_fill(~band, float("-inf")).softmax(-1)
+        assert (layers.weights[layer] - weights).abs().max() <= TOL
+        assert (layers.weights[layer][..., ~band] == 0).all()
+
+
+def test_fox_reports_its_forgetting_weights(monkeypatch, small_chunks):
+    """FoX's weights are softmax(q.k / sqrt(d) + c_i - c_j), c the cumulative log forget gates: reported through
+    its widened heads, equal to that formula in fp64; outputs unchanged."""
+    model = randomize_tape(tiny("fox", n_kv_heads=2), std=0.5).double().eval()
+    layers = probed_layers(model, monkeypatch)
+    for layer, (q, k, _, kwargs) in enumerate(layers.inputs):
+        with torch.inference_mode():
+            _, c = model.model.layers[layer].pe.decay(kwargs["x"], None, None)
+            gates = c[..., :, None] - c[..., None, :]  # c_i - c_j
+            weights = naive_weights(q, k, lambda qp, kp, gates=gates: gates, None, None)
+        assert (layers.rows[layer] == 1).all() and (layers.weights[layer] - weights).abs().max() <= TOL
+
+
+def test_mapwm_reports_the_weights_of_its_rotated_heads(monkeypatch, small_chunks):
+    """MapWM rotates queries and keys itself, then attends through tape's attention (`encoded_attention`): the
+    weights reported are the naive weights of the heads it rotated; outputs unchanged."""
+    from tapecli.model.pe import base
+
+    model = randomize_tape(tiny("mapwm", n_kv_heads=2), std=0.5).double().eval()
+    ids = torch.randint(0, VOCAB, (2, 13), generator=torch.Generator().manual_seed(3))
+    rotated, real = [], base.attend
+    monkeypatch.setattr(base, "attend", lambda q, k, v, need, **kw: rotated.append((q, k)) or real(q, k, v, need, **kw))
+    with torch.inference_mode():
+        layers = Layers(monkeypatch, 13)
+        with probe.probing(layers.observe):
+            probed = model(ids)
+        rotated.clear()
+        plain = model(ids)
+    assert (probed - plain).abs().max() <= TOL and len(rotated) == 2
+    for layer, (q, k) in enumerate(rotated):
+        weights = naive_weights(q, k, None, None, None)
+        assert (layers.rows[layer] == 1).all() and (layers.weights[layer] - weights).abs().max() <= TOL
 
 
 def test_probe_path_with_padding_and_a_cache_offset(monkeypatch, small_chunks):

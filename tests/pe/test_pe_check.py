@@ -41,3 +41,35 @@ def test_each_broken_pe_fails_exactly_its_check(monkeypatch):
         results = check(f"{BROKEN_FILE}:{cls}", compile=name == "compile", compile_backend="aot_eager")
         assert [check for check, ok in results.items() if not ok] == [name], (cls, results)
     assert set(broken_pes.BROKEN) == set(CHECKS)
+
+
+NAN_BIAS = '''
+import torch
+from tapecli.pe import LayerPE, PositionalEncoding, ScoreBias
+
+
+class NaNLayer(LayerPE):
+    def __init__(self, heads):
+        super().__init__()
+        self.heads = heads
+
+    def need(self, state, average_state):
+        return ScoreBias(pairs=lambda q, k: torch.full((1, self.heads, q.shape[-1], k.shape[-1]), float("nan")))
+
+
+class NaNBias(PositionalEncoding):
+    def make_layer(self, layer_idx):
+        return NaNLayer(self.config.n_heads)
+'''
+
+
+def test_nan_on_both_sides_is_no_agreement(monkeypatch, tmp_path: Path):
+    """A bias of NaN everywhere makes every logit NaN: a comparison of NaN with NaN fails (its difference is
+    infinite), where max() and <= had let it through as 0.0."""
+    plugin = tmp_path / "nan_bias.py"
+    plugin.write_text(NAN_BIAS)
+    monkeypatch.setenv(trust.ALLOW_ENV, str(plugin))
+    outcomes = {o.name: o for o in run_pe_check(f"{plugin}:NaNBias", device="cpu", console=Console(file=io.StringIO()))}
+    for name in ("causality", "kv-cache", "chunked-prefill", "padding", "batch", "dense", "save-load", "finite"):
+        assert not outcomes[name].ok, (name, outcomes[name].text)
+    assert "max |diff| inf" in outcomes["causality"].text and "max relative diff inf" in outcomes["dense"].text

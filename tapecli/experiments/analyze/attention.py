@@ -3,7 +3,10 @@
 Each model reads the same --samples sequences of --seq-len tokens (`sequences.DataSource`), one forward pass per
 sequence with attention probed (`tapecli.model.attention.probe`): every layer's exact attention weights reach a
 `Recorder` one chunk of queries at a time, whatever path the PE takes (the probe path for plain, bias and TAPE
-attention; CoPE's and PaTH's own chunked paths), so no [T, T] map is ever held for a long sequence. From them:
+attention, FoX's widened heads and MapWM's rotated ones, a sliding-window layer's band; CoPE's and PaTH's own chunked
+paths), so no [T, T] map is ever held for a long sequence. A model with a layer that does not report its weights
+(stick-breaking, a plugin's `OwnAttention` without `reports_weights`) is refused in one line before any model is
+opened (`check_probing`). From them:
 
 - the statistics of `stats.py` per layer and head (distance histogram, mean distance, entropy and its growth with
   the context, mass on the first --sink tokens, mass within the last --window tokens), summed over sequences;
@@ -26,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tapecli.errors import TapeError
-from tapecli.eval.protocol import Evaluation, Opening, source_of
+from tapecli.eval.protocol import Candidate, Evaluation, Opening, source_of
 from tapecli.experiments.analyze.pictures import PICTURES, Picture, finish
 from tapecli.experiments.analyze.sequences import DataSource, OverSequences, Sequence
 from tapecli.experiments.analyze.stats import AttentionStats, bin_labels, merge
@@ -86,15 +89,70 @@ class Recorder:
                 **({"maps": self.maps.round(decimals=MAP_DIGITS).tolist()} if self.maps is not None else {})}
 
 
-def record(model: Any, ids: Any, seq_len: int, sink: int, window: int, maps: bool) -> dict[str, Any]:
-    """One probed forward of ids [T] (no gradients): the row of `Recorder`."""
+def record(model: Any, ids: Any, seq_len: int, sink: int, window: int, maps: bool, name: str = "") -> dict[str, Any]:
+    """One probed forward of ids [T] (no gradients): the row of `Recorder`; a layer that cannot report its weights
+    is a TapeError naming model `name` and the layer (`refusal`)."""
     import torch
+
+    from tapecli.model.attention.probe import NotReported
 
     recorder = Recorder(model, seq_len, sink, window, maps)
     device = next(model.parameters()).device
-    with recorder.attached(model), torch.inference_mode():
-        model.run(ids[None].to(device))
+    try:
+        with recorder.attached(model), torch.inference_mode():
+            model.run(ids[None].to(device))
+    except NotReported:
+        raise refusal(name, model.config, recorder.layer) from None
     return recorder.row()
+
+
+def refusal(model: str, config: Any, layer: int) -> TapeError:
+    """The one line for a model whose layer `layer` computes its own attention without reporting its weights."""
+    spec = config.layers()[layer]
+    return TapeError(f"--model {model}: layer {layer}'s PE {spec.pe!r} computes its own attention and does not "
+                     "report its weights, so `tape analyze attention` cannot probe it; analyze it with `tape analyze "
+                     "position-loss`, or (a plugin) set OwnAttention(reports_weights=True) and call "
+                     "tapecli.pe.report_weights from its attention")
+
+
+def check_probing(model: str, config: Any) -> None:
+    """Refuse in one line (`refusal`), before any model is opened, a model with a layer that cannot report its
+    attention weights: a miniature of it (the same PEs, layer schedule, windows and head width; one head, a narrow
+    residual stream, random weights: a few MB on the CPU) runs a probed forward of 2 tokens. A configuration the
+    miniature cannot mirror (a PE that needs its real shapes) is left to the real forward, which refuses the same
+    way (`record`)."""
+    import torch
+
+    from tapecli.model import ModelConfig, Transformer
+    from tapecli.model.attention import probe
+
+    data = config.to_dict()
+    small = {"n_heads": 1, "n_kv_heads": 1, "head_dim": config.head_dim, "dim": config.head_dim, "ffn_dim": 8}
+    if not data.get("abacus"):
+        small["vocab_size"] = min(config.vocab_size, 16)
+    try:
+        with torch.device("cpu"):
+            mini = Transformer(ModelConfig.from_dict({**data, **small})).eval()
+    except Exception:  # noqa: BLE001 - a PE that wants the real shapes: the real forward decides
+        return
+    layer = [0]
+
+    def enter(k: int):
+        def hook(module, args):
+            layer[0] = k
+        return hook
+
+    handles = [block.register_forward_pre_hook(enter(k)) for k, block in enumerate(mini.model.layers)]
+    try:
+        with probe.probing(lambda chunk: None), torch.inference_mode():
+            mini.run(torch.zeros(1, 2, dtype=torch.long))
+    except probe.NotReported:
+        raise refusal(model, config, layer[0]) from None
+    except Exception:  # noqa: BLE001 - the miniature does not mirror this model: the real forward decides
+        return
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @dataclass
@@ -122,6 +180,9 @@ class AttentionAnalysis(OverSequences, Evaluation):
         if self.maps_max < 0:
             raise TapeError(f"--maps-max must be 0 (no maps) or more, got {self.maps_max}")
 
+    def check_model(self, model: Candidate, opening: Opening, batch_size: int) -> None:
+        check_probing(model.spec, model.config)
+
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         return {"task": "attention", "models": [source_of(m)[1] for m in models], **self.source.describe(),
                 "sink": self.sink, "window": self.window, "maps": self.source.seq_len <= self.maps_max,
@@ -130,7 +191,7 @@ class AttentionAnalysis(OverSequences, Evaluation):
     def evaluate(self, opened: OpenedModel, units: list[int]) -> list[dict[str, Any]]:
         T = self.source.seq_len
         return [{"sequence": i, **record(opened.model, self.sequences[i].ids, T, self.sink, self.window,
-                                         maps=i == 0 and T <= self.maps_max)}
+                                         maps=i == 0 and T <= self.maps_max, name=opened.spec)}
                 for i in units]
 
     def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -31,7 +31,8 @@ paths visit only the keys inside it (time and memory T x W):
                 (flex.py)
   dense         a materialised [Tq, Tk] mask: decoding steps (Tq = 1), non-causal models, the reference
   probe         while `probe.probing(observer)` is active (`tape analyze attention`): the weights formed one chunk
-                of queries at a time, reported to the observer, then multiplied with the values (probe.py)
+                of queries at a time (a window's band: keys outside it weigh 0), reported to the observer, then
+                multiplied with the values (probe.py)
   (own)         CoPE and PaTH compute attention themselves and name their own paths (their files); they get the
                 window as part of their mask and the temperature as an option (`OwnAttention`); while probing
                 they report their own weights (`OwnAttention.reports_weights`)
@@ -137,8 +138,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, need: Need, *, x: Tensor, q_pos: Ten
         names.append(name)
     if isinstance(need, OwnAttention):
         if not need.reports_weights and probe.active():
-            raise ValueError("attention probing: this PE computes its own attention and does not report its weights "
-                             "(OwnAttention.reports_weights)")
+            raise probe.NotReported("attention probing: this PE computes its own attention and does not report its "
+                                    "weights (OwnAttention.reports_weights)")
         mask, is_causal = dense_mask(None, key_mask, Tq, Tk, q.dtype, q.device, causal, window, q_pos, k_pos)
         options = {"temperature": temperature} if temperature != 1.0 else {}
         options |= {"window": window} if window is not None else {}
@@ -163,9 +164,7 @@ def _attend_path(name: str, q: Tensor, k: Tensor, v: Tensor, need: Need, q_pos: 
         return flex_path.flex(q, k, v, bias, q_pos, k_pos, key_mask, scale, window, 1 / temperature, consecutive)
     bias = None if bias is None else bias.times(1 / temperature)
     if name == "probe":
-        if window is not None:
-            raise ValueError("attention probing: sliding-window layers do not report their weights yet")
-        return probe.probed_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale, causal)
+        return probe.probed_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale, causal, window)
     if name == "chunked":
         return widened(chunked_path.chunked_attention, q, k, v, need, bias, q_pos, k_pos, key_mask, scale, window)
     pairs = None if bias is None else bias.pairs(q_pos, k_pos)

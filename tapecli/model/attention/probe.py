@@ -15,7 +15,9 @@ so memory stays linear in T:
   `recompute.rows_for` queries (a few MiB of weights each). Causal models only.
 - an `OwnAttention` PE (CoPE, PaTH) computes its own weights; it reports them itself, from inside the chunked path
   it takes, with `report(weights, first, **extras)` just before multiplying them with the values, and says that it
-  does by `OwnAttention.reports_weights` (needs.py). Probing a PE that does not report is an error.
+  does by `OwnAttention.reports_weights` (needs.py). Probing a PE that does not report is an error (`NotReported`).
+- a sliding-window layer (`model.window`, a schedule's local layers, Mistral's) reports its band: the keys outside
+  its window hold 0, exactly as its attention weighs them.
 
 A `WeightsChunk` holds `weights` [B, H, C, K] (fp32 at least; row r is the query whose own key index is
 `first + r`; columns are keys 0..K-1, those a query cannot see hold 0) and `extras`: PE-specific [B, H, C, K]
@@ -37,6 +39,10 @@ from torch import Tensor
 from tapecli.model.attention.chunked import ChunkMasks, consecutive
 from tapecli.model.attention.needs import ScoreBias
 from tapecli.model.attention.recompute import rows_for
+
+
+class NotReported(ValueError):
+    """Probing reached a layer whose PE computes its own attention and does not report its weights."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +83,10 @@ def report(weights: Tensor, first: int, **extras: Tensor) -> None:
 
 
 def probed_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor, k_pos: Tensor,
-                     key_mask: Tensor | None, scale: float, causal: bool) -> Tensor:
-    """softmax(q k^T scale + bias) v, one chunk of queries at a time, reporting each chunk's weights.
+                     key_mask: Tensor | None, scale: float, causal: bool, window: int | None = None) -> Tensor:
+    """softmax(q k^T scale + bias) v, one chunk of queries at a time, reporting each chunk's weights; with a
+    `window` W a query sees only keys less than W positions back (a sliding-window layer: its weights are a band,
+    the keys outside it reported as 0).
 
     q [B, H, Tq, d] are the last Tq of Tk keys; k, v [B, G, Tk, d | dv] (G divides H); positions [B|1, Tq] and
     [B|1, Tk]; `key_mask` [B, Tk] False for padding. Returns [B, H, Tq, dv] in v's dtype; computed in fp32 at
@@ -96,7 +104,7 @@ def probed_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_
     table = None
     if bias is not None and bias.table is not None and key_mask is None and consecutive(q_pos, k_pos):
         table = bias.table(Tk)
-    masks = ChunkMasks(bias, table, q_pos, k_pos, key_mask, Tq, Tk, rows, compute)
+    masks = ChunkMasks(bias, table, q_pos, k_pos, key_mask, Tq, Tk, rows, compute, window)
     outputs = []
     for i0 in reversed(range(0, Tq, rows)):  # the widest chunk first: later ones reuse its memory (recompute.py)
         i1 = min(i0 + rows, Tq)

@@ -60,8 +60,9 @@ def check_length_scale(kind: Any, args: Any, max_seq_len: int, key: str) -> dict
     resolved = {**allowed, **args}
     if kind == "log" and resolved["length"] is None:
         resolved["length"] = max_seq_len
-    rules = {"floor_scale": (lambda v: v > 0, "> 0"), "attn_scale": (math.isfinite, "(finite)"),
-             "length": (lambda v: v >= 2, ">= 2")}
+    rules = {"floor_scale": (lambda v: v > 0 and math.isfinite(v), "> 0 (finite)"),
+             "attn_scale": (lambda v: v >= 0 and math.isfinite(v), ">= 0 (finite)"),
+             "length": (lambda v: v >= 2 and math.isfinite(v), ">= 2 (finite)")}
     for name, value in resolved.items():
         ok, what = rules[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):

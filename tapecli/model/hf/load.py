@@ -32,6 +32,7 @@ note on stderr), and refused when it names no model_type tape imports.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -177,7 +178,23 @@ def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
             max_seq_len=hf["max_position_embeddings"], norm_eps=norm_eps,
             tie_embeddings=bool(hf.get("tie_word_embeddings", False)), init_std=init_std, **layers)
     except ValueError as e:
-        raise TapeError(f"{where}: {e}") from None
+        raise TapeError(f"{where}: {hf_key_names(str(e))}") from None
+
+
+# tape's RoPE pe_args as config.json names them (`_pe_args` reads each from the rope parameters)
+_HF_NAMES = {"theta": "rope_theta", "factor": "factor", "original_max_len": "original_max_position_embeddings",
+             "beta_fast": "beta_fast", "beta_slow": "beta_slow", "attention_factor": "attention_factor",
+             "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
+             "partial_rotary_factor": "partial_rotary_factor"}
+
+
+def hf_key_names(message: str) -> str:
+    """A message about `model.pe_args.KEY` naming the config.json key it came from (`rope_parameters.rope_theta`)."""
+    def name(match: re.Match) -> str:
+        key = match.group(1)
+        return f"rope_parameters.{_HF_NAMES[key]}" if key in _HF_NAMES else match.group(0)
+
+    return re.sub(r"model\.(?:schedule\.kinds\.\w+\.)?pe_args\.(\w+)", name, message)  # a hybrid's kinds too
 
 
 # ---------------------------------------------------------------------------------------------------------------

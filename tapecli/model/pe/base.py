@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -217,8 +218,12 @@ def plain_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, sc
     """Exact causal softmax(q.k * scale) v for an `OwnAttention` PE whose logits fit in q.k (FoX widens its heads by
     one column): queries q [B, H, Tq, d] are the last Tq of the keys k, v [B, H, Tk, e]; `key_mask` [B, Tk] hides
     padding (a padded query still sees itself). SDPA's fused causal kernel for a whole unpadded sequence, else the
-    chunked path (linear memory on the CPU)."""
+    chunked path (linear memory on the CPU). While attention is probed, the weights are formed and reported a
+    chunk of queries at a time (`probe.probed_attention`), so such a PE reports its weights through this call."""
     Tq, Tk = q.shape[2], k.shape[2]
+    if probe.active():
+        positions = torch.arange(Tk, device=q.device)[None]
+        return probe.probed_attention(q, k, v, None, positions[:, Tk - Tq:], positions, key_mask, scale, True)
     if key_mask is None and Tq == Tk:
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     positions = torch.arange(Tk, device=q.device)[None]  # only which keys are consecutive: there is no bias
@@ -260,6 +265,15 @@ def check_positive_int(key: str, value: object) -> None:
         raise ValueError(f"model.pe_args.{key}: must be a positive integer, got {value!r}")
 
 
+def check_range(key: str, value: float, low: float, *, inclusive: bool = False, what: str = "") -> None:
+    """A number in pe_args above `low` (or at least it, `inclusive`), and finite: ValueError naming the key, the
+    value and the range (`what` says what the key is, for the message)."""
+    ok = value >= low if inclusive else value > low
+    if not (ok and math.isfinite(value)):
+        sign = ">=" if inclusive else ">"
+        raise ValueError(f"model.pe_args.{key}: must be a finite number {sign} {low:g}{what}, got {value!r}")
+
+
 def pe_arguments(cls: type) -> dict[str, inspect.Parameter]:
     """The `pe_args` a PE class accepts: the keyword-only parameters of `__init__` of the class and its parents."""
     allowed: dict[str, inspect.Parameter] = {}
@@ -292,12 +306,14 @@ def check_pe_args(cls: type, name: str, pe_args: dict) -> dict:
         elif isinstance(default, (int, float)) and not isinstance(default, bool) and value is not None:
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise ValueError(f"model.pe_args.{key}: expected a number, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):  # nan and inf: no PE means anything by them
+            raise ValueError(f"model.pe_args.{key}: must be a finite number, got {value!r}")
         checked[key] = value
     return checked
 
 
 __all__ = ["CLAIMS", "LayerCache", "LayerPE", "Need", "OwnAttention", "PositionState", "PositionalEncoding",
            "ScoreBias", "ScoreMod", "WideValue", "apply_rotary", "by_query_chunks", "check_pe_args",
-           "check_positive_int", "default_positions", "encoded_attention", "flex_attention", "forced_path",
-           "kernels_available", "pe_arguments", "plain_attention", "probing_active", "report_weights",
+           "check_positive_int", "check_range", "default_positions", "encoded_attention", "flex_attention",
+           "forced_path", "kernels_available", "pe_arguments", "plain_attention", "probing_active", "report_weights",
            "rows_for"]

@@ -19,6 +19,7 @@ from tapecli.model.pe.base import (
     ScoreBias,
     ScoreMod,
     check_positive_int,
+    check_range,
 )
 
 EPS = 1e-6
@@ -139,6 +140,8 @@ class FIRE(PositionalEncoding):
     def __init__(self, config, *, hidden: int = 32, init_c: float = 0.1, threshold: float = 512.0) -> None:
         super().__init__(config)
         check_positive_int("hidden", hidden)
+        check_range("init_c", init_c, 0, what=" (c in log(c x + 1))")
+        check_range("threshold", threshold, 0)
         self.hidden, self.init_c, self.threshold = hidden, init_c, threshold
 
     def make_layer(self, layer_idx: int) -> LayerPE:

@@ -57,8 +57,10 @@ from tapecli.model.pe.base import (
     PositionalEncoding,
     PositionState,
     apply_rotary,
+    check_range,
     forced_path,
     kernels_available,
+    probing_active,
 )
 from tapecli.model.pe.fox_ops import fla_forgetting_attention, forgetting_attention
 from tapecli.model.pe.rope import RoPE
@@ -96,13 +98,17 @@ class FoXLayer(LayerPE):
                 nn.init.ones_(norm)
 
     def need(self, state: PositionState, average_state: bool) -> OwnAttention:
-        return OwnAttention(attend=functools.partial(self.attend, rotary=state.rotary), plan=self.plan)
+        return OwnAttention(attend=functools.partial(self.attend, rotary=state.rotary), plan=self.plan,
+                            reports_weights=True)
 
     def plan(self, device_type: str, dtype: torch.dtype, q_len: int, k_len: int, grad: bool, cached: bool,
              padded: bool = False) -> str:
         """The path of `fox_ops.forgetting_attention`: fox-dense (one query, or attention.forced("dense")), fla (CUDA,
         fp16/bf16, no past, no padding, fla installed), fox-flex (CUDA), fox-flash (the CPU's flash kernels on
-        widened heads)."""
+        widened heads); fox-probe while attention is probed (`tape analyze attention`: the widened heads' weights,
+        which are FoX's, formed and reported a chunk of queries at a time)."""
+        if probing_active():
+            return "fox-probe"
         if forced_path() == "dense" or q_len == 1:
             return "fox-dense"
         if device_type == "cuda":
@@ -201,6 +207,7 @@ class FoX(PositionalEncoding):
                              "causal attention")
         if kernel not in KERNELS:
             raise ValueError(f"model.pe_args.kernel: unknown value {kernel!r}; allowed: {', '.join(KERNELS)}")
+        check_range("theta", theta, 1, what=" (the base wavelength of its RoPE)")
         self.rotary = RoPE(config, theta=theta) if rope else None
         self.layer_args = dict(dim=config.dim, n_heads=config.n_heads, n_kv_heads=config.n_kv_heads,
                                head_dim=config.head_dim, norm_eps=config.norm_eps, rope=rope,

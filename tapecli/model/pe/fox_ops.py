@@ -16,6 +16,8 @@ The paths (`path`, chosen by `FoXLayer.plan`):
   fla          CUDA, half precision, no past, no padding, flash-linear-attention installed: fla's fused
                `parallel_forgetting_attn`
   fox-dense    one query (a decoding step), attention.forced("dense") (the reference): every logit materialised
+  fox-probe    while attention is probed: the widened heads through `plain_attention`, which forms and reports
+               the weights a chunk of queries at a time
 
 Widened heads. Softmax over j is unchanged by a constant per row, so c_i can be dropped and the bias is -c_j, a
 function of the key alone, which is one more head dimension:

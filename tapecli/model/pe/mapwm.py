@@ -69,7 +69,8 @@ class MapWMLayer(LayerPE):
             self.log_freq.copy_((exponents * math.log(self.freq_base)).expand(self.n_kv_heads, -1))
 
     def need(self, state: PositionState, average_state: bool) -> OwnAttention:
-        return OwnAttention(attend=self.attend, plan=self.plan)
+        # Its attention is tape's own (`encoded_attention`), which reports the weights while they are probed.
+        return OwnAttention(attend=self.attend, plan=self.plan, reports_weights=True)
 
     def plan(self, device_type: str, dtype: torch.dtype, q_len: int, k_len: int, grad: bool, cached: bool) -> str:
         """mapwm: the angles and the rotation; the attention path after it is recorded on its own."""

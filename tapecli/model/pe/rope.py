@@ -41,7 +41,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, apply_rotary
+from tapecli.model.pe.base import (
+    LayerPE,
+    PositionalEncoding,
+    PositionState,
+    apply_rotary,
+    check_positive_int,
+    check_range,
+)
 
 SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3")
 FOPE_SEED = 123  # FoPE's coefficients come from this generator seed (as in xtuner's FoPE): a function of the config
@@ -154,6 +161,17 @@ class RoPE(PositionalEncoding):
             raise ValueError(f"model.pe_args.scaling: unknown RoPE scaling {scaling!r}; allowed: {', '.join(SCALINGS)}")
         if scaling != "none" and factor < 1:
             raise ValueError(f"model.pe_args.factor: must be >= 1 for scaling {scaling!r}, got {factor}")
+        check_range("theta", theta, 1, what=" (the base wavelength: 10000 in Llama 2, 500000 in Llama 3)")
+        check_range("factor", factor, 0)
+        if original_max_len is not None:
+            check_positive_int("original_max_len", original_max_len)
+        for key, value in (("beta_fast", beta_fast), ("beta_slow", beta_slow), ("low_freq_factor", low_freq_factor),
+                           ("high_freq_factor", high_freq_factor), ("attention_factor", attention_factor)):
+            if value is not None:
+                check_range(key, value, 0)
+        if scaling == "llama3" and not high_freq_factor > low_freq_factor:
+            raise ValueError(f"model.pe_args.high_freq_factor: must be > low_freq_factor ({low_freq_factor}) for "
+                             f"scaling 'llama3', got {high_freq_factor}")
         self.theta, self.scaling, self.factor = theta, scaling, factor
         self.original_max_len = original_max_len or config.max_seq_len
         self.check_frequency_options(frequency_fraction, hope, fope, fope_sigma, partial_rotary_factor)
@@ -209,8 +227,7 @@ class RoPE(PositionalEncoding):
         if not 0 < partial <= 1 or int(self.config.head_dim * partial) < 2:
             raise ValueError(f"model.pe_args.partial_rotary_factor: must be in (0, 1] and rotate at least one pair "
                              f"of the head's {self.config.head_dim} dims, got {partial}")
-        if sigma < 0:
-            raise ValueError(f"model.pe_args.fope_sigma: must be >= 0, got {sigma}")
+        check_range("fope_sigma", sigma, 0, inclusive=True)
         if (fope or partial < 1) and not self.rotary_layouts:
             key = "fope" if fope else "partial_rotary_factor"
             raise ValueError(f"model.pe_args.{key}: changes the rotary state's layout, which pe "

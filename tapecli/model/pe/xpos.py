@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tapecli.model.pe.base import LayerPE, PositionState, apply_rotary
+from tapecli.model.pe.base import LayerPE, PositionState, apply_rotary, check_range
 from tapecli.model.pe.rope import RoPE
 
 
@@ -27,6 +27,7 @@ class XPos(RoPE):
 
     def __init__(self, config, *, scale_base: float = 2048.0, **rope_args) -> None:
         super().__init__(config, **rope_args)
+        check_range("scale_base", scale_base, 0)
         half = config.head_dim // 2
         zeta = (torch.arange(0, half, dtype=torch.float32) * 2 + 0.4 * config.head_dim) / (1.4 * config.head_dim)
         self.zeta = zeta  # plain fp32 tensor, like RoPE's frequencies

@@ -18,11 +18,13 @@ the number behind it). `CHECKS` lists them in the order they run; `tape doctor` 
   compile            (--compile) a torch.compile'd training step equals the eager one
   shift-invariance, rotation-equivariance   only when the PE declares them (`PositionalEncoding.claims`)
 
-A check that raises fails with the error's first line: a kit that reports, not a traceback.
+A check that raises fails with the error's first line: a kit that reports, not a traceback. A comparison with a NaN
+or an infinity on either side fails (its difference counts as infinite).
 """
 
 from __future__ import annotations
 
+import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +49,10 @@ class Outcome:
 
 
 def _max_abs(a: Tensor, b: Tensor) -> float:
+    """max |a - b|; inf when either side holds a NaN or an infinity, so no check compares non-finite values as
+    equal (NaN - NaN is NaN, and Python's max() and <= would let a NaN through)."""
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return math.inf
     return (a.double() - b.double()).abs().max().item()
 
 
@@ -101,7 +107,8 @@ def chunked_prefill(subject: Subject) -> Outcome:
 
 
 def _relative(got: Tensor, want: Tensor, floor: float = 0.0) -> float:
-    return _max_abs(got, want) / max(want.abs().max().item(), floor, 1e-30)
+    diff = _max_abs(got, want)
+    return diff if math.isinf(diff) else diff / max(want.abs().max().item(), floor, 1e-30)
 
 
 def dense(subject: Subject) -> Outcome:
