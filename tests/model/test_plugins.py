@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from plugin_helpers import MODULE, NAME, PACKAGE, VERSION, write_plugin
+from plugin_helpers import MODULE, NAME, PACKAGE, VERSION, install_plugin, write_plugin
 
 from tapecli import trust
 from tapecli.model import PE_NAMES, ModelConfig, Transformer
@@ -112,6 +112,7 @@ def test_an_installed_plugin_is_a_name_and_a_missing_one_names_its_package(plugi
     ("LearnedALiBi = 3\n", "is 3, not a subclass of tapecli.pe.PositionalEncoding"),
     ("x = 1\n", "defines no LearnedALiBi"),
     ("raise RuntimeError('no GPU here')\n", "failed: RuntimeError: no GPU here"),
+    ("import sys\nsys.exit(3)\n", "failed: SystemExit: 3"),  # would end tape silently
 ])
 def test_bad_plugin_code_is_one_line(tmp_path, source, error):
     path = tmp_path / "bad.py"
@@ -170,3 +171,46 @@ def test_built_in_pes_use_only_the_public_api():
                 if name.startswith("tapecli"):
                     assert name in siblings - {"tapecli.model.pe.registry", "tapecli.model.pe.plugins"}, \
                         f"{path.name} imports {name}"
+
+
+def test_a_module_plugin_scans_the_installed_distributions_once_not_at_each_resolution(tmp_path, monkeypatch):
+    """Each scan of the installed distributions' metadata takes about half a second; `tape pe check` resolves a PE
+    89 times. A module resolves with at most twice the file form's scans (which is none): once per process."""
+    import importlib.metadata
+
+    from tapecli.model.pe import plugins
+
+    package = tmp_path / "scanpes"
+    write_plugin(package, "slopes.py")
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    file = write_plugin(tmp_path / "file")
+    scans = []
+    real = importlib.metadata.distributions
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda *a, **k: scans.append(1) or real(*a, **k))
+    plugins._distributions_of.cache_clear()
+    counted = {}
+    try:
+        for value in (f"{file}:LearnedALiBi", "scanpes.slopes:LearnedALiBi"):
+            trust.allow(value)
+            scans.clear()
+            for _ in range(5):
+                Transformer(ModelConfig(**SIZE, pe=value))
+            counted[value] = len(scans)
+    finally:
+        for name in ("scanpes", "scanpes.slopes"):
+            sys.modules.pop(name, None)
+    file_scans, module_scans = counted.values()
+    assert file_scans == 0 and module_scans <= max(1, 2 * file_scans), counted
+
+
+def test_two_distributions_declaring_one_plugin_name_are_refused_naming_both(plugin_site, tmp_path, monkeypatch):
+    other = install_plugin(tmp_path, package="other-alibi")
+    monkeypatch.syspath_prepend(str(plugin_site))
+    monkeypatch.syspath_prepend(str(other))
+    with pytest.raises(ValueError) as clash:
+        resolve_pe(NAME)
+    assert str(clash.value) == (f"model.pe: 2 installed distributions declare the plugin name '{NAME}': "
+                                f"other-alibi {VERSION} ({MODULE}:LearnedALiBi) and {PACKAGE} {VERSION} "
+                                f"({MODULE}:LearnedALiBi); uninstall all but one (pip uninstall NAME)")
+    assert MODULE not in sys.modules  # refused before either was imported
