@@ -6,6 +6,8 @@ out of its range, not a number, missing). Errors the OS or a library raises for 
 unreadable file, a full disk, a corrupt checkpoint, an out-of-memory GPU -- become one line too. Anything else is
 a bug and keeps its traceback. `tape --debug ...` or `TAPE_DEBUG=1` shows the traceback of every error.
 
+A closed stdout (`tape ... | head`) ends the command quietly with exit code 1 (no "broken pipe" line).
+
 A stop request is one line too: Ctrl-C (SIGINT) or SIGTERM ends any command with `stopped: ...` and exit code
 128 + the signal (130, 143). Inside the boundary SIGTERM raises `Terminated` where Python would otherwise die
 silently; training loops install their own handler (`tapecli.train.preemption.StopSignal`: save a checkpoint
@@ -139,6 +141,9 @@ def boundary() -> Iterator[None]:
         name = "Ctrl-C (SIGINT)" if number == signal.SIGINT else "SIGTERM"
         typer.secho(f"\nstopped: {STOP_MESSAGE.format(name=name)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(128 + number) from None
+    except BrokenPipeError:  # the reader of stdout went away (`tape ... | head`): exit quietly, as Unix tools do
+        _quiet_stdout()
+        raise typer.Exit(1) from None
     except Exception as e:
         if _debug or os.environ.get("TAPE_DEBUG", "") not in ("", "0"):
             raise
@@ -150,6 +155,18 @@ def boundary() -> Iterator[None]:
         raise typer.Exit(code) from None
     finally:  # in one process running several commands (tests, a notebook), the next one starts afresh
         _single_run = _finished = False
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what is left in its buffer does not raise (and
+    print) the broken pipe again at exit."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test runner's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def explain(e: BaseException) -> tuple[str, int, str] | None:

@@ -26,7 +26,7 @@ def export(
     """
     import torch
 
-    from tapecli.model.hf_export import export_hf
+    from tapecli.model.hf_export import check_exportable, export_hf
     from tapecli.store.claim import claim
     from tapecli.store.door import open_model
 
@@ -37,7 +37,8 @@ def export(
     with claim(out, beside=True):  # --out must stay empty until it is renamed into place: the claim sits beside it
         wrote_tokenizer = export_hf(model, tokenizer, out, dtype=getattr(torch, dtype))
     note = "" if wrote_tokenizer else f" (no tokenizer: the {tokenizer.kind} tokenizer has no Hugging Face form)"
-    typer.echo(f"wrote a Hugging Face Llama to {out}{note}")
+    arch = check_exportable(model)[0]  # the family it was written as: Llama, Mistral, Qwen2, Qwen3, SmolLM3
+    typer.echo(f"wrote a Hugging Face {arch.removesuffix('ForCausalLM')} ({arch}) to {out}{note}")
 
 
 

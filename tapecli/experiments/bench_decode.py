@@ -90,7 +90,7 @@ def run_decode_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, prom
                      out: Path | None = None, window: int | None = None, hybrids: tuple[str, ...] = ()) -> dict:
     dev = resolve_device(device)
     console = Console()
-    variants = bench_variants(pes, tape_paths, window, hybrids)
+    variants = bench_variants(pes, tape_paths, window, hybrids, n_layers)
     vocab = 1024
     prompt = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(0)).to(dev)
     models, failures = {}, {}
