@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from tapecli import commas
 from tapecli.cli.eval import (
     DEVICE_OPTION,
     DTYPE_OPTION,
@@ -27,7 +28,7 @@ def _lengths(text: str, option: str = "--lengths") -> list[int]:
     """`"0,1k,2k,4096"` -> [0, 1024, 2048, 4096] (k = 1024 tokens); one line naming the option when malformed or
     negative."""
     out = []
-    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+    for part in (p.lower() for p in commas.split(text, option)):
         try:
             out.append(int(part[:-1]) * 1024 if part.endswith("k") else int(part))
         except ValueError:
@@ -38,7 +39,7 @@ def _lengths(text: str, option: str = "--lengths") -> list[int]:
 
 
 def _base_lengths(text: str | None) -> list[int] | None:
-    return _lengths(text, "--base-lengths") if text else None
+    return _lengths(text, "--base-lengths") if text is not None else None
 
 
 THRESHOLD_OPTION = number(85.6, "--threshold", min=0, max=100, help="Effective length: the longest length up to "
@@ -143,7 +144,7 @@ def eval_babilong(
 
     depth_list = (None if depths is None else "any" if depths.strip().lower() == "any"
                   else numbers(depths, "--depths", float, min=0, max=1))
-    evaluation = Babilong(tasks, _lengths(lengths) if lengths else None, depth_list, samples, seed, prompt, haystack,
+    evaluation = Babilong(tasks, _lengths(lengths) if lengths is not None else None, depth_list, samples, seed, prompt, haystack,
                           data, depth_window, threshold, _base_lengths(base_lengths))
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)
 

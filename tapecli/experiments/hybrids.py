@@ -45,8 +45,10 @@ def _layout(name: str, window: int) -> dict[str, Any]:
 
 
 def parse_hybrids(text: str) -> list[str]:
-    """--hybrid: comma-separated layout names (checked)."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
+    """--hybrid: comma-separated layout names (checked; none when `text` is empty; no empty or repeated entry)."""
+    from tapecli import commas
+
+    names = commas.split(text, "--hybrid") if text.strip() else []
     for name in names:
         if name not in HYBRIDS:
             raise TapeError(f"--hybrid: unknown layout {name!r}; allowed: {', '.join(HYBRIDS)}")

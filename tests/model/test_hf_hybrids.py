@@ -190,7 +190,7 @@ def test_tape_model_with_a_schedule_exports_as_smollm3(tmp_path):
 
     save_model(model, ByteTokenizer(), tmp_path / "ckpt")
     result = CliRunner().invoke(app, ["export", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")])
-    assert result.exit_code == 0 and "wrote a Hugging Face SmolLM3 (SmolLM3ForCausalLM) to" in result.output  # the family
+    assert result.exit_code == 0 and "wrote a Hugging Face SmolLM3 (SmolLM3ForCausalLM) to" in result.output
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert type(hf).__name__ == "SmolLM3ForCausalLM"
     assert hf.config.no_rope_layers == [1, 1, 1, 0] and hf.config.sliding_window == 5

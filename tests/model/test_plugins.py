@@ -144,8 +144,9 @@ def test_a_plugin_pe_trains_like_a_built_in(tmp_path):
 def test_allow_named_takes_model_pe_overrides_and_pe_list_items_only(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     trust.allow_named(["model.pe='a.py:A'", "train.lr=1e-3", "rope", "pkg.mod:B", "model.pe_args.x=c.py:C",
-                       "rope:hope=true", "d.py:D:init=0.5"])
-    assert trust.allowed_files() == [tmp_path / "a.py", tmp_path / "d.py"]
+                       "rope:hope=true", "d.py:D:init=0.5", "model.schedule.kinds.global.pe=e.py:E",
+                       "model.schedule.kinds.g.pe_args.x=f.py:F"])
+    assert trust.allowed_files() == [tmp_path / "a.py", tmp_path / "d.py", tmp_path / "e.py"]  # a layer's PE too
     assert trust.is_allowed_module("pkg.mod") and not trust.is_allowed_file(tmp_path / "c.py")
     assert not trust.is_allowed_module("rope")  # name:key=value is a --pe spec's pe_args, not code
 
