@@ -137,6 +137,10 @@ def demo(
     seeds = tuple(seed)
     # One directory per setting, so a re-run reuses finished work and never mixes settings.
     suffix = "" if seeds == (0,) else f"-seed{','.join(map(str, seeds))}"
+    if out is not None:
+        from tapecli.store.run import check_output
+
+        check_output(out)  # not a run directory or its checkpoints: the demo trains its runs inside OUT
     if task != "addition":
         from tapecli.experiments.demo_synthetic import BUDGETS, run_synthetic_demo
 

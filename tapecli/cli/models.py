@@ -29,7 +29,9 @@ def export(
     from tapecli.model.hf_export import check_exportable, export_hf
     from tapecli.store.claim import claim
     from tapecli.store.door import open_model
+    from tapecli.store.run import check_output
 
+    check_output(out)
     if dtype not in ("float32", "bfloat16"):
         raise TapeError(f"--dtype: expected float32 or bfloat16, got {dtype!r}")
     opened = open_model(checkpoint, device="cpu", dtype="fp32", what="--checkpoint")
@@ -59,7 +61,9 @@ def tokenizer_train(
     Example: `tape tokenizer train --data corpus/ --vocab-size 8000 --out tok.model`.
     """
     from tapecli.data.tokenizer import train_tokenizer
+    from tapecli.store.run import check_output
 
+    check_output(out, file=True)  # not inside a run's checkpoints
     path = train_tokenizer(data, vocab_size, str(out), text_field=text_field)
     typer.echo(f"wrote {path}")
 

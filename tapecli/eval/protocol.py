@@ -63,11 +63,10 @@ from typing import Any, ClassVar
 
 from tapecli.errors import TapeError
 from tapecli.eval.common import RESULTS_FILE, SAMPLES_FILE, SamplesLog, progress_bar
-from tapecli.faults import check_output_dir
 from tapecli.files import write_atomic, write_json
 from tapecli.store.claim import claim
 from tapecli.store.door import OpenedModel, find_source, open_model
-from tapecli.store.run import eval_dir
+from tapecli.store.run import check_output, eval_dir
 
 COMPARISON_FILE = "comparison.json"
 
@@ -202,7 +201,7 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
         raise TapeError("--model: pass at least one model")
     _check_batch_size(batch_size)
     if out is not None:
-        check_output_dir(out)
+        check_output(out)
     opening = Opening(dtype, device, dict(pe_args or {}))
     evaluation.check([m for m in models if not isinstance(m, OpenedModel)])
     if evaluation.together:

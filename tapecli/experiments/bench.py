@@ -28,10 +28,11 @@ from tapecli import threads
 from tapecli.errors import TapeError
 from tapecli.experiments.bench_step import make_variant, train_step
 from tapecli.experiments.pe_specs import parse_pe_specs
-from tapecli.faults import check_output_file, failure_line, note_memory_use
+from tapecli.faults import failure_line, note_memory_use
 from tapecli.files import write_atomic
 from tapecli.model import ModelConfig, attention
 from tapecli.runtime import resolve_device
+from tapecli.store.run import check_output
 
 PRECISIONS = ("fp32", "bf16")
 
@@ -125,7 +126,7 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
               hybrids: tuple[str, ...] = ()) -> dict:
     check_options(n_layers, dim, n_heads, seq_lens, batch_size, steps, warmup, rounds, precision)
     if out is not None:
-        check_output_file(out)
+        check_output(out, file=True)
     dev = resolve_device(device)
     console = Console()
     variants = bench_variants(pes, tape_paths, window, hybrids, n_layers)

@@ -47,6 +47,7 @@ from tapecli.store.claim import claim
 from tapecli.store.run import (
     CHECKPOINTS,
     check_no_links,
+    check_output,
     removed_on_failure,
     run_entries,
     run_recipe_path,
@@ -104,6 +105,7 @@ def finetune(recipe: Recipe, checkpoint: str | Path, out: str | Path, resume: st
 
 def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str],
          init_what: str) -> Path:
+    check_output(out, run=True)  # before the claim: not a run's checkpoints folder, nor a checkpoint
     env = distributed.setup()
     try:
         with contextlib.ExitStack() as held:
@@ -129,7 +131,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
 
     The caller's recipe is left as it is: the job holds a resolved copy (`resolve_recipe`), which RUN/recipe.yaml
     records. `init_what` is the option or recipe key that gave `init_from`, for messages."""
-    faults.check_output_dir(out)
+    check_output(out, run=True)
     check_no_links(out, run_entries(out), "a run directory")
     check_loggers(recipe.train.loggers)
     precision = _check_hardware(recipe, env)

@@ -37,10 +37,9 @@ def _prepare(spec: SweepSpec, command: list[str]) -> tuple[list[Cell], dict[str,
 
 def _check_out(spec: SweepSpec) -> None:
     """DIR is new or a sweep's: checked before it is claimed, so another command's output gets no claim file."""
-    from tapecli.faults import check_output_dir
-    from tapecli.store.run import output_kind
+    from tapecli.store.run import check_output, output_kind
 
-    check_output_dir(spec.out)
+    check_output(spec.out)
     kind = output_kind(spec.out)
     if kind not in (None, "a sweep directory"):
         raise TapeError(f"--out {spec.out} is {kind}; a sweep writes its cells into a directory of its own: pass a "
