@@ -174,6 +174,9 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
         remove_temp_dirs(out / CHECKPOINTS)
         write_run_files(out, recipe.to_yaml(), t.seed, command, resume_from)
         print(startup_line(env.device))
+        if val_data is None and recipe.data.evaluation == "validation":
+            reason = recipe.data.no_validation() or f"data.kind {recipe.data.kind} has none"
+            print(f"note: no validation split, so no validation loss is logged: {reason}")
         if origin is not None:
             print(origin)
         print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "

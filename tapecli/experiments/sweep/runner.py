@@ -32,7 +32,14 @@ def _prepare(spec: SweepSpec, command: list[str]) -> tuple[list[Cell], dict[str,
                         "compares cells under one evaluation")
     for cell in cells:
         check_cell_recipe(cell, recipes[cell.name])
-    return cells, recipes, evaluation_for(kinds[0])
+    evaluation = evaluation_for(kinds[0])
+    if evaluation.name == "validation":  # judged by the validation loss: every cell needs a validation split
+        for cell in cells:
+            reason = recipes[cell.name].data.no_validation()
+            if reason:
+                raise TapeError(f"cell {cell.name}: no validation split, and a sweep over data.kind '{kinds[0]}' "
+                                f"reports the validation perplexity: {reason}")
+    return cells, recipes, evaluation
 
 
 def _check_out(spec: SweepSpec) -> None:
