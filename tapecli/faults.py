@@ -173,6 +173,10 @@ def explain(e: BaseException) -> tuple[str, int, str] | None:
     """(one-line message, exit code, prefix) for a fault, None for an exception that is a bug."""
     if isinstance(e, TapeError):
         return str(e), e.exit_code, e.prefix
+    plugins = sys.modules.get("tapecli.model.pe.plugins")  # loaded only where a model was built
+    blamed = plugins.blame(e) if plugins is not None else None
+    if blamed is not None:  # a plugin PE's own code raised it, or broke the PE API: its author's to fix
+        return blamed, 2, "error"
     if _is_usage_error(e):  # a bad command line (a value out of range, not a number, missing): one line, not a box
         ctx = getattr(e, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""

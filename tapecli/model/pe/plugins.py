@@ -36,6 +36,7 @@ from tapecli import trust
 from tapecli.model.pe.base import PositionalEncoding
 
 ENTRY_POINT_GROUP = "tapecli.pe"
+_LOADED: dict[str, tuple[str, str]] = {}  # source file of a plugin imported here -> (what it is, its model.pe value)
 
 
 def _declared() -> dict[str, list[importlib.metadata.EntryPoint]]:
@@ -92,7 +93,9 @@ def entry_point_plugin(name: str, recorded: dict | None) -> tuple[type[Positiona
         raise ValueError(f"model.pe: importing {where} failed: {_first_line(e)}") from None
     record = {"kind": "entry-point", "name": name, "object": ep.value, "package": package,
               "version": ep.dist.version if ep.dist is not None else None}
-    return _checked(obj, where), record
+    cls = _checked(obj, where)
+    _remember(sys.modules.get(cls.__module__), f"the plugin PE {where}", name)
+    return cls, record
 
 
 def missing_plugin(name: str, builtins: tuple[str, ...], recorded: dict | None) -> str:
@@ -184,6 +187,7 @@ def _from_file(path: Path, cls_name: str, value: str) -> tuple[type[PositionalEn
     if not hasattr(module, cls_name):
         raise ValueError(f"model.pe: {path} defines no {cls_name} (from {value})")
     cls = _checked(getattr(module, cls_name), f"{path}:{cls_name}")
+    _remember(module, f"the plugin PE {value}", value)
     return cls, {"kind": "file", "name": cls_name, "path": str(path), "sha256": digest}
 
 
@@ -199,6 +203,7 @@ def _from_module(value: str, module_name: str, cls_name: str, recorded: dict | N
     if not hasattr(module, cls_name):
         raise ValueError(f"model.pe: module {module_name} defines no {cls_name}")
     cls = _checked(getattr(module, cls_name), value)
+    _remember(module, f"the plugin PE {value}", value)
     top = module_name.split(".")[0]
     packages = _distributions_of(top)
     package = packages[0] if packages else None
@@ -206,6 +211,38 @@ def _from_module(value: str, module_name: str, cls_name: str, recorded: dict | N
     return cls, {"kind": "module", "name": cls_name, "module": module_name, "package": package,
                  "version": importlib.metadata.version(package) if package else None,
                  "sha256": sha256(Path(file)) if file and Path(file).is_file() else None}
+
+
+def _remember(module: Any, what: str, value: str) -> None:
+    file = getattr(module, "__file__", None)
+    if file:
+        _LOADED[str(Path(file).resolve())] = (what, value)
+
+
+def blame(e: BaseException) -> str | None:
+    """One line for an error that a plugin PE's code raised (the innermost frame of the traceback in a plugin's
+    file), or a `ContractError` of a plugin's hook (what it returned broke the PE API): it names the plugin and
+    the hook; None when no plugin is to blame (the fault boundary's other rules apply)."""
+    from tapecli.model.attention.needs import ContractError
+
+    found = None
+    tb = e.__traceback__
+    while tb is not None:
+        where = _LOADED.get(str(Path(tb.tb_frame.f_code.co_filename).resolve()))
+        if where is not None:
+            found = (where, tb.tb_frame.f_code.co_qualname)
+        tb = tb.tb_next
+    if found is None and isinstance(e, ContractError):
+        code = getattr(e.hook, "__code__", None) or getattr(getattr(e.hook, "__func__", None), "__code__", None)
+        where = _LOADED.get(str(Path(code.co_filename).resolve())) if code is not None else None
+        if where is not None:
+            return (f"{where[0]} broke the PE API: {e}; fix the plugin (`tape --debug ...` shows the traceback) "
+                    f"and check it with `tape pe check {where[1]}`")
+    if found is None:
+        return None
+    (what, value), hook = found
+    return (f"{what} failed in {hook}: {_first_line(e)}; fix the plugin (`tape --debug ...` shows the traceback) "
+            f"and check it with `tape pe check {value}`")
 
 
 def describe(record: dict[str, Any] | None) -> str:
