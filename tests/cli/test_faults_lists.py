@@ -1,7 +1,7 @@
-"""Odd command lines that used to be accepted in silence: comma-separated lists with an empty or repeated entry
-(one parser, `tapecli.commas`), an empty `--lengths`, `--allow-pe` naming a missing file or a directory, and a
-closed stdout (`tape ... | head`), which ends the command quietly. Each refusal: exit 2, one `error:` line naming the
-option, no traceback, nothing written."""
+"""Odd command lines that used to be accepted in silence or named no file: comma-separated lists with an empty or
+repeated entry (one parser, `tapecli.commas`), an empty `--lengths`, a binary `--qa-data` file, `--allow-pe` naming
+a missing file or a directory, and a closed stdout (`tape ... | head`), which ends the command quietly. Each
+refusal: exit 2, one `error:` line naming the option, no traceback, nothing written."""
 
 from __future__ import annotations
 
@@ -50,6 +50,9 @@ def nothing_allowed(monkeypatch):
     (["eval", "ruler", "-m", "RUN", "--tasks", "vt,vt"], "--tasks 'vt,vt': vt is given twice; give each value once"),
     (["eval", "synthetic", "-m", "RUN", "--splits", "test,"], f"--splits 'test,': {EMPTY}"),
     (["eval", "harness", "-m", "RUN", "--tasks", "a,,b"], f"--tasks 'a,,b': {EMPTY}"),
+    (["eval", "ruler", "-m", "RUN", "--tasks", "qa_1", "--lengths", "64", "--qa-data", "DIR/binary.json"],
+     "--qa-data DIR/binary.json: not UTF-8 text (invalid start byte at byte 1); give RULER's SQuAD or HotpotQA "
+     ".json file"),  # named no file
     (["--allow-pe", "DIR/missing.py", "pe", "list"],
      "--allow-pe DIR/missing.py: DIR/missing.py does not exist; give the plugin's Python file (FILE.py or "
      "FILE.py:CLASS) or an importable module name"),
@@ -64,9 +67,12 @@ def test_a_list_with_an_empty_or_repeated_entry_and_a_missing_allowed_file_are_o
         return text.replace("RUN", str(tmp_path / "run")).replace("OUT", str(tmp_path / "out")).replace(
             "DIR", str(tmp_path))
 
+    if "DIR/binary.json" in args:
+        (tmp_path / "binary.json").write_bytes(b"{\xff\xfe binary")
+    made = sorted(tmp_path.iterdir())
     result = runner.invoke(app, [fill(a) for a in args], prog_name="tape")
     assert one_line_error(result, 2) == "error: " + fill(line)
-    assert list(tmp_path.iterdir()) == []
+    assert sorted(tmp_path.iterdir()) == made
 
 
 def test_a_closed_stdout_ends_the_command_quietly(tmp_path: Path) -> None:
