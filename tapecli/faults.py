@@ -6,7 +6,9 @@ out of its range, not a number, missing). Errors the OS or a library raises for 
 unreadable file, a full disk, a corrupt checkpoint, an out-of-memory GPU -- become one line too. Anything else is
 a bug and keeps its traceback. `tape --debug ...` or `TAPE_DEBUG=1` shows the traceback of every error.
 
-A closed stdout (`tape ... | head`) ends the command quietly with exit code 1 (no "broken pipe" line).
+A closed stdout (`tape ... | head`) ends the command quietly with exit code 1 (no "broken pipe" line). An error that
+a plugin PE's code raised, or a plugin's result that breaks the PE API, is one line naming the plugin and its hook
+(`tapecli.model.pe.plugins.blame`).
 
 A stop request is one line too: Ctrl-C (SIGINT) or SIGTERM ends any command with `stopped: ...` and exit code
 128 + the signal (130, 143). Inside the boundary SIGTERM raises `Terminated` where Python would otherwise die
@@ -173,16 +175,16 @@ def explain(e: BaseException) -> tuple[str, int, str] | None:
     """(one-line message, exit code, prefix) for a fault, None for an exception that is a bug."""
     if isinstance(e, TapeError):
         return str(e), e.exit_code, e.prefix
-    plugins = sys.modules.get("tapecli.model.pe.plugins")  # loaded only where a model was built
-    blamed = plugins.blame(e) if plugins is not None else None
-    if blamed is not None:  # a plugin PE's own code raised it, or broke the PE API: its author's to fix
-        return blamed, 2, "error"
     if _is_usage_error(e):  # a bad command line (a value out of range, not a number, missing): one line, not a box
         ctx = getattr(e, "ctx", None)
         where = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
         return " ".join(e.format_message().split()) + where, e.exit_code, "error"
     if _is_out_of_memory(e):
         return out_of_memory_message(e), 1, "error"
+    plugins = sys.modules.get("tapecli.model.pe.plugins")  # loaded only where a model was built
+    blamed = plugins.blame(e) if plugins is not None else None
+    if blamed is not None:  # a plugin PE's own code raised it, or broke the PE API: its author's to fix
+        return blamed, 2, "error"
     if isinstance(e, OSError) and e.errno is not None:
         return _os_message(e), (1 if e.errno in _STORAGE_ERRNOS else 2), "error"
     if isinstance(e, UnicodeDecodeError):
