@@ -30,10 +30,13 @@ def _lengths(text: str, option: str = "--lengths") -> list[int]:
     out = []
     for part in (p.lower() for p in commas.split(text, option)):
         try:
-            out.append(int(part[:-1]) * 1024 if part.endswith("k") else int(part))
+            length = int(part[:-1]) * 1024 if part.endswith("k") else int(part)
         except ValueError:
             raise TapeError(f"{option}: expected comma-separated token counts such as 0,1k,2k,4096, got {text!r}"
                             ) from None
+        if length in out:  # 1k and 1024
+            raise TapeError(f"{option} {text!r}: {length} tokens are given twice; give each length once")
+        out.append(length)
     # (no prompt is longer than 2**24 tokens: a mistyped length would generate for hours before failing)
     return numbers(",".join(map(str, out)) if out else text, option, min=0, max=MAX_PROMPT_TOKENS)
 

@@ -42,6 +42,8 @@ def nothing_allowed(monkeypatch):
     (["doctor", "--pe", "alibi,alibi"], "--pe 'alibi,alibi': alibi is given twice; give each value once"),
     (["demo", "--pe", "nope,,fire"], f"--pe 'nope,,fire': {EMPTY}"),
     (["eval", "babilong", "-m", "RUN", "--lengths", ""], "--lengths: give at least one value"),  # ran the defaults
+    (["eval", "latent-list", "-m", "RUN", "--lengths", "1k,1024"],
+     "--lengths '1k,1024': 1024 tokens are given twice; give each length once"),
     (["eval", "babilong", "-m", "RUN", "--lengths", "0,1k", "--base-lengths", ""],
      "--base-lengths: give at least one value"),
     (["eval", "ruler", "-m", "RUN", "--lengths", "1024,,2048"], f"--lengths '1024,,2048': {EMPTY}"),
