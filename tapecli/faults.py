@@ -7,6 +7,9 @@ raises for a *fault* rather than a bug -- an unreadable file, a full disk, a cor
 GPU -- become one line too. Anything else is a bug and keeps its traceback. `tape --debug ...` or `TAPE_DEBUG=1`
 shows the traceback of every error. (Stop requests, Ctrl-C and SIGTERM, are `tapecli.stops`'.)
 
+An error that a plugin PE's code raised, or a plugin's result that breaks the PE API, is one line naming the
+plugin and its hook (`tapecli.model.pe.plugins.blame`).
+
 Code that reads or writes a file wraps the call in `reading(path)` / `writing(path)`: the exceptions
 libraries raise for a corrupt file (safetensors, sentencepiece, torch.load, json, yaml, UTF-8) or a failed write
 (disk full) say nothing about which file it was, so these turn them into a `TapeError` that does.
@@ -67,6 +70,10 @@ def explain(e: BaseException) -> tuple[str, int, str] | None:
         return " ".join(e.format_message().split()) + where, e.exit_code, "error"
     if _is_out_of_memory(e):
         return out_of_memory_message(e), 1, "error"
+    plugins = sys.modules.get("tapecli.model.pe.plugins")  # loaded only where a model was built
+    blamed = plugins.blame(e) if plugins is not None else None
+    if blamed is not None:  # a plugin PE's own code raised it, or broke the PE API: its author's to fix
+        return blamed, 2, "error"
     if isinstance(e, OSError) and e.errno is not None:
         return _os_message(e), (1 if e.errno in _STORAGE_ERRNOS else 2), "error"
     if isinstance(e, UnicodeDecodeError):

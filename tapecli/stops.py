@@ -12,10 +12,14 @@ A command that is one training run says so (`single_run()`); once that run has s
 command ends as it would have (exit 0, no traceback), and the `tape` entry point (`main`, `keep_ignoring_stops`)
 keeps ignoring it until the process exits. (A sweep or a demo runs several trainings: a stop between two of them
 stops the command.)
+
+A closed stdout (`tape ... | head`) ends the command quietly with exit code 1 (no "broken pipe" line).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -105,6 +109,9 @@ def boundary() -> Iterator[None]:
         name = "Ctrl-C (SIGINT)" if number == signal.SIGINT else "SIGTERM"
         typer.secho(f"\nstopped: {STOP_MESSAGE.format(name=name)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(128 + number) from None
+    except BrokenPipeError:  # the reader of stdout went away (`tape ... | head`): exit quietly, as Unix tools do
+        _quiet_stdout()
+        raise typer.Exit(1) from None
     except Exception as e:
         if faults.debugging():
             raise
@@ -116,3 +123,15 @@ def boundary() -> Iterator[None]:
         raise typer.Exit(code) from None
     finally:  # in one process running several commands (tests, a notebook), the next one starts afresh
         _single_run = _finished = False
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush of what is left in its buffer does not raise (and
+    print) the broken pipe again at exit."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (a test runner's capture)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)

@@ -20,9 +20,11 @@ This module imports nothing heavy: the root command calls it before any command 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 ALLOW_ENV = "TAPE_ALLOW_PE"
+_PE_KEY = re.compile(r"model\.pe|model\.schedule\.kinds\.[^.=]+\.pe")  # the keys whose value is a PE
 
 
 def split_code(value: str) -> tuple[str, str] | None:
@@ -57,13 +59,27 @@ def allow(target: str) -> None:
         os.environ[ALLOW_ENV] = os.pathsep.join([*entries, entry])
 
 
+def allow_option(target: str, option: str = "--allow-pe") -> None:
+    """`tape --allow-pe TARGET`: allow it, after refusing (TapeError) a file path that is missing or a directory."""
+    from tapecli.errors import TapeError
+
+    code = split_code(target)
+    given = code[0] if code is not None else target
+    path = Path(given).expanduser()
+    if is_file_target(given) and not path.is_file():
+        problem = "is a directory" if path.is_dir() else "does not exist"
+        raise TapeError(f"{option} {target}: {path} {problem}; give the plugin's Python file (FILE.py or "
+                        "FILE.py:CLASS) or an importable module name")
+    allow(target)
+
+
 def allow_named(values: list[str] | tuple[str, ...]) -> None:
-    """Allow the code that command-line values name: `model.pe=...` overrides and plain PE values (a `--pe`
-    list's items); every other value is left alone."""
+    """Allow the code that command-line values name: `model.pe=...` and `model.schedule.kinds.NAME.pe=...`
+    overrides and plain PE values (a `--pe` list's items); every other value is left alone."""
     for value in values:
         key, sep, rest = value.partition("=")
         if sep and ":" not in key:  # an override, key=value
-            pe = rest.strip().strip("'\"") if key.strip() == "model.pe" else None
+            pe = rest.strip().strip("'\"") if _PE_KEY.fullmatch(key.strip()) else None
         else:  # a --pe item: a name or target:Class, maybe with :key=value pe_args
             pe = value
         if pe is not None and split_code(pe) is not None:

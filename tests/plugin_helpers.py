@@ -69,8 +69,9 @@ def write_plugin(directory: Path, name: str = "learned_alibi.py") -> Path:
     return path
 
 
-def install_plugin(tmp: Path) -> Path:
-    """Build the package (a pyproject with the entry point) and pip-install it into tmp/site; returns tmp/site."""
+def install_plugin(tmp: Path, package: str = PACKAGE) -> Path:
+    """Build the package (a pyproject with the entry point) and pip-install it into tmp/site; returns tmp/site.
+    Another `package` name makes a second distribution declaring the same entry point."""
     source = tmp / "src"
     write_plugin(source, f"{MODULE}.py")
     (source / "pyproject.toml").write_text(textwrap.dedent(f'''
@@ -79,7 +80,7 @@ def install_plugin(tmp: Path) -> Path:
         build-backend = "setuptools.build_meta"
 
         [project]
-        name = "{PACKAGE}"
+        name = "{package}"
         version = "{VERSION}"
 
         [tool.setuptools]

@@ -134,5 +134,5 @@ def _root(debug: bool = typer.Option(False, "--debug", envvar="TAPE_DEBUG",
                    "when the command line names it.")) -> None:
     faults.set_debug(debug)
     for target in allow_pe or []:
-        trust.allow(target)
+        trust.allow_option(target)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 
+from tapecli import commas
 from tapecli.cli.app import Group
 from tapecli.cli.options import integer, number, numbers
 from tapecli.errors import TapeError
@@ -203,7 +204,7 @@ def eval_synthetic(
     """
     from tapecli.eval.synthetic import Synthetic
 
-    evaluation = Synthetic([s.strip() for s in splits.split(",") if s.strip()], samples, seed)
+    evaluation = Synthetic(commas.split(splits, "--splits"), samples, seed)
     run_and_report(evaluation, models, out, dtype, device, pe_arg, batch_size)
 
 
@@ -328,7 +329,7 @@ def eval_harness(
     """
     from tapecli.eval.harness import results_table, run_harness
 
-    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    names = commas.split(tasks, "--tasks")
     if limit == 0:
         raise TapeError("--limit must be positive: a number of documents, or a fraction of them below 1")
     _startup(device)

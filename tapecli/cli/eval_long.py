@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from tapecli import commas
 from tapecli.cli.eval import (
     DEVICE_OPTION,
     DTYPE_OPTION,
@@ -27,18 +28,21 @@ def _lengths(text: str, option: str = "--lengths") -> list[int]:
     """`"0,1k,2k,4096"` -> [0, 1024, 2048, 4096] (k = 1024 tokens); one line naming the option when malformed or
     negative."""
     out = []
-    for part in (p.strip().lower() for p in text.split(",") if p.strip()):
+    for part in (p.lower() for p in commas.split(text, option)):
         try:
-            out.append(int(part[:-1]) * 1024 if part.endswith("k") else int(part))
+            length = int(part[:-1]) * 1024 if part.endswith("k") else int(part)
         except ValueError:
             raise TapeError(f"{option}: expected comma-separated token counts such as 0,1k,2k,4096, got {text!r}"
                             ) from None
+        if length in out:  # 1k and 1024
+            raise TapeError(f"{option} {text!r}: {length} tokens are given twice; give each length once")
+        out.append(length)
     # (no prompt is longer than 2**24 tokens: a mistyped length would generate for hours before failing)
     return numbers(",".join(map(str, out)) if out else text, option, min=0, max=MAX_PROMPT_TOKENS)
 
 
 def _base_lengths(text: str | None) -> list[int] | None:
-    return _lengths(text, "--base-lengths") if text else None
+    return _lengths(text, "--base-lengths") if text is not None else None
 
 
 THRESHOLD_OPTION = number(85.6, "--threshold", min=0, max=100, help="Effective length: the longest length up to "
@@ -143,7 +147,7 @@ def eval_babilong(
 
     depth_list = (None if depths is None else "any" if depths.strip().lower() == "any"
                   else numbers(depths, "--depths", float, min=0, max=1))
-    evaluation = Babilong(tasks, _lengths(lengths) if lengths else None, depth_list, samples, seed, prompt, haystack,
+    evaluation = Babilong(tasks, _lengths(lengths) if lengths is not None else None, depth_list, samples, seed, prompt, haystack,
                           data, depth_window, threshold, _base_lengths(base_lengths))
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tapecli import trust
+from tapecli import commas, trust
 from tapecli.cli.options import integer, numbers
 from tapecli.cli.pe_names import builtin_pes
 from tapecli.errors import TapeError
@@ -18,7 +18,11 @@ class Seeds(tuple):
 
 def _seeds(text: str) -> Seeds:
     try:
-        seeds = [int(part) for part in text.split(",") if part.strip()]
+        parts = commas.split(text, "seeds")  # no empty or repeated entry
+    except TapeError as e:
+        raise typer.BadParameter(str(e).removeprefix("seeds").lstrip(": ")) from None
+    try:
+        seeds = [int(part) for part in parts]
     except ValueError:
         raise typer.BadParameter(f"expected comma-separated integers (e.g. 0,1,2), got {text!r}") from None
     if not seeds or min(seeds) < 0:
@@ -129,11 +133,15 @@ def demo(
 
     Example: tape demo --pe nope ; tape demo --seed 0,1,2 ; tape demo --task addition --quick
     """
-    extra = [p.strip() for p in pe.split(",") if p.strip()]
+    extra = commas.split(pe, "--pe") if pe.strip() else []
     trust.allow_named(extra)
     seeds = tuple(seed)
     # One directory per setting, so a re-run reuses finished work and never mixes settings.
     suffix = "" if seeds == (0,) else f"-seed{','.join(map(str, seeds))}"
+    if out is not None:
+        from tapecli.store.run import check_output
+
+        check_output(out)  # not a run directory or its checkpoints: the demo trains its runs inside OUT
     if task != "addition":
         from tapecli.experiments.demo_synthetic import BUDGETS, run_synthetic_demo
 
@@ -200,7 +208,7 @@ def bench(
     """
     from tapecli.experiments.hybrids import parse_hybrids
 
-    pe_list = [p.strip() for p in pes.split(",") if p.strip()]
+    pe_list = commas.split(pes, "--pe")
     trust.allow_named(pe_list)
     hybrids = tuple(parse_hybrids(hybrid))
     if decode:
@@ -240,7 +248,7 @@ def doctor(
     from tapecli.experiments.doctor import run_doctor
     from tapecli.experiments.pe_specs import parse_pe_specs
 
-    raw = [p.strip() for p in pes.split(",") if p.strip()]
+    raw = commas.split(pes, "--pe")
     trust.allow_named(raw)
     chosen = [spec.text for spec in parse_pe_specs(raw)]
     if run_doctor(device, chosen, hybrids)["failed"]:

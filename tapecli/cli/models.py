@@ -26,10 +26,12 @@ def export(
     """
     import torch
 
-    from tapecli.model.hf.export import export_hf
+    from tapecli.model.hf.export import check_exportable, export_hf
     from tapecli.store.claim import claim
     from tapecli.store.door import open_model
+    from tapecli.store.run import check_output
 
+    check_output(out)
     if dtype not in ("float32", "bfloat16"):
         raise TapeError(f"--dtype: expected float32 or bfloat16, got {dtype!r}")
     opened = open_model(checkpoint, device="cpu", dtype="fp32", what="--checkpoint")
@@ -37,7 +39,8 @@ def export(
     with claim(out, beside=True):  # --out must stay empty until it is renamed into place: the claim sits beside it
         wrote_tokenizer = export_hf(model, tokenizer, out, dtype=getattr(torch, dtype))
     note = "" if wrote_tokenizer else f" (no tokenizer: the {tokenizer.kind} tokenizer has no Hugging Face form)"
-    typer.echo(f"wrote a Hugging Face directory to {out}{note}")
+    arch = check_exportable(model)[0]  # the family it was written as: Llama, Mistral, Qwen2, Qwen3, SmolLM3
+    typer.echo(f"wrote a Hugging Face {arch.removesuffix('ForCausalLM')} ({arch}) to {out}{note}")
 
 
 
@@ -58,7 +61,9 @@ def tokenizer_train(
     Example: `tape tokenizer train --data corpus/ --vocab-size 8000 --out tok.model`.
     """
     from tapecli.data.tokenizer import train_tokenizer
+    from tapecli.store.run import check_output
 
+    check_output(out, file=True)  # not inside a run's checkpoints
     path = train_tokenizer(data, vocab_size, str(out), text_field=text_field)
     typer.echo(f"wrote {path}")
 

@@ -7,7 +7,8 @@
 `integer` makes the range part of the declaration (`min` is required; values must fit 64 bits), so an
 out-of-range value (`--prompt-len 0`, `--new-tokens -2`) is Click's one-line usage error naming the option, not a
 traceback deep inside the command. `number` also refuses nan and inf (`--threshold nan`), which no range catches.
-`numbers` parses a comma-separated option the same way, as a TapeError naming the option. tests/cli/test_cli.py
+`numbers` parses a comma-separated option the same way, as a TapeError naming the option (its entries split by
+`tapecli.commas`: no empty or repeated entry). tests/cli/test_cli.py
 checks that every int and float option of every command has its range and finiteness declared this way.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import typer
 
+from tapecli import commas
 from tapecli.errors import TapeError
 
 INT_MAX = 2**63 - 1  # the largest integer torch, numpy and the file formats hold
@@ -66,9 +68,7 @@ def number(default: Any, *names: str, min: float | None = None, max: float | Non
 def numbers(text: str, option: str, kind: type = int, min: float | None = None, max: float | None = None) -> list:
     """`"1024,2048"` -> [1024, 2048]: every part a finite `kind` in [min, max]; one line naming the option else."""
     values = []
-    for part in (p.strip() for p in str(text).split(",")):
-        if not part:
-            continue
+    for part in commas.split(text, option):
         try:
             value = kind(part)
         except ValueError:
@@ -80,7 +80,7 @@ def numbers(text: str, option: str, kind: type = int, min: float | None = None, 
             raise TapeError(f"{option}: {part} must be at least {min:g}")
         if value > high:
             raise TapeError(f"{option}: {part} must be at most {high:,}")
+        if value in values:  # the same number spelled twice (1024 and 1k, 5 and 5.0)
+            raise TapeError(f"{option} {text!r}: {part} is given twice; give each value once")
         values.append(value)
-    if not values:
-        raise TapeError(f"{option}: give at least one value")
     return values

@@ -88,9 +88,9 @@ def new(
     """
     import re
 
-    from tapecli.faults import check_output_file
     from tapecli.files import write_atomic
     from tapecli.pe.templates import TEMPLATES, template_source
+    from tapecli.store.run import check_output
 
     if kind not in TEMPLATES:
         raise TapeError(f"--kind: expected one of {', '.join(TEMPLATES)}, got {kind!r}")
@@ -99,7 +99,7 @@ def new(
     out = out or Path(f"{name}.py")
     if out.exists():
         raise TapeError(f"--out {out} already exists; choose another name or --out")
-    check_output_file(out)  # a read-only place or a file in the way: one line naming --out, not the temporary name
+    check_output(out, file=True)  # a read-only place or a file in the way: one line naming --out, not the temporary name
     class_name = "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
     write_atomic(out, template_source(kind, class_name))
     print(f"wrote {out}: class {class_name}, a {kind} PE. Check it: tape pe check {out}:{class_name} --no-speed ; "

@@ -13,6 +13,7 @@ tokens is an error, since then not even one prompt token would fit.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Literal
 
@@ -21,7 +22,7 @@ import torch
 from torch.utils.data import Dataset
 
 from tapecli.data.schema import DataSchema, check_source_files, check_tokenized
-from tapecli.data.sources import iter_rows
+from tapecli.data.sources import is_hub_source, iter_rows
 from tapecli.data.text import IGNORE_INDEX, choose_validation
 from tapecli.data.tokenizer import Tokenizer
 from tapecli.errors import TapeError
@@ -98,6 +99,15 @@ class PairsData(DataSchema):
 
     def check_files(self) -> None:
         check_source_files(self)
+
+    def no_validation(self) -> str | None:
+        if self.val_fraction <= 0:
+            return "data.val_fraction is 0 (pass data.val_fraction=0.01 to hold out 1% of the rows)"
+        if is_hub_source(self.source):  # a seeded choice of rows: a hub set has more than one
+            return None
+        rows = len(list(islice(iter_rows(self.source, (self.prompt_field, self.target_field)), 2)))
+        return None if rows >= 2 else (f"data.source {self.source} holds one row, and the validation split is a "
+                                       "choice of whole rows (data.val_fraction of them, never all): give two or more")
 
     def build(self, tokenizer: Tokenizer, seed: int, cache_dir: Path) -> tuple[PairDataset, PairDataset | None]:
         return build_pair_datasets(self.source, tokenizer, self.seq_len, self.val_fraction, seed,

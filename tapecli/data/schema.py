@@ -50,6 +50,12 @@ class DataSchema:
         """Fail in one line naming the key if a local file the data keys name is missing (nothing by default)."""
         return None
 
+    def no_validation(self) -> str | None:
+        """Why `build` will give no validation split, in words naming the key and the fix; None when it gives one
+        (the default: a kind whose validation set is generated). Told at a training's start; `tape sweep` refuses a
+        sweep judged by the validation loss for it before training anything."""
+        return None
+
     def open_tokenizer(self, vocab_size: int | None = None) -> Any:
         """The tokenizer `data.tokenizer` names, loaded. A file that is not there is one line naming data.tokenizer
         with the `tape tokenizer train` command that makes one from data.source (`vocab_size`: the recipe's

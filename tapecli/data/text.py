@@ -31,6 +31,7 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Literal
 
@@ -197,6 +198,26 @@ def build_text_datasets(source: str, tokenizer: Tokenizer, seq_len: int, val_fra
     return train, val
 
 
+def missing_validation(source: str, val_fraction: float, seq_len: int, text_field: str = "text") -> str | None:
+    """Why `build_text_datasets(source, ...)` gives no validation split (module docstring), None when it gives one;
+    reads at most two documents (a `.bin`: its length)."""
+    if val_fraction <= 0:
+        return "data.val_fraction is 0 (pass data.val_fraction=0.01 to hold out 1% of the documents)"
+    if is_hub_source(source):
+        return None
+    if is_pretokenized(source):
+        blocks = len(open_token_memmap(source)) // (seq_len + 1)
+        return None if validation_count(blocks, val_fraction) else (
+            f"data.source {source} holds {blocks} block(s) of seq_len + 1 = {seq_len + 1} tokens, and validation "
+            "takes data.val_fraction of at least 2 blocks; use more tokens or a shorter data.seq_len")
+    documents = len(list(islice(iter_documents(source, text_field), 2)))
+    if documents >= 2:
+        return None
+    return (f"data.source {source} holds one document, and the validation split is a choice of whole documents "
+            "(data.val_fraction of them, never all): give two or more (several .txt files, or a .jsonl or .json "
+            "with one document per row)")
+
+
 def _check_not_empty(ds: PackedDataset, source: str, split: str) -> None:
     if ds.num_examples <= 0:
         raise TapeError(f"{source}: the {split} split has fewer than seq_len + 1 = {ds.seq_len + 1} tokens; "
@@ -265,6 +286,9 @@ class TextData(DataSchema):
 
     def check_files(self) -> None:
         check_source_files(self)
+
+    def no_validation(self) -> str | None:
+        return missing_validation(self.source, self.val_fraction, self.seq_len, self.text_field)
 
     def build(self, tokenizer: Tokenizer, seed: int, cache_dir: Path) -> tuple[Dataset, Dataset | None]:
         return build_text_datasets(self.source, tokenizer, self.seq_len, self.val_fraction, seed,

@@ -154,8 +154,10 @@ def run_harness(model: str, tasks: list[str], *, include_path: list[str] | None 
     `lm_options` go to `TapeLM` (batch_size, max_length, max_gen_toks, add_bos_token)."""
     from tapecli.eval.lm_adapter import TapeLM, check_lm_eval_version
     from tapecli.store.door import open_model
-    from tapecli.store.run import eval_dir
+    from tapecli.store.run import check_output, eval_dir
 
+    if out:
+        check_output(out)
     check_lm_eval_version()
     if not tasks:
         raise TapeError("--tasks: name at least one task")

@@ -68,11 +68,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from tapecli.errors import TapeError
 from tapecli.eval.common import RESULTS_FILE, SAMPLES_FILE, NonFiniteLogits, SamplesLog, progress_bar
-from tapecli.faults import check_output_dir
 from tapecli.files import write_atomic, write_json
 from tapecli.store.claim import claim
 from tapecli.store.door import OpenedModel, find_source, model_config, open_model
-from tapecli.store.run import eval_dir
+from tapecli.store.run import check_output, eval_dir
 
 if TYPE_CHECKING:
     from tapecli.model import ModelConfig
@@ -230,7 +229,7 @@ def run(evaluation: Evaluation, models: list[str | OpenedModel], out: str | Path
         raise TapeError("--model: pass at least one model")
     _check_batch_size(batch_size)
     if out is not None:
-        check_output_dir(out)
+        check_output(out)
     opening = Opening(dtype, device, dict(pe_args or {}))
     evaluation.check([m for m in models if not isinstance(m, OpenedModel)])
     check_models(evaluation, models, opening, batch_size)

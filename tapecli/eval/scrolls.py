@@ -37,11 +37,10 @@ from tapecli.errors import TapeError
 from tapecli.eval import scrolls_metric as metric
 from tapecli.eval.common import RESULTS_FILE, generate_batch
 from tapecli.eval.protocol import Evaluation, Opening, default_folder, evaluate_one, free_memory
-from tapecli.faults import check_output_dir
 from tapecli.files import write_json
 from tapecli.store.claim import claim
 from tapecli.store.door import OpenedModel
-from tapecli.store.run import safe_name
+from tapecli.store.run import check_output, safe_name
 
 PROTOCOL = (
     "SCROLLS (method.md 4.3): one example per id (all of its rows' outputs are references); prompt = the "
@@ -85,7 +84,7 @@ def run_scrolls_eval(models: list[str], tasks: list[str], run: ScrollsRun, out: 
     for task in tasks:
         data.check_task(task, "--task")
     if out is not None:
-        check_output_dir(out)
+        check_output(out)
     opening = Opening(run.dtype, run.device, dict(run.pe_args or {}))
     results, opened = [], None
     for spec, label in zip(models, model_labels(models), strict=True):
@@ -251,7 +250,7 @@ def score_predictions_file(task: str, predictions: str, split: str = "validation
     `out`, the scores also go to OUT/results.json, as every evaluation writes them."""
     data.check_task(task, "--task")
     if out is not None:
-        check_output_dir(out)
+        check_output(out)
     path = Path(predictions).expanduser()
     try:
         loaded = json.loads(path.read_text(encoding="utf-8"))

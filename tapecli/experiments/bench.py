@@ -28,20 +28,21 @@ from tapecli import threads
 from tapecli.errors import TapeError
 from tapecli.experiments.bench_step import make_variant, train_step
 from tapecli.experiments.pe_specs import parse_pe_specs
-from tapecli.faults import check_output_file, failure_line, note_memory_use
+from tapecli.faults import failure_line, note_memory_use
 from tapecli.files import write_atomic
 from tapecli.model import ModelConfig, attention
 from tapecli.runtime import resolve_device
+from tapecli.store.run import check_output
 
 PRECISIONS = ("fp32", "bf16")
 
 
 def bench_variants(pes: list[str], tape_paths: bool, window: int | None = None,
-                   hybrids: tuple[str, ...] = ()) -> list[tuple[str, str, dict, dict]]:
+                   hybrids: tuple[str, ...] = (), n_layers: int | None = None) -> list[tuple[str, str, dict, dict]]:
     """(label, pe, pe_args, further model keys) for each PE spec (`tapecli.experiments.pe_specs`: a PE, optionally
     with pe_args, e.g. rope:hope=true), RoPE always included as the reference; with a `window`, each PE that takes
     one again with every layer local ("rope, window 1024"); then each named hybrid layout
-    (tapecli.experiments.hybrids; its local layers get `window`, 1024 by default)."""
+    (tapecli.experiments.hybrids; its local layers get `window`, 1024 by default; its pattern cut to `n_layers`)."""
     from tapecli.experiments.hybrids import hybrid_keys
     from tapecli.model.schedule import draws_positions, pe_class
 
@@ -60,7 +61,7 @@ def bench_variants(pes: list[str], tape_paths: bool, window: int | None = None,
         variants += [(f"{label}, window {window}", pe, args, {"window": window}) for label, pe, args, _ in variants
                      if "window" in pe_class(pe).attention_options and not draws_positions(pe)]
     for name in hybrids:
-        keys = hybrid_keys(name, window or 1024)
+        keys = hybrid_keys(name, window or 1024, n_layers)
         variants.append((name, keys.pop("pe"), keys.pop("pe_args", {}), keys))
     return variants
 
@@ -69,7 +70,8 @@ def check_variants(variants: list[tuple[str, str, dict, dict]], n_heads: int, di
     """Every variant's model can be built (its pe_args' values checked by its PE), before any is timed."""
     for label, pe, pe_args, keys in variants:
         try:
-            ModelConfig(vocab_size=8, dim=dim, n_layers=4 if "schedule" in keys else 1, n_heads=n_heads,
+            ModelConfig(vocab_size=8, dim=dim, n_layers=len(keys["schedule"]["pattern"]) if "schedule" in keys else 1,
+                        n_heads=n_heads,
                         max_seq_len=seq_len, pe=pe, pe_args=pe_args, **keys)
         except ValueError as e:
             raise TapeError(f"--pe {label}: {e}") from None
@@ -124,10 +126,10 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
               hybrids: tuple[str, ...] = ()) -> dict:
     check_options(n_layers, dim, n_heads, seq_lens, batch_size, steps, warmup, rounds, precision)
     if out is not None:
-        check_output_file(out)
+        check_output(out, file=True)
     dev = resolve_device(device)
     console = Console()
-    variants = bench_variants(pes, tape_paths, window, hybrids)
+    variants = bench_variants(pes, tape_paths, window, hybrids, n_layers)
     check_variants(variants, n_heads, dim, max(seq_lens))
     warmup = max(warmup, 1) if compile else warmup  # the first compiled step compiles
     note_memory_use(f"{len(variants)} models of {n_layers} layers x dim {dim} ({batch_size} x {max(seq_lens)} "

@@ -28,6 +28,7 @@ from tapecli.files import write_atomic
 from tapecli.model import ModelConfig, Transformer
 from tapecli.model.generation import prefill
 from tapecli.runtime import resolve_device
+from tapecli.store.run import check_output
 
 NO_CACHE = "tape (no cache)"
 
@@ -88,9 +89,11 @@ def cache_bytes(cache) -> int:
 def run_decode_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, prompt_len: int, new_tokens: int,
                      uncached_tokens: int, prefill_chunk: int | None, rounds: int, tape_paths: bool, device: str,
                      out: Path | None = None, window: int | None = None, hybrids: tuple[str, ...] = ()) -> dict:
+    if out is not None:
+        check_output(out, file=True)  # before the models are built and timed
     dev = resolve_device(device)
     console = Console()
-    variants = bench_variants(pes, tape_paths, window, hybrids)
+    variants = bench_variants(pes, tape_paths, window, hybrids, n_layers)
     vocab = 1024
     prompt = torch.randint(0, vocab, (1, prompt_len), generator=torch.Generator().manual_seed(0)).to(dev)
     models, failures = {}, {}

@@ -74,6 +74,9 @@ def layer_names(schedule: dict[str, Any], n_layers: int) -> list[str]:
         n = value["n"]
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{key}.n: expected a positive integer, got {n!r}")
+        if n > n_layers:
+            raise ValueError(f"{key}.n: {n} is more than model.n_layers={n_layers}, so no layer would be "
+                             f"{value['kind']!r}; give n <= {n_layers}")
         names = [value["kind"] if (i + 1) % n == 0 else value["others"] for i in range(n_layers)]
     else:
         if isinstance(value, str):
@@ -82,6 +85,9 @@ def layer_names(schedule: dict[str, Any], n_layers: int) -> list[str]:
             raise ValueError(f"{key}: expected a non-empty list of names (or names joined by +), got {value!r}")
         if form == "layers" and len(value) != n_layers:
             raise ValueError(f"{key}: names {len(value)} layers, the model has model.n_layers={n_layers}")
+        if len(value) > n_layers:  # the names past the last layer would be dropped
+            raise ValueError(f"{key}: names {len(value)} layers, more than model.n_layers={n_layers}; give at most "
+                             f"{n_layers} names (the pattern repeats from layer 0)")
         names = [value[i % len(value)] for i in range(n_layers)]
     for name in names:
         if not isinstance(name, str):
@@ -135,23 +141,27 @@ def resolve(config, body: dict[str, Any], key: str, name: str | None) -> LayerSp
         build_pe(config, pe, pe_args)
     except ValueError as e:
         raise ValueError(str(e).replace("model.", f"{key}.", 1) if key != "model" else str(e)) from None
+    def where(layer_key: str) -> str:  # the key a value came from: the kind's own, or the model-level one
+        return f"{key}.{layer_key}" if layer_key in body else f"model.{layer_key}"
+
     window = body.get("window", config.window)
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
-        raise ValueError(f"{key}.window: expected a positive number of keys or null (global), got {window!r}")
+        raise ValueError(f"{where('window')}: expected a positive number of keys or null (global), got {window!r}")
     if window is not None and not config.causal:
-        raise ValueError(f"{key}.window: a sliding window needs a causal model (model.causal: true)")
+        raise ValueError(f"{where('window')}: a sliding window needs a causal model (model.causal: true)")
     if window is not None and draws_positions(pe, config):
-        raise ValueError(f"{key}.window: pe {pe!r} trains on random positions, which a window (counted in "
+        raise ValueError(f"{where('window')}: pe {pe!r} trains on random positions, which a window (counted in "
                          "positions) would not match at evaluation; use it without a window")
-    temperature = check_temperature(body.get("temperature", config.temperature), f"{key}.temperature")
+    temperature = check_temperature(body.get("temperature", config.temperature), where("temperature"))
     scale = body.get("length_scale", config.length_scale)
     own_args = body.get("length_scale_args", {})
     scale_args = {**config.length_scale_args, **own_args} if scale == config.length_scale else own_args
-    scale_args = check_length_scale(scale, scale_args, config.max_seq_len, f"{key}.length_scale")
+    scale_key = f"{key}.length_scale" if {"length_scale", "length_scale_args"} & set(body) else "model.length_scale"
+    scale_args = check_length_scale(scale, scale_args, config.max_seq_len, scale_key)
     options = pe_class(pe, config).attention_options
     for option, value, default in (("window", window, None), ("temperature", temperature, 1.0)):
         if value != default and option not in options:
-            raise ValueError(f"{key}.{option}: pe {pe!r} computes attention itself and does not implement a "
+            raise ValueError(f"{where(option)}: pe {pe!r} computes attention itself and does not implement a "
                              f"{'sliding window' if option == 'window' else 'temperature'}")
     return LayerSpec(pe=pe, pe_args=pe_args, window=window, temperature=temperature, length_scale=scale,
                      length_scale_args=scale_args, kind=name)

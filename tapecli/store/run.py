@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import tapecli
 from tapecli.errors import TapeError
-from tapecli.faults import reading
+from tapecli.faults import check_output_dir, check_output_file, reading
 from tapecli.files import JsonlLog, read_jsonl, write_atomic
 
 if TYPE_CHECKING:
@@ -205,6 +205,27 @@ def output_kind(path: Path) -> str | None:
         if (Path(path) / marker).exists():
             return kind
     return None
+
+
+def check_output(path: str | Path, option: str = "--out", *, file: bool = False, run: bool = False) -> None:
+    """Fail now, in one line, if a command may not write its output `path` (a directory, or a file with `file`):
+    one it cannot create or write (`tapecli.faults.check_output_dir` / `check_output_file`), a run's checkpoints
+    folder or anything inside it (they hold only what training saves; a checkpoint is read by every evaluation), a
+    checkpoint, or a run directory, unless the command writes runs (`run`: pretrain, finetune, extend-context).
+    Every command that takes an output path checks it here, before any work."""
+    path = Path(path)
+    (check_output_file if file else check_output_dir)(path, option)
+    where = path.expanduser().absolute()
+    for folder in (where, *where.parents):
+        if folder.name == CHECKPOINTS and any((folder.parent / name).is_file() for name in (RUN_INFO, RECIPE, METRICS)):
+            raise TapeError(f"{option} {path} is inside the checkpoints of the run {folder.parent}, which hold only "
+                            f"what its training saves; pass an {option} outside {folder}")
+    if not file and (where / MODEL_CONFIG).is_file():
+        raise TapeError(f"{option} {path} is a tape checkpoint; pass a new {option} (a checkpoint holds only what "
+                        "its training saved)")
+    if not file and not run and output_kind(where) == "a tape run directory":
+        raise TapeError(f"{option} {path} is a tape run directory, which only its training writes into; pass a new "
+                        f"{option}")
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -33,7 +33,7 @@ from tapecli.recipe import Recipe
 from tapecli.runtime import rng_state
 from tapecli.store.checkpoint import checkpoint_step, save_checkpoint
 from tapecli.store.claim import claim
-from tapecli.store.run import CHECKPOINTS, removed_on_failure
+from tapecli.store.run import CHECKPOINTS, check_output, removed_on_failure
 from tapecli.train import distributed, fsdp
 from tapecli.train.distributed import DistEnv
 from tapecli.train.health import check_finite_weights
@@ -58,6 +58,7 @@ def finetune(recipe: Recipe, checkpoint: str | Path, out: str | Path, resume: st
 
 def _run(recipe: Recipe, out: Path, resume: str, init_from: str | None, command: list[str],
          init_what: str) -> Path:
+    check_output(out, run=True)  # before the claim: not a run's checkpoints folder, nor a checkpoint
     env = distributed.setup()
     try:
         with contextlib.ExitStack() as held:

@@ -29,7 +29,7 @@ from tapecli.recipe import Recipe
 from tapecli.recipe.legacy import legacy_hash
 from tapecli.runtime import resolve_precision, seed_everything, set_rng_state, startup_line
 from tapecli.store.checkpoint import list_checkpoints, load_train_state, remove_temp_dirs, resolve_checkpoint
-from tapecli.store.run import CHECKPOINTS, check_no_links, run_entries, run_recipe_path, write_run_files
+from tapecli.store.run import CHECKPOINTS, check_no_links, check_output, run_entries, run_recipe_path, write_run_files
 from tapecli.train import fsdp, memory
 from tapecli.train.build import build_model
 from tapecli.train.continuation import check_continuation
@@ -91,7 +91,7 @@ def setup(recipe: Recipe, out: Path, resume: str, init_from: str | None, command
 def _check(recipe: Recipe, out: Path, resume: str, env: DistEnv) -> tuple[str, Path | None]:
     """(the resolved train.precision, the checkpoint to resume from), once nothing the recipe or the hardware asks
     for is wrong: the output directory, loggers, precision and batch split, the data files."""
-    faults.check_output_dir(out)
+    check_output(out, run=True)
     check_no_links(out, run_entries(out), "a run directory")
     check_loggers(recipe.train.loggers)
     precision = _check_hardware(recipe, env)
@@ -134,6 +134,9 @@ def _announce(job: Job, origin: str | None, resume_from: Path | None) -> None:
     model, recipe = job.model, job.recipe
     counts = count_parameters(model)
     print(startup_line(job.env.device))
+    if job.val_data is None and recipe.data.evaluation == "validation":
+        reason = recipe.data.no_validation() or f"data.kind {recipe.data.kind} has none"
+        print(f"note: no validation split, so no validation loss is logged: {reason}")
     if origin is not None:
         print(origin)
     print(f"parameters: {counts['total']:,} total, {counts['trainable']:,} trainable "

@@ -130,3 +130,14 @@ def test_an_installed_plugin_is_a_name_and_a_missing_one_says_what_to_install(tm
     sys.modules.pop("learned_alibi_pe", None)
     out = invoke("eval", "synthetic", "--model", str(tmp_path / "run"), "--device", "cpu", code=2)
     assert f"pip install '{PACKAGE}=={VERSION}'" in out and one_error_line(out)
+
+
+def test_a_per_layer_plugin_given_as_an_override_is_named_on_the_command_line(file_run, tmp_path):
+    """`model.schedule.kinds.X.pe=FILE:CLASS` names the file as `model.pe=FILE:CLASS` does (it was refused as not
+    named on the command line)."""
+    plugin, _ = file_run
+    invoke("pretrain", *SMOKE, "--out", str(tmp_path / "run"), "model.schedule.pattern=[rope,mine]",
+           f"model.schedule.kinds.mine.pe={plugin}:LearnedALiBi", "train.max_steps=1", "train.save_every=1",
+           "train.eval_every=1")
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "step-00000001" / "model_config.json").read_text())
+    assert saved["schedule"]["kinds"]["mine"]["pe"] == f"{plugin}:LearnedALiBi"

@@ -161,7 +161,7 @@ def test_models_in_one_folder(tmp_path, runs):
     logged = rows(tmp_path / "t")
     assert [(r["model"], r["index"]) for r in logged] == [(m, i) for m in (0, 1) for i in range(5)]
     assert list(logged[0]) == ["model", "index", "guess", "correct"]  # the model's index comes first
-    separate = run(NextByte(), [str(runs[1])], tmp_path / "b", show_progress=False).results["b"]
+    separate = run(NextByte(), [str(runs[1])], tmp_path / "b-alone", show_progress=False).results["b"]
     assert results["models"][1]["accuracy"] == separate["accuracy"]
 
     interrupted = Together(fail_after=3)  # model 0 whole (2 batches), then one batch of model 1

@@ -208,6 +208,14 @@ def test_a_schedule_names_each_layer():
      "model.schedule: give exactly one of pattern, every, layers"),
     ({"schedule": {"layers": ["rope"]}}, "model.schedule.layers: names 1 layers, the model has model.n_layers=2"),
     ({"schedule": {"every": {"n": 0, "kind": "rope", "others": "nope"}}}, "model.schedule.every.n: expected a"),
+    ({"schedule": {"every": {"n": 3, "kind": "nope", "others": "rope"}}},  # would make no nope layer
+     "model.schedule.every.n: 3 is more than model.n_layers=2, so no layer would be 'nope'; give n <= 2"),
+    ({"schedule": {"pattern": ["rope", "nope", "rope"]}},  # the third name would be dropped
+     "model.schedule.pattern: names 3 layers, more than model.n_layers=2; give at most 2 names"),
+    ({"window": 0, "schedule": {"pattern": ["local", "global"], "kinds": {"local": {"window": 4}, "global": {}}}},
+     "model.window: expected a positive number of keys"),  # the model-level key, not kinds.global.window
+    ({"temperature": 0, "schedule": {"pattern": ["x", "y"], "kinds": {"x": {"temperature": 2.0}, "y": {}}}},
+     "model.temperature: the attention temperature must be a number > 0"),
     ({"schedule": {"pattern": ["x"], "kinds": {"x": {"windw": 4}}}}, "model.schedule.kinds.x.windw: not a layer key"),
     ({"schedule": {"pattern": ["x"], "kinds": {"x": {"pe_args": {"thta": 1}}}}},
      "model.schedule.kinds.x.pe_args.thta: not an argument of pe 'rope'"),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from plugin_helpers import MODULE, NAME, PACKAGE, VERSION, write_plugin
+from plugin_helpers import MODULE, NAME, PACKAGE, VERSION, install_plugin, write_plugin
 
 from tapecli import trust
 from tapecli.model import PE_NAMES, ModelConfig, Transformer
@@ -112,6 +112,7 @@ def test_an_installed_plugin_is_a_name_and_a_missing_one_names_its_package(plugi
     ("LearnedALiBi = 3\n", "is 3, not a subclass of tapecli.pe.PositionalEncoding"),
     ("x = 1\n", "defines no LearnedALiBi"),
     ("raise RuntimeError('no GPU here')\n", "failed: RuntimeError: no GPU here"),
+    ("import sys\nsys.exit(3)\n", "failed: SystemExit: 3"),  # would end tape silently
 ])
 def test_bad_plugin_code_is_one_line(tmp_path, source, error):
     path = tmp_path / "bad.py"
@@ -143,8 +144,9 @@ def test_a_plugin_pe_trains_like_a_built_in(tmp_path):
 def test_allow_named_takes_model_pe_overrides_and_pe_list_items_only(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     trust.allow_named(["model.pe='a.py:A'", "train.lr=1e-3", "rope", "pkg.mod:B", "model.pe_args.x=c.py:C",
-                       "rope:hope=true", "d.py:D:init=0.5"])
-    assert trust.allowed_files() == [tmp_path / "a.py", tmp_path / "d.py"]
+                       "rope:hope=true", "d.py:D:init=0.5", "model.schedule.kinds.global.pe=e.py:E",
+                       "model.schedule.kinds.g.pe_args.x=f.py:F"])
+    assert trust.allowed_files() == [tmp_path / "a.py", tmp_path / "d.py", tmp_path / "e.py"]  # a layer's PE too
     assert trust.is_allowed_module("pkg.mod") and not trust.is_allowed_file(tmp_path / "c.py")
     assert not trust.is_allowed_module("rope")  # name:key=value is a --pe spec's pe_args, not code
 
@@ -170,3 +172,46 @@ def test_built_in_pes_use_only_the_public_api():
                 if name.startswith("tapecli"):
                     assert name in siblings - {"tapecli.model.pe.registry", "tapecli.model.pe.plugins"}, \
                         f"{path.name} imports {name}"
+
+
+def test_a_module_plugin_scans_the_installed_distributions_once_not_at_each_resolution(tmp_path, monkeypatch):
+    """Each scan of the installed distributions' metadata takes about half a second; `tape pe check` resolves a PE
+    89 times. A module resolves with at most twice the file form's scans (which is none): once per process."""
+    import importlib.metadata
+
+    from tapecli.model.pe import plugins
+
+    package = tmp_path / "scanpes"
+    write_plugin(package, "slopes.py")
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    file = write_plugin(tmp_path / "file")
+    scans = []
+    real = importlib.metadata.distributions
+    monkeypatch.setattr(importlib.metadata, "distributions", lambda *a, **k: scans.append(1) or real(*a, **k))
+    plugins._distributions_of.cache_clear()
+    counted = {}
+    try:
+        for value in (f"{file}:LearnedALiBi", "scanpes.slopes:LearnedALiBi"):
+            trust.allow(value)
+            scans.clear()
+            for _ in range(5):
+                Transformer(ModelConfig(**SIZE, pe=value))
+            counted[value] = len(scans)
+    finally:
+        for name in ("scanpes", "scanpes.slopes"):
+            sys.modules.pop(name, None)
+    file_scans, module_scans = counted.values()
+    assert file_scans == 0 and module_scans <= max(1, 2 * file_scans), counted
+
+
+def test_two_distributions_declaring_one_plugin_name_are_refused_naming_both(plugin_site, tmp_path, monkeypatch):
+    other = install_plugin(tmp_path, package="other-alibi")
+    monkeypatch.syspath_prepend(str(plugin_site))
+    monkeypatch.syspath_prepend(str(other))
+    with pytest.raises(ValueError) as clash:
+        resolve_pe(NAME)
+    assert str(clash.value) == (f"model.pe: 2 installed distributions declare the plugin name '{NAME}': "
+                                f"other-alibi {VERSION} ({MODULE}:LearnedALiBi) and {PACKAGE} {VERSION} "
+                                f"({MODULE}:LearnedALiBi); uninstall all but one (pip uninstall NAME)")
+    assert MODULE not in sys.modules  # refused before either was imported

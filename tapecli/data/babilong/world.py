@@ -83,7 +83,9 @@ GIVE_QUESTIONS = (("What did {a} give to {r}?", "o"), ("Who gave the {o} to {r}?
 
 def resolve_tasks(spec: str, option: str = "--tasks") -> list[str]:
     """`all` or comma-separated qa1..qa5, checked; one line naming `option` otherwise."""
-    names = list(TASKS) if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    from tapecli import commas
+
+    names = list(TASKS) if spec.strip() == "all" else commas.split(spec, option)
     unknown = [n for n in names if n not in TASKS]
     if unknown or not names:
         raise TapeError(f"{option}: unknown task {', '.join(unknown) or repr(spec)}; known: all, {', '.join(TASKS)}")

@@ -81,6 +81,9 @@ def read_qa(paths: list[str]) -> tuple[dict[str, QaSet], dict[str, str]]:
                 data = json.loads(raw)
             except json.JSONDecodeError as e:
                 raise TapeError(f"--qa-data {file}: not valid JSON ({e.msg}, line {e.lineno})") from None
+            except UnicodeDecodeError as e:  # binary bytes: json.loads says nothing of the file
+                raise TapeError(f"--qa-data {file}: not UTF-8 text ({e.reason} at byte {e.start}); give RULER's SQuAD "
+                                "or HotpotQA .json file") from None
             kind = _qa_kind(data)
             if kind is None:
                 raise TapeError(f"--qa-data {file}: neither a SQuAD file ({{\"data\": [...]}}) nor a HotpotQA file "

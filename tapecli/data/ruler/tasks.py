@@ -36,7 +36,9 @@ def resolve_tasks(spec: str) -> list[str]:
     """`all` -> the 13 tasks in the official order; otherwise the comma-separated names, checked."""
     if spec.strip() == "all":
         return list(TASKS)
-    names = [ALIASES.get(n.strip(), n.strip()) for n in spec.split(",") if n.strip()]
+    from tapecli import commas
+
+    names = [ALIASES.get(n, n) for n in commas.split(spec, "--tasks")]
     unknown = [n for n in names if n not in TASKS]
     if unknown or not names:
         raise TapeError(f"--tasks: unknown task {', '.join(unknown) or repr(spec)}; known: all, {', '.join(TASKS)}")

@@ -88,11 +88,11 @@ class Cell:
 
 
 def parse_list(text: str, option: str) -> tuple[str, ...]:
-    """`"rope, tape"` -> ("rope", "tape"); one line naming the option when empty; repeats dropped."""
-    values = [part.strip() for part in text.split(",") if part.strip()]
-    if not values:
-        raise TapeError(f"{option}: give at least one value")
-    return tuple(dict.fromkeys(values))
+    """`"rope, tape"` -> ("rope", "tape"); one line naming the option when empty, with an empty entry or a repeat
+    (`tapecli.commas`)."""
+    from tapecli import commas
+
+    return tuple(commas.split(text, option))
 
 
 def parse_grid(entries: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -111,9 +111,9 @@ def parse_grid(entries: list[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
             raise TapeError(f"--grid {key}: given twice (--grid number {where[key]} and {number}); give every value "
                             f"in one --grid {key}=A,B")
         where[key] = number
-        parsed = [part.strip() for part in values.split(",") if part.strip()]
-        if not parsed:
-            raise TapeError(f"--grid {key}: give at least one value")
+        from tapecli import commas
+
+        parsed = commas.split(values, f"--grid {key}")
         seen: dict[str, str] = {}
         for value in parsed:
             same = repr(parse_value(value, f"--grid {key}"))

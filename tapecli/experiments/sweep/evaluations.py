@@ -103,8 +103,10 @@ def _validation(run_dir: Path) -> None:
     step, recipe = checkpoint_step(checkpoint), run_recipe(checkpoint)
     losses = [row["val_loss"] for row in read_metrics(run_dir) if "val_loss" in row and row["step"] == step]
     if not losses:
-        raise TapeError(f"{run_dir}/metrics.jsonl has no validation loss at step {step} (data.val_fraction 0?); "
-                        f"a sweep over data.kind '{recipe.data.kind}' reports the validation perplexity")
+        reason = recipe.data.no_validation()
+        raise TapeError(f"{run_dir}/metrics.jsonl has no validation loss at step {step}"
+                        + (f" ({reason})" if reason else "")
+                        + f"; a sweep over data.kind '{recipe.data.kind}' reports the validation perplexity")
     t, path = recipe.train, VALIDATION.results_file(checkpoint)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {

@@ -32,15 +32,21 @@ def _prepare(spec: SweepSpec, command: list[str]) -> tuple[list[Cell], dict[str,
                         "compares cells under one evaluation")
     for cell in cells:
         check_cell_recipe(cell, recipes[cell.name])
-    return cells, recipes, evaluation_for(kinds[0])
+    evaluation = evaluation_for(kinds[0])
+    if evaluation.name == "validation":  # judged by the validation loss: every cell needs a validation split
+        for cell in cells:
+            reason = recipes[cell.name].data.no_validation()
+            if reason:
+                raise TapeError(f"cell {cell.name}: no validation split, and a sweep over data.kind '{kinds[0]}' "
+                                f"reports the validation perplexity: {reason}")
+    return cells, recipes, evaluation
 
 
 def _check_out(spec: SweepSpec) -> None:
     """DIR is new or a sweep's: checked before it is claimed, so another command's output gets no claim file."""
-    from tapecli.faults import check_output_dir
-    from tapecli.store.run import output_kind
+    from tapecli.store.run import check_output, output_kind
 
-    check_output_dir(spec.out)
+    check_output(spec.out)
     kind = output_kind(spec.out)
     if kind not in (None, "a sweep directory"):
         raise TapeError(f"--out {spec.out} is {kind}; a sweep writes its cells into a directory of its own: pass a "

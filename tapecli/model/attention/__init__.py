@@ -54,7 +54,7 @@ from tapecli.model.attention import chunked as chunked_path
 from tapecli.model.attention import flex as flex_path
 from tapecli.model.attention import probe
 from tapecli.model.attention.dense import dense_mask, flash_attn_applies, sdpa
-from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, WideValue
+from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, WideValue, from_outside
 from tapecli.model.cache import LayerCache
 
 PATHS = ("sdpa", "flash-attn", "sdpa-concat", "sdpa-separate", "chunked", "flex", "dense")
@@ -158,6 +158,8 @@ def _attend_path(name: str, q: Tensor, k: Tensor, v: Tensor, need: Need, q_pos: 
     """Attention through path `name` (not an OwnAttention's), the cache already appended to."""
     Tq, Tk = q.shape[2], k.shape[2]
     bias = need if isinstance(need, ScoreBias) else None
+    if bias is not None and from_outside(bias.pairs):  # a plugin's: its results checked, naming it (needs.py)
+        bias = bias.checked(q.shape[1])
     scale = q.shape[-1] ** -0.5 / temperature
     if name == "flex":
         consecutive = window is None or (key_mask is None and chunked_path.consecutive(q_pos, k_pos))

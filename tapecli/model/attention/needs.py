@@ -36,6 +36,27 @@ from dataclasses import dataclass, field
 from torch import Tensor
 
 
+class ContractError(ValueError):
+    """A PE's hook returned what its contract does not allow; `hook` is that function (its file names the PE)."""
+
+    def __init__(self, message: str, hook: Callable) -> None:
+        super().__init__(message)
+        self.hook = hook
+
+
+def _shape(value: object) -> str:
+    return f"shape {list(value.shape)}" if isinstance(value, Tensor) else f"a {type(value).__name__}"
+
+
+def _name(fn: Callable) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def from_outside(fn: object) -> bool:
+    """Whether `fn` is code from outside the package (a plugin's), whose results tape checks (`ScoreBias.checked`)."""
+    return str(getattr(fn, "__module__", None) or "").split(".")[0] != "tapecli"
+
+
 @dataclass(frozen=True)
 class ScoreMod:
     """The FlexAttention form of a bias: fn(h, q_pos, k_pos, *args) on 0-d tensors (module docstring)."""
@@ -60,6 +81,32 @@ class ScoreBias:
     table: Callable[[int], Tensor] | None = None
     score_mod: ScoreMod | None = None
     parameters: tuple[Tensor, ...] = field(default_factory=tuple)
+
+    def checked(self, heads: int) -> ScoreBias:
+        """The same bias, every `pairs` and `table` result checked against the contract's shape for `heads` query
+        heads (a ContractError naming the hook otherwise): attention wraps a plugin's bias in it, so that a wrong
+        shape is reported as the plugin's, not as an IndexError deep inside attention."""
+        pairs, table = self.pairs, self.table
+
+        def checked_pairs(q_pos: Tensor, k_pos: Tensor) -> Tensor:
+            bias = pairs(q_pos, k_pos)
+            batch, want = max(q_pos.shape[0], k_pos.shape[0]), (q_pos.shape[-1], k_pos.shape[-1])
+            if not (isinstance(bias, Tensor) and bias.ndim == 4 and bias.shape[0] in (1, batch)
+                    and bias.shape[1] == heads and tuple(bias.shape[2:]) == want):
+                raise ContractError(f"{_name(pairs)} (ScoreBias.pairs) returned {_shape(bias)}; the contract is "
+                                    f"[B|1, H, Tq, Tk] = [{batch}|1, {heads}, {want[0]}, {want[1]}]", pairs)
+            return bias
+
+        def checked_table(n: int) -> Tensor:
+            values = table(n)
+            if not (isinstance(values, Tensor) and values.ndim == 2 and values.shape[0] == heads
+                    and 1 <= values.shape[1] <= n):
+                raise ContractError(f"{_name(table)} (ScoreBias.table) returned {_shape(values)} for n = {n}; the "
+                                    f"contract is [H, m] = [{heads}, m] with 1 <= m <= {n}", table)
+            return values
+
+        return ScoreBias(pairs=checked_pairs, table=None if table is None else checked_table,
+                         score_mod=self.score_mod, parameters=self.parameters)
 
     def times(self, factor: float) -> ScoreBias:
         """The same bias multiplied by `factor` (an attention temperature's 1 / T) in `pairs` and `table`; the

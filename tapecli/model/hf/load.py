@@ -112,10 +112,9 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
     original = max_pos if kind == "dynamic" else params.get("original_max_position_embeddings") or max_pos
     args["original_max_len"] = int(original)
     factor = params.get("factor")
-    if factor is None and kind == "yarn":
-        factor = max_pos / original
-    if factor is None:
-        raise TapeError(f"{where}: rope_parameters.factor is required for rope_type {kind!r}")
+    if factor is None:  # transformers refuses such a config too (a KeyError when it is read)
+        raise TapeError(f"{where}: rope_parameters.factor is required for rope_type {kind!r}; add the factor the "
+                        "model was extended by (its context length over the original one)")
     args["factor"] = float(factor)
     if kind == "yarn":
         attention_factor = params.get("attention_factor")

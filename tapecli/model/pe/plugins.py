@@ -28,6 +28,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,32 @@ from tapecli import trust
 from tapecli.model.pe.base import PositionalEncoding
 
 ENTRY_POINT_GROUP = "tapecli.pe"
+_LOADED: dict[str, tuple[str, str]] = {}  # source file of a plugin imported here -> (what it is, its model.pe value)
+
+
+def _declared() -> dict[str, list[importlib.metadata.EntryPoint]]:
+    """Every entry point of the group `tapecli.pe`, by name, in the order the installed distributions come."""
+    found: dict[str, list[importlib.metadata.EntryPoint]] = {}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, []).append(ep)
+    return found
 
 
 def installed_plugins() -> dict[str, importlib.metadata.EntryPoint]:
-    """The entry points of the group `tapecli.pe`, by name (the first one wins when two packages use a name)."""
-    found: dict[str, importlib.metadata.EntryPoint] = {}
-    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        found.setdefault(ep.name, ep)
-    return found
+    """The entry points of the group `tapecli.pe`, by name. A name that two installed distributions declare is
+    refused where it is used (`entry_point_plugin`), naming both."""
+    return {name: eps[0] for name, eps in _declared().items()}
+
+
+def _distribution(ep: importlib.metadata.EntryPoint) -> str:
+    return f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "a distribution without metadata"
+
+
+@cache
+def _distributions_of(top: str) -> tuple[str, ...]:
+    """The installed distributions that provide the top-level module `top`. Reading every installed distribution's
+    file list takes about half a second: done once per process and module, not at each model build."""
+    return tuple(importlib.metadata.packages_distributions().get(top, []))
 
 
 def _checked(obj: Any, what: str) -> type[PositionalEncoding]:
@@ -58,18 +77,25 @@ def _first_line(e: BaseException) -> str:
 
 def entry_point_plugin(name: str, recorded: dict | None) -> tuple[type[PositionalEncoding], dict] | None:
     """The installed plugin called `name`, or None when no installed package declares it."""
-    ep = installed_plugins().get(name)
-    if ep is None:
+    eps = _declared().get(name)
+    if not eps:
         return None
+    if len(eps) > 1:
+        both = " and ".join(f"{_distribution(ep)} ({ep.value})" for ep in eps)
+        raise ValueError(f"model.pe: {len(eps)} installed distributions declare the plugin name {name!r}: {both}; "
+                         "uninstall all but one (pip uninstall NAME)")
+    ep = eps[0]
     package = ep.dist.name if ep.dist is not None else None
     where = f"plugin {name!r} ({ep.value}{f', package {package}' if package else ''})"
     try:
         obj = ep.load()
-    except Exception as e:  # noqa: BLE001 - a broken plugin is one line naming it
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - a broken plugin (even one calling sys.exit) is one line
         raise ValueError(f"model.pe: importing {where} failed: {_first_line(e)}") from None
     record = {"kind": "entry-point", "name": name, "object": ep.value, "package": package,
               "version": ep.dist.version if ep.dist is not None else None}
-    return _checked(obj, where), record
+    cls = _checked(obj, where)
+    _remember(sys.modules.get(cls.__module__), f"the plugin PE {where}", name)
+    return cls, record
 
 
 def missing_plugin(name: str, builtins: tuple[str, ...], recorded: dict | None) -> str:
@@ -139,7 +165,7 @@ def _import_file(path: Path) -> tuple[Any, str]:
         sys.modules[module_name] = module  # before running it: dataclasses and pickling look modules up by name
         try:
             spec.loader.exec_module(module)
-        except Exception as e:  # noqa: BLE001 - the plugin's own error, in one line
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - the plugin's own error (sys.exit too), in one line
             del sys.modules[module_name]
             raise ValueError(f"model.pe: importing {path} failed: {_first_line(e)}") from None
     return module, digest
@@ -161,6 +187,7 @@ def _from_file(path: Path, cls_name: str, value: str) -> tuple[type[PositionalEn
     if not hasattr(module, cls_name):
         raise ValueError(f"model.pe: {path} defines no {cls_name} (from {value})")
     cls = _checked(getattr(module, cls_name), f"{path}:{cls_name}")
+    _remember(module, f"the plugin PE {value}", value)
     return cls, {"kind": "file", "name": cls_name, "path": str(path), "sha256": digest}
 
 
@@ -171,18 +198,51 @@ def _from_module(value: str, module_name: str, cls_name: str, recorded: dict | N
                          f"{_named_how(value, module_name)}")
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - sys.exit at import too
         raise ValueError(f"model.pe: importing {module_name} (from {value}) failed: {_first_line(e)}") from None
     if not hasattr(module, cls_name):
         raise ValueError(f"model.pe: module {module_name} defines no {cls_name}")
     cls = _checked(getattr(module, cls_name), value)
+    _remember(module, f"the plugin PE {value}", value)
     top = module_name.split(".")[0]
-    packages = importlib.metadata.packages_distributions().get(top, [])
+    packages = _distributions_of(top)
     package = packages[0] if packages else None
     file = getattr(module, "__file__", None)
     return cls, {"kind": "module", "name": cls_name, "module": module_name, "package": package,
                  "version": importlib.metadata.version(package) if package else None,
                  "sha256": sha256(Path(file)) if file and Path(file).is_file() else None}
+
+
+def _remember(module: Any, what: str, value: str) -> None:
+    file = getattr(module, "__file__", None)
+    if file:
+        _LOADED[str(Path(file).resolve())] = (what, value)
+
+
+def blame(e: BaseException) -> str | None:
+    """One line for an error that a plugin PE's code raised (the innermost frame of the traceback in a plugin's
+    file), or a `ContractError` of a plugin's hook (what it returned broke the PE API): it names the plugin and
+    the hook; None when no plugin is to blame (the fault boundary's other rules apply)."""
+    from tapecli.model.attention.needs import ContractError
+
+    found = None
+    tb = e.__traceback__
+    while tb is not None:
+        where = _LOADED.get(str(Path(tb.tb_frame.f_code.co_filename).resolve()))
+        if where is not None:
+            found = (where, tb.tb_frame.f_code.co_qualname)
+        tb = tb.tb_next
+    if found is None and isinstance(e, ContractError):
+        code = getattr(e.hook, "__code__", None) or getattr(getattr(e.hook, "__func__", None), "__code__", None)
+        where = _LOADED.get(str(Path(code.co_filename).resolve())) if code is not None else None
+        if where is not None:
+            return (f"{where[0]} broke the PE API: {e}; fix the plugin (`tape --debug ...` shows the traceback) "
+                    f"and check it with `tape pe check {where[1]}`")
+    if found is None:
+        return None
+    (what, value), hook = found
+    return (f"{what} failed in {hook}: {_first_line(e)}; fix the plugin (`tape --debug ...` shows the traceback) "
+            f"and check it with `tape pe check {value}`")
 
 
 def describe(record: dict[str, Any] | None) -> str:

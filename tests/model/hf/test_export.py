@@ -78,6 +78,7 @@ def test_tape_pretrained_rope_exports_without_a_tokenizer_and_bf16(tmp_path):
     save_model(model, ByteTokenizer(), tmp_path / "ckpt")
     result = runner.invoke(app, ["export", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")])
     assert result.exit_code == 0 and "no tokenizer" in result.output
+    assert "wrote a Hugging Face Llama (LlamaForCausalLM) to" in result.output
     x = torch.randint(0, 259, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(hf_logits(tmp_path / "hf", x), model(x))

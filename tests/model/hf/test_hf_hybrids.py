@@ -183,7 +183,14 @@ def test_tape_model_with_a_schedule_exports_as_smollm3(tmp_path):
     model = Transformer(ModelConfig(vocab_size=259, dim=32, n_layers=4, n_heads=2, pe="rope", pe_args={"theta": 500.0},
                                     schedule={"pattern": ["local", "local", "local", "nope"],
                                               "kinds": {"local": {"window": 5}}})).eval()
-    export_hf(model, ByteTokenizer(), tmp_path / "out")
+    from typer.testing import CliRunner
+
+    from tapecli.cli import app
+    from tapecli.store.checkpoint import save_model
+
+    save_model(model, ByteTokenizer(), tmp_path / "ckpt")
+    result = CliRunner().invoke(app, ["export", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0 and "wrote a Hugging Face SmolLM3 (SmolLM3ForCausalLM) to" in result.output
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     assert type(hf).__name__ == "SmolLM3ForCausalLM"
     assert hf.config.no_rope_layers == [1, 1, 1, 0] and hf.config.sliding_window == 5

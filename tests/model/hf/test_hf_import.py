@@ -89,6 +89,8 @@ def test_sentencepiece_tokenizer_and_config_ids(tmp_path):
     ({"architectures": ["Gemma3ForCausalLM"]}, "architectures"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_parameters.factor is required for "
+                                                                      "rope_type 'yarn'"),  # transformers refuses it
     # transformers' Llama cannot run these (its linear frequencies cover half a head, its rotation all of it)
     ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor"),
