@@ -21,6 +21,7 @@ from tapecli import trust
 from tapecli.model.pe import plugins
 from tapecli.model.pe.alibi import ALiBi
 from tapecli.model.pe.base import PositionalEncoding, check_pe_args
+from tapecli.model.pe.clipped_rope import ClippedRoPE
 from tapecli.model.pe.cope import CoPE
 from tapecli.model.pe.fire import FIRE
 from tapecli.model.pe.fox import FoX
@@ -50,6 +51,7 @@ BUILTINS: dict[str, type[PositionalEncoding]] = {
     "stickbreaking": StickBreaking,
     "pope": PoPE,
     "mapwm": MapWM,
+    "clipped-rope": ClippedRoPE,
 }
 
 
