@@ -52,7 +52,8 @@ HYBRID_CHECKS: dict[str, dict] = {
         "layers": ["alibi", "t5", "fire", "alibi"],
         "kinds": {"alibi": {"window": 16}, "t5": {"pe": "t5", "temperature": 0.8},
                   "fire": {"pe": "fire", "window": 16, "temperature": 1.2}}}},
-    "state-mix": {"pe": "tape", "output_gate": "elementwise", "length_scale": "log", "length_scale_args": {"length": 16}, "schedule": {
+    "state-mix": {"pe": "tape", "output_gate": "elementwise", "length_scale": "log",
+                  "length_scale_args": {"length": 16}, "schedule": {
         "layers": ["tape", "cope", "local-tape", "path"],
         "kinds": {"local-tape": {"window": 16}, "cope": {"pe": "cope", "window": 16, "temperature": 0.9},
                   "path": {"pe": "path", "temperature": 1.1}}}},

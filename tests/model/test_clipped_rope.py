@@ -41,8 +41,9 @@ def reference(q, k, v, positions, w, mscale=1.0):
         t = positions[b].double()
         for h in range(H):
             g = h // (H // G)
-            qc = torch.complex(q[b, h, :, :d // 2], q[b, h, :, d // 2:]) * torch.polar(torch.ones_like(w), t[:, None] * w)
-            kc = torch.complex(k[b, g, :, :d // 2], k[b, g, :, d // 2:]) * torch.polar(torch.ones_like(w), t[:, None] * w)
+            turn = torch.polar(torch.ones_like(w), t[:, None] * w)
+            qc = torch.complex(q[b, h, :, :d // 2], q[b, h, :, d // 2:]) * turn
+            kc = torch.complex(k[b, g, :, :d // 2], k[b, g, :, d // 2:]) * turn
             scores = torch.full((T, T), float("-inf"), dtype=torch.float64)
             for i in range(T):
                 for j in range(i + 1):
