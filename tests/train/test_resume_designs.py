@@ -16,6 +16,7 @@ from tapecli.train import engine
 DESIGNS = {
     "clipped-rope": {"pe": "clipped-rope", "pe_args": {"clip_low_n": 3}},
     "output-gate": {"pe": "alibi", "output_gate": "elementwise"},
+    "grape": {"pe": "grape", "pe_args": {"share_across_heads": False}},
 }
 
 

@@ -25,6 +25,7 @@ from tapecli.model.pe.clipped_rope import ClippedRoPE
 from tapecli.model.pe.cope import CoPE
 from tapecli.model.pe.fire import FIRE
 from tapecli.model.pe.fox import FoX
+from tapecli.model.pe.grape import GRAPE
 from tapecli.model.pe.mapwm import MapWM
 from tapecli.model.pe.nope import NoPE
 from tapecli.model.pe.path import PaTH
@@ -52,6 +53,7 @@ BUILTINS: dict[str, type[PositionalEncoding]] = {
     "pope": PoPE,
     "mapwm": MapWM,
     "clipped-rope": ClippedRoPE,
+    "grape": GRAPE,
 }
 
 
