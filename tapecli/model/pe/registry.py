@@ -22,10 +22,12 @@ from tapecli.model.pe import plugins
 from tapecli.model.pe.alibi import ALiBi
 from tapecli.model.pe.base import PositionalEncoding, check_pe_args
 from tapecli.model.pe.clipped_rope import ClippedRoPE
+from tapecli.model.pe.comrope import ComRoPE
 from tapecli.model.pe.cope import CoPE
 from tapecli.model.pe.fire import FIRE
 from tapecli.model.pe.fox import FoX
 from tapecli.model.pe.grape import GRAPE
+from tapecli.model.pe.liere import LieRE
 from tapecli.model.pe.mapwm import MapWM
 from tapecli.model.pe.nope import NoPE
 from tapecli.model.pe.path import PaTH
@@ -54,6 +56,8 @@ BUILTINS: dict[str, type[PositionalEncoding]] = {
     "mapwm": MapWM,
     "clipped-rope": ClippedRoPE,
     "grape": GRAPE,
+    "liere": LieRE,
+    "comrope": ComRoPE,
 }
 
 
