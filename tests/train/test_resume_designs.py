@@ -19,6 +19,7 @@ DESIGNS = {
     "grape": {"pe": "grape", "pe_args": {"share_across_heads": False}},
     "liere": {"pe": "liere", "pe_args": {"per_head": True}},
     "comrope": {"pe": "comrope", "pe_args": {"variant": "ld", "block_size": 4}},
+    "dape": {"pe": "dape", "pe_args": {"base": "alibi"}},
 }
 
 

@@ -24,6 +24,7 @@ from tapecli.model.pe.base import PositionalEncoding, check_pe_args
 from tapecli.model.pe.clipped_rope import ClippedRoPE
 from tapecli.model.pe.comrope import ComRoPE
 from tapecli.model.pe.cope import CoPE
+from tapecli.model.pe.dape import DAPE
 from tapecli.model.pe.fire import FIRE
 from tapecli.model.pe.fox import FoX
 from tapecli.model.pe.grape import GRAPE
@@ -58,6 +59,7 @@ BUILTINS: dict[str, type[PositionalEncoding]] = {
     "grape": GRAPE,
     "liere": LieRE,
     "comrope": ComRoPE,
+    "dape": DAPE,
 }
 
 
