@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from train_helpers import assert_same_weights, weights, write_recipe
+from train_helpers import Interrupted, assert_same_weights, crash_after_checkpoint, weights, write_recipe
 
 from tapecli.recipe import load_recipe
 from tapecli.store.door import open_model
@@ -23,25 +23,13 @@ DESIGNS = {
 }
 
 
-class Interrupted(Exception):
-    pass
-
-
 @pytest.mark.parametrize("design", list(DESIGNS))
 def test_trains_and_resumes_exactly(design: str, tmp_path: Path, tiny_corpus: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, model=DESIGNS[design],
                           train={"max_steps": 4, "save_every": 2, "eval_every": 0})
     whole = engine.pretrain(load_recipe(str(recipe)), tmp_path / "whole")
-    real_save = engine.save
-
-    def save_then_crash(job: engine.Job, step: int, elapsed: float) -> Path:
-        path = real_save(job, step, elapsed)
-        if step == 2:
-            raise Interrupted
-        return path
-
-    monkeypatch.setattr(engine, "save", save_then_crash)
+    crash_after_checkpoint(monkeypatch, 2)
     with pytest.raises(Interrupted):
         engine.pretrain(load_recipe(str(recipe)), tmp_path / "split")
     monkeypatch.undo()
