@@ -17,6 +17,7 @@ from tapecli.errors import TapeError
 from tapecli.experiments.pe_check import Subject, run_check
 from tapecli.model import ModelConfig
 from tapecli.model.hf_export import check_exportable
+from tapecli.recipe import load_recipe
 
 H, D = 4, 8
 
@@ -108,5 +109,9 @@ def test_configs_without_the_key_open_and_the_key_is_saved():
 def test_a_bad_gate_and_export_are_refused_in_one_line():
     with pytest.raises(ValueError, match="model.output_gate: unknown gate 'sideways'; allowed: none, elementwise"):
         ModelConfig(vocab_size=61, dim=32, n_layers=1, n_heads=2, output_gate="sideways")
+    with pytest.raises(TapeError, match="^model.output_gate: unknown gate 'sideways'; allowed: none, elementwise, "
+                                       "headwise$"):
+        load_recipe("selective-copy-smoke", ["model.output_gate=sideways"])
+    assert load_recipe("selective-copy-smoke", ["model.output_gate=headwise"]).model.output_gate == "headwise"
     with pytest.raises(TapeError, match="model.output_gate: 'elementwise' gates attention's output"):
         check_exportable(tiny("rope", output_gate="elementwise"))
