@@ -17,6 +17,7 @@ import torch
 from test_model import tiny, tokens
 
 from tapecli.errors import TapeError
+from tapecli.experiments.pe_check import Subject, run_check
 from tapecli.model import ModelConfig
 from tapecli.model.attention import attend
 from tapecli.model.hf_export import check_exportable
@@ -95,8 +96,73 @@ def test_canonical_planes_with_the_log_uniform_spectrum_are_rope(args):
     assert (grape(x) - rope(x)).abs().max() > 1e-5  # a moved spectrum is no longer RoPE (fresh weights: small)
 
 
+def contextual_reference(q, k, v, x, layer, per_head):
+    """Contextual GRAPE from the official Type-I equations: omega_t = softplus(w . x_t + b) (one per token, or per
+    key head), Phi_t = sum_{s < t} omega_s, scores q_t^T exp((Phi_s - Phi_t) sum_j w_j L_j) k_s / sqrt(d)."""
+    B, _, T, _ = q.shape
+    out = torch.zeros_like(q)
+    W, b0 = layer.omega_proj.weight, layer.omega_proj.bias
+    for b in range(B):
+        for h in range(H):
+            g = h // (H // G)
+            row = g if per_head else 0
+            phase, total = [], torch.zeros((), dtype=torch.float64)
+            for t in range(T):
+                phase.append(total)
+                total = total + torch.nn.functional.softplus(W[row] @ x[b, t] + b0[row])
+            L = generator(layer.log_freq[g if layer.log_freq.shape[0] > 1 else 0].exp())
+            scores = torch.full((T, T), float("-inf"), dtype=torch.float64)
+            for t in range(T):
+                for s in range(t + 1):
+                    scores[t, s] = q[b, h, t] @ torch.linalg.matrix_exp((phase[s] - phase[t]) * L) @ k[b, g, s]
+            out[b, h] = (scores / math.sqrt(D)).softmax(-1) @ v[b, g]
+    return out
+
+
+@pytest.mark.parametrize("T", [4, 13])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_contextual_grape_equals_the_official_equations(T, per_head):
+    args = {"contextual": True, "ctx_per_head": per_head, "share_across_heads": not per_head}
+    model = tiny("grape", dim=H * D, n_heads=H, n_kv_heads=G, pe_args=args).double()
+    layer = model.model.layers[0].pe
+    gen = torch.Generator().manual_seed(T)
+    with torch.no_grad():  # away from the official init (w = 0: every token the same increment)
+        layer.omega_proj.weight.normal_(0, 0.5, generator=gen)
+        layer.log_freq.add_(0.3 * torch.randn(layer.log_freq.shape, generator=gen, dtype=torch.float64))
+    x = torch.randn(2, T, H * D, generator=gen, dtype=torch.float64, requires_grad=True)
+    q = torch.randn(2, H, T, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, G, T, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, G, T, D, generator=gen, dtype=torch.float64, requires_grad=True)
+    need = layer.need(model.model.pe.initial_state(torch.arange(T)[None], torch.float64), False)
+    got = need.attend(x, q, k, v, None, True, None, None)
+    want = contextual_reference(q, k, v, x, layer, per_head)
+    assert (got - want).abs().max() <= 1e-10  # phases of tens of radians: rounding grows with them
+    weight = torch.linspace(-1, 1, got.numel(), dtype=torch.float64).view_as(got)
+    inputs = (x, q, k, v, layer.log_freq, layer.omega_proj.weight, layer.omega_proj.bias)
+    for a, b in zip(torch.autograd.grad((got * weight).sum(), inputs),
+                    torch.autograd.grad((want * weight).sum(), inputs), strict=True):
+        assert (a - b).abs().max() <= 1e-9 * max(1.0, b.abs().max().item())
+
+
+def test_contextual_grape_starts_with_the_official_increment():
+    layer = tiny("grape", pe_args={"contextual": True}).model.layers[0].pe
+    assert not layer.omega_proj.weight.any()
+    phases = layer.phases(torch.randn(1, 6, 32), None, None)
+    assert torch.allclose(phases, 1e-3 * torch.arange(6.0)[None, None], rtol=1e-5)
+
+
+def test_contextual_grape_is_exact_on_every_path():
+    """tape pe check's exact checks: fast paths vs every score materialised (with padding), the running phase
+    carried by the KV cache through decoding and chunked prefill, padding adding no phase, save-load."""
+    subject = Subject("grape", {"contextual": True, "ctx_per_head": True}, torch.device("cpu"))
+    for name in ("dense", "kv-cache", "chunked-prefill", "padding", "save-load"):
+        outcome = run_check(name, subject)
+        assert outcome.ok, (name, outcome.text)
+
+
 def test_bad_pe_args_and_export_are_refused_in_one_line():
-    for args, key in (({"theta": 1.0}, "theta"), ({"learnable": 1}, "learnable"), ({"spectrum": 2}, "spectrum")):
+    for args, key in (({"theta": 1.0}, "theta"), ({"learnable": 1}, "learnable"), ({"spectrum": 2}, "spectrum"),
+                      ({"ctx_per_head": True}, "ctx_per_head")):
         with pytest.raises(ValueError, match=f"model.pe_args.{key}"):
             ModelConfig(vocab_size=61, dim=32, n_layers=1, n_heads=2, pe="grape", pe_args=args)
     with pytest.raises(TapeError, match="pe 'grape' has no Hugging Face Llama equivalent"):

@@ -17,6 +17,7 @@ DESIGNS = {
     "clipped-rope": {"pe": "clipped-rope", "pe_args": {"clip_low_n": 3}},
     "output-gate": {"pe": "alibi", "output_gate": "elementwise"},
     "grape": {"pe": "grape", "pe_args": {"share_across_heads": False}},
+    "grape-contextual": {"pe": "grape", "pe_args": {"contextual": True, "ctx_per_head": True}},
     "liere": {"pe": "liere", "pe_args": {"per_head": True}},
     "comrope": {"pe": "comrope", "pe_args": {"variant": "ld", "block_size": 4}},
     "dape": {"pe": "dape", "pe_args": {"base": "alibi"}},
