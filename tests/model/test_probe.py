@@ -70,7 +70,8 @@ def reference(model, q, k, need, kwargs):
     return naive_weights(q, k, bias, kwargs["q_pos"], kwargs["k_pos"], kwargs["key_mask"]), None
 
 
-UNREPORTED = ("fox", "stickbreaking", "mapwm", "dape")  # own attention that reports no weights: refused while probing
+# Own attention that reports no weights: refused while probing.
+UNREPORTED = ("fox", "stickbreaking", "mapwm", "dape", "grape-ap")
 
 
 @pytest.mark.parametrize("pe", [pe for pe in PE_NAMES if pe not in UNREPORTED])

@@ -28,6 +28,7 @@ from tapecli.model.pe.dape import DAPE
 from tapecli.model.pe.fire import FIRE
 from tapecli.model.pe.fox import FoX
 from tapecli.model.pe.grape import GRAPE
+from tapecli.model.pe.grape_ap import GRAPEAP
 from tapecli.model.pe.liere import LieRE
 from tapecli.model.pe.mapwm import MapWM
 from tapecli.model.pe.nope import NoPE
@@ -57,6 +58,7 @@ BUILTINS: dict[str, type[PositionalEncoding]] = {
     "mapwm": MapWM,
     "clipped-rope": ClippedRoPE,
     "grape": GRAPE,
+    "grape-ap": GRAPEAP,
     "liere": LieRE,
     "comrope": ComRoPE,
     "dape": DAPE,
