@@ -13,7 +13,7 @@ LAYOUTS = {
     "rotations": {"pe": "clipped-rope", "pe_args": {"clip_low_n": 3},
                   "schedule": {"layers": ["clipped-rope", "grape", "liere", "comrope"]}},
     "biases": {"pe": "dape", "output_gate": "headwise",
-               "schedule": {"pattern": ["dape", "alibi", "local", "grape"],
+               "schedule": {"pattern": ["dape", "grape-ap", "local", "alibi"],
                             "kinds": {"local": {"pe": "dape", "window": 6, "pe_args": {"base": "alibi"}}}}},
 }
 
@@ -26,7 +26,7 @@ def test_scheduled_layers_stay_exact(layout):
     model = subject.model()
     assert [type(layer.pe).__name__ for layer in model.model.layers] == (
         ["RotaryLayer", "GRAPELayer", "LieRELayer", "ComRoPELayer"] if layout == "rotations" else
-        ["DAPELayer", "ALiBiLayer", "DAPELayer", "GRAPELayer"])
+        ["DAPELayer", "GRAPEAPLayer", "DAPELayer", "ALiBiLayer"])
     assert all((layer.self_attn.output_gate is not None) == (layout == "biases") for layer in model.model.layers)
     for name in ("dense", "kv-cache", "chunked-prefill", "padding", "save-load"):
         outcome = run_check(name, subject)
