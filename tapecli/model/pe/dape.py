@@ -36,11 +36,11 @@ No Hugging Face config expresses the MLP: `tape export` refuses it.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 from torch import Tensor, nn
 
+from tapecli.model.pe.alibi import alibi_slopes
 from tapecli.model.pe.base import (
     LayerCache,
     LayerPE,
@@ -57,22 +57,12 @@ BASES = ("kerple", "alibi")
 KERPLE_EPS = 1e-2  # r1 and r2 are kept >= this, as in KERPLE's code
 
 
-def slopes(n: int) -> list[float]:
-    """ALiBi's slopes for n heads, as the official DAPE code computes them (`_get_slopes`): a geometric sequence
-    from 2^(-8/n) for a power of two; otherwise the largest power of two's, then every other of twice that."""
-    if math.log2(n).is_integer():
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start ** (i + 1) for i in range(n)]
-    power = 2 ** math.floor(math.log2(n))
-    return slopes(power) + slopes(2 * power)[0::2][:n - power]
-
-
 class DAPELayer(LayerPE):
     def __init__(self, n_heads: int, base: str, mlp_width: int) -> None:
         super().__init__()
         self.base = base
         if base == "alibi":
-            self.register_buffer("slopes", torch.tensor(slopes(n_heads)), persistent=False)
+            self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
             self.r1 = self.r2 = None
         else:
             self.r1 = nn.Parameter(torch.empty(n_heads))

@@ -34,12 +34,12 @@ expresses the bias: `tape export` refuses it.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tapecli.model.pe.alibi import alibi_slopes
 from tapecli.model.pe.base import (
     LayerCache,
     LayerPE,
@@ -54,20 +54,11 @@ from tapecli.model.pe.base import (
 POTENTIALS = ("official", "alibi", "fox")
 
 
-def slopes(n: int) -> list[float]:
-    """ALiBi's slopes for n heads, as the official code's `_get_alibi_slopes`."""
-    if math.log2(n).is_integer():
-        start = 2 ** (-(2 ** -(math.log2(n) - 3)))
-        return [start ** (i + 1) for i in range(n)]
-    power = 2 ** math.floor(math.log2(n))
-    return slopes(power) + slopes(2 * power)[0::2][:n - power]
-
-
 class GRAPEAPLayer(LayerPE):
     def __init__(self, dim: int, n_heads: int, potential: str, p_head_dim: int) -> None:
         super().__init__()
         self.n_heads, self.potential, self.p_head_dim = n_heads, potential, p_head_dim
-        self.register_buffer("slopes", torch.tensor(slopes(n_heads)), persistent=False)
+        self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
         self.p_proj = nn.Linear(dim, n_heads * p_head_dim, bias=False) if potential == "official" else None
         self.fgate_proj = nn.Linear(dim, n_heads, bias=True) if potential == "fox" else None
 
