@@ -49,6 +49,26 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], 
             torch.testing.assert_close(a[name], b[name], rtol=0, atol=atol, msg=f"{name} differs")
 
 
+class Interrupted(Exception):
+    """Raised by `crash_after_checkpoint`: a run stopped right after a checkpoint, as a kill would stop it."""
+
+
+def crash_after_checkpoint(monkeypatch, step: int) -> None:
+    """Make the training engine raise Interrupted right after it saved the checkpoint of `step` (undo with
+    monkeypatch.undo() before resuming)."""
+    from tapecli.train import engine
+
+    real_save = engine.save
+
+    def save_then_crash(job, at: int, elapsed: float) -> Path:
+        path = real_save(job, at, elapsed)
+        if at == step:
+            raise Interrupted
+        return path
+
+    monkeypatch.setattr(engine, "save", save_then_crash)
+
+
 def subprocess_env() -> dict[str, str]:
     """Environment for `python -m tapecli.cli` / torchrun children: one thread each, the repo importable."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")

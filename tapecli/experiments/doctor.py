@@ -40,17 +40,20 @@ from tapecli.pe.check import DOCTOR_CHECKS, Outcome, Subject, run_check
 from tapecli.pe.check.subject import SIZE_TEXT
 from tapecli.runtime import resolve_device
 
-# Hybrid layouts every `tape doctor` checks (4 layers; windows of 16 keys, shorter than the checks' sequences).
+# Hybrid layouts every `tape doctor` checks (4 layers; windows of 16 keys, shorter than the checks' sequences); two
+# gate each head's attention output (model.output_gate), over bias PEs and over PEs with wide values or their own
+# attention.
 HYBRID_CHECKS: dict[str, dict] = {
     "irope": {"pe": "rope", "temperature": 0.9, "schedule": {
         "pattern": ["local", "local", "local", "global"],
         "kinds": {"local": {"window": 16}, "global": {"pe": "nope", "length_scale": "llama4",
                                                        "length_scale_args": {"floor_scale": 8.0}}}}},
-    "bias-mix": {"pe": "alibi", "schedule": {
+    "bias-mix": {"pe": "alibi", "output_gate": "headwise", "schedule": {
         "layers": ["alibi", "t5", "fire", "alibi"],
         "kinds": {"alibi": {"window": 16}, "t5": {"pe": "t5", "temperature": 0.8},
                   "fire": {"pe": "fire", "window": 16, "temperature": 1.2}}}},
-    "state-mix": {"pe": "tape", "length_scale": "log", "length_scale_args": {"length": 16}, "schedule": {
+    "state-mix": {"pe": "tape", "output_gate": "elementwise", "length_scale": "log",
+                  "length_scale_args": {"length": 16}, "schedule": {
         "layers": ["tape", "cope", "local-tape", "path"],
         "kinds": {"local-tape": {"window": 16}, "cope": {"pe": "cope", "window": 16, "temperature": 0.9},
                   "path": {"pe": "path", "temperature": 1.1}}}},

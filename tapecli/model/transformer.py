@@ -32,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from tapecli.model.abacus import AbacusEmbedding
 from tapecli.model.attention import WideValue, attend
+from tapecli.model.attention.gate import output_gate
 from tapecli.model.attention.scaling import QueryScale
 from tapecli.model.cache import KVCache, LayerCache
 from tapecli.model.config import ModelConfig
@@ -67,6 +68,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
         self.q_norm, self.k_norm = head_norms(config)  # per-head query/key norms (model.qk_norm), else identities
+        self.output_gate = output_gate(config)  # a sigmoid gate on each head's output (model.output_gate), or None
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries [B, H, T, d], keys and values [B, H_kv, T, d] of `x` [B, T, dim], before the PE."""
@@ -92,6 +94,8 @@ class Attention(nn.Module):
         aggregated = None
         if isinstance(need, WideValue):  # the need's columns come back after the value head
             y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:].to(need.values.dtype)
+        if self.output_gate is not None:
+            y = self.output_gate(y, x)
         y = y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim)
         return self.o_proj(y), aggregated
 

@@ -233,7 +233,7 @@ def model_config(spec: str, *, pe_args: dict[str, Any] | None = None, what: str 
     """The configuration `open_model(spec, pe_args=...)` would build, read without any weight (a hub id is
     resolved, so downloaded when online): what a command checks every model against before any work. A missing
     model, a bad config.json or a bad --pe-arg is the TapeError opening it would raise."""
-    from tapecli.model.hf import hf_model_config, read_hf_config
+    from tapecli.model.hf.load import hf_model_config, read_hf_config
 
     source = find_source(spec, what)
     change = _Change({}, None, pe_args or {})
@@ -246,7 +246,7 @@ def model_config(spec: str, *, pe_args: dict[str, Any] | None = None, what: str 
 
 def model_tokenizer(spec: str, what: str = "--model") -> Tokenizer:
     """The tokenizer `open_model(spec)` would give, without any weight (an evaluation estimating its prompts)."""
-    from tapecli.model.hf import load_hf_tokenizer, read_hf_config
+    from tapecli.model.hf.load import load_hf_tokenizer, read_hf_config
 
     source = find_source(spec, what)
     if source.kind == "hf":

@@ -195,7 +195,7 @@ def test_model_training_paths_equal_the_dense_reference(small_chunks, pe, overri
     assert_close(got, want)
     expected = {"alibi": "chunked", "t5": "chunked", "fire": "chunked", "cope": "cope-recompute",
                 "path": "path-recompute", "fox": "fox-flash", "stickbreaking": "stickbreaking-recompute",
-                }.get(pe, "chunked" if padding else "sdpa")
+                "dape": "dape-chunked", "grape-ap": "grape-ap-chunked"}.get(pe, "chunked" if padding else "sdpa")
     assert expected in taken
 
 

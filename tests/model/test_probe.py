@@ -70,7 +70,7 @@ def reference(model, q, k, need, kwargs):
     return naive_weights(q, k, bias, kwargs["q_pos"], kwargs["k_pos"], kwargs["key_mask"]), None
 
 
-UNREPORTED = ("stickbreaking",)  # own attention that reports no weights: refused while probing
+UNREPORTED = ("stickbreaking", "dape", "grape-ap")  # own attention that reports no weights: refused while probing
 THROUGH_TAPE = ("fox", "mapwm")  # own attention computed by tape's attention on encoded heads: tested below
 
 

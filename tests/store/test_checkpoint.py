@@ -8,7 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from train_helpers import (
+    Interrupted,
     assert_same_weights,
+    crash_after_checkpoint,
     kill_after_first_checkpoint,
     subprocess_env,
     weights,
@@ -23,10 +25,6 @@ from tapecli.store.run import read_metrics
 from tapecli.train import engine
 
 
-class Interrupted(Exception):
-    pass
-
-
 def test_resume_is_bitwise_exact(tmp_path: Path, tiny_corpus: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """6 steps in one go == 3 steps, a crash right after the step-3 checkpoint, then --resume auto."""
     # randpe draws random positions from the torch RNG, so this also checks that RNG states are restored.
@@ -34,15 +32,7 @@ def test_resume_is_bitwise_exact(tmp_path: Path, tiny_corpus: Path, monkeypatch:
                           train={"max_steps": 6, "save_every": 3, "eval_every": 2})
     whole = engine.pretrain(load_recipe(str(recipe)), tmp_path / "whole")
 
-    real_save = engine.save
-
-    def save_then_crash(job: engine.Job, step: int, elapsed: float) -> Path:
-        path = real_save(job, step, elapsed)
-        if step == 3:
-            raise Interrupted
-        return path
-
-    monkeypatch.setattr(engine, "save", save_then_crash)
+    crash_after_checkpoint(monkeypatch, 3)
     with pytest.raises(Interrupted):
         engine.pretrain(load_recipe(str(recipe)), tmp_path / "split")
     monkeypatch.undo()

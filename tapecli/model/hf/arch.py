@@ -191,6 +191,9 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
 
     The class: Qwen3 with QK-norm, Qwen2 with q/k/v biases, SmolLM3 with NoPE layers or windows in some layers only,
     Mistral with one window in every layer, else Llama. A model no class runs exactly is a TapeError naming why."""
+    if config.output_gate != "none":
+        raise TapeError(f"model.output_gate: {config.output_gate!r} gates attention's output, which no supported "
+                        "Hugging Face architecture does; keep the native checkpoint, which every `tape eval` opens")
     specs = config.layers()
     for spec in specs:
         if spec.pe not in ("rope", "nope"):

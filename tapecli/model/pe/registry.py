@@ -21,9 +21,15 @@ from tapecli import trust
 from tapecli.model.pe import plugins
 from tapecli.model.pe.alibi import ALiBi
 from tapecli.model.pe.base import PositionalEncoding, check_pe_args
+from tapecli.model.pe.clipped_rope import ClippedRoPE
+from tapecli.model.pe.comrope import ComRoPE
 from tapecli.model.pe.cope import CoPE
+from tapecli.model.pe.dape import DAPE
 from tapecli.model.pe.fire import FIRE
 from tapecli.model.pe.fox import FoX
+from tapecli.model.pe.grape import GRAPE
+from tapecli.model.pe.grape_ap import GRAPEAP
+from tapecli.model.pe.liere import LieRE
 from tapecli.model.pe.mapwm import MapWM
 from tapecli.model.pe.nope import NoPE
 from tapecli.model.pe.path import PaTH
@@ -50,6 +56,12 @@ BUILTINS: dict[str, type[PositionalEncoding]] = {
     "stickbreaking": StickBreaking,
     "pope": PoPE,
     "mapwm": MapWM,
+    "clipped-rope": ClippedRoPE,
+    "grape": GRAPE,
+    "grape-ap": GRAPEAP,
+    "liere": LieRE,
+    "comrope": ComRoPE,
+    "dape": DAPE,
 }
 
 

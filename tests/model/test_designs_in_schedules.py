@@ -1,0 +1,33 @@
+"""The PEs and the gate added with the 2026 designs inside per-layer schedules: 4-layer models mixing them with each
+other and with older PEs pass `tape pe check`'s exact checks (fast paths vs every score materialised, outputs and
+gradients with and without padding; KV cache; chunked prefill; padding; save-load)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tapecli.pe.check import Subject, run_check
+
+LAYOUTS = {
+    "rotations": {"pe": "clipped-rope", "pe_args": {"clip_low_n": 3},
+                  "schedule": {"layers": ["clipped-rope", "grape", "liere", "comrope"]}},
+    "biases": {"pe": "dape", "output_gate": "headwise",
+               "schedule": {"pattern": ["dape", "grape-ap", "local", "alibi"],
+                            "kinds": {"local": {"pe": "dape", "window": 6, "pe_args": {"base": "alibi"}}}}},
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_scheduled_layers_stay_exact(layout):
+    keys = dict(LAYOUTS[layout])
+    pe, pe_args = keys.pop("pe"), keys.pop("pe_args", {})
+    subject = Subject(pe, pe_args, torch.device("cpu"), keys=keys)
+    model = subject.model()
+    assert [type(layer.pe).__name__ for layer in model.model.layers] == (
+        ["RotaryLayer", "GRAPELayer", "LieRELayer", "ComRoPELayer"] if layout == "rotations" else
+        ["DAPELayer", "GRAPEAPLayer", "DAPELayer", "ALiBiLayer"])
+    assert all((layer.self_attn.output_gate is not None) == (layout == "biases") for layer in model.model.layers)
+    for name in ("dense", "kv-cache", "chunked-prefill", "padding", "save-load"):
+        outcome = run_check(name, subject)
+        assert outcome.ok, (name, outcome.text)
