@@ -1,6 +1,6 @@
 """`scripts/gpu-check.sh`: speed and memory evidence for one GPU within eight minutes, written as one Markdown page.
 
-    python -m tapecli.experiments.gpu_check [--cpu] [--out DIR]    # DIR/gpu-check.md and DIR/gpu-check.json
+    python -m tapecli.experiments.gpu_check [--cpu] [--out DIR] [--budget-scale X]   # DIR/gpu-check.{md,json}
 
 Four parts, each with a time budget (PARTS; GPU sizes in GPU, the --cpu mode's toy sizes in CPU):
 
@@ -124,8 +124,9 @@ def captured(fn, log, result: dict):
         result["text"] = result.get("text", "") + buffer.getvalue()
 
 
-def run_gpu_check(cpu: bool, out: Path, log=print) -> dict:
-    """Run the four parts (module docstring) and write out/gpu-check.md and out/gpu-check.json; returns the report."""
+def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) -> dict:
+    """Run the four parts (module docstring) and write out/gpu-check.md and out/gpu-check.json; returns the report.
+    `budget_scale` multiplies every part's budget (a slower GPU than an H100, a loaded CPU)."""
     os.environ.setdefault("COLUMNS", "160")  # rich's tables, not a terminal: wide enough for every column
     import torch
 
@@ -134,11 +135,16 @@ def run_gpu_check(cpu: bool, out: Path, log=print) -> dict:
     from tapecli.model import PE_NAMES
     from tapecli.runtime import resolve_device
 
+    if not budget_scale > 0:
+        from tapecli.errors import TapeError
+
+        raise TapeError(f"--budget-scale must be a positive number, got {budget_scale}")
     if not cpu and not torch.cuda.is_available():
         from tapecli.errors import TapeError
 
         raise TapeError("gpu-check: no CUDA device here; pass --cpu for the toy-size run on the CPU")
     sizes, budgets = (CPU, CPU_BUDGETS) if cpu else (GPU, BUDGETS)
+    budgets = {name: budget * budget_scale for name, budget in budgets.items()}
     device = resolve_device("cpu" if cpu else "cuda")
     out.mkdir(parents=True, exist_ok=True)
     report = {"mode": "cpu (toy sizes)" if cpu else "gpu", "commit": commit(), "hardware": hardware(device),
@@ -176,7 +182,7 @@ def run_gpu_check(cpu: bool, out: Path, log=print) -> dict:
 
     for name, fn in (("doctor", doctor_part), ("bench", bench_part), ("train", train_part),
                      ("extend", extend_part)):
-        log(f"== {name} (budget {budgets[name]} s)")
+        log(f"== {name} (budget {budgets[name]:.0f} s)")
         report["parts"][name] = run_part(name, budgets[name], fn, log)
         report["seconds"] = time.monotonic() - started
         page.write(report, out)
