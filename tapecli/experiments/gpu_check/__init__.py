@@ -162,9 +162,9 @@ def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) ->
         b = sizes["bench"]
         result |= {"lengths": {}, "skipped": {}}
         for i, seq_len in enumerate(b["seq_lens"]):
-            # Each length may use its share of what is left of the soft deadline, the longest the most.
-            left = len(b["seq_lens"]) - i
-            share = time.monotonic() + (deadline - time.monotonic()) / left * (0.6 if left > 1 else 1)
+            # Each length may use an equal share of what is left of the soft deadline (what a shorter one leaves
+            # unused goes to the longer ones).
+            share = time.monotonic() + (deadline - time.monotonic()) / (len(b["seq_lens"]) - i)
             bench_result = captured(lambda seq_len=seq_len, share=share: bench.run_bench(
                 list(PE_NAMES), b["n_layers"], b["dim"], b["n_heads"], [seq_len], b["batch_size"], b["steps"],
                 b["warmup"], b["rounds"], tape_paths=False, device=device.type, precision="bf16",
