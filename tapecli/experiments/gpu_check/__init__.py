@@ -81,9 +81,14 @@ def hardware(device) -> str:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
-    cores = os.cpu_count()
+    name = platform.machine()
+    with contextlib.suppress(OSError):
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        name = names[0] if names else name
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     load = os.getloadavg()[0]
-    return f"{platform.processor() or platform.machine()} CPU, {cores} cores, load average {load:.1f}"
+    return f"{name} ({platform.machine()}), {os.cpu_count()} cores, {memory:.0f} GiB, load average {load:.1f}"
 
 
 def run_part(name: str, budget: float, fn, log) -> dict:
