@@ -94,16 +94,19 @@ def check_options(n_layers: int, dim: int, n_heads: int, seq_lens: list[int], ba
 
 
 def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, precision: str,
-               device: torch.device, path: str | None = None) -> list[float]:
+               device: torch.device, path: str | None = None, cpu: list[float] | None = None) -> list[float]:
+    """Wall time of each of `steps` steps; `cpu`: also append this process's CPU time of each step to it."""
     times = []
     for _ in range(steps):
         if device.type == "cuda":
             torch.cuda.synchronize()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         train_step(model, batch, precision, device, path)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        if cpu is not None:
+            cpu.append(time.process_time() - cpu_start)
         model.zero_grad(set_to_none=True)
     return times
 
@@ -195,6 +198,7 @@ def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, m
     seq_len, batch_size, precision = (next(iter(specs.values()))[k] for k in ("seq_len", "batch_size", "precision"))
     peaks: dict[str, dict] = {}
     samples: dict[str, list[float]] = {}
+    cpu_samples: dict[str, list[float]] = {}  # CPU time per step: with one thread, the work, whatever else runs
     taken_paths: dict[str, list[str]] = {}
     failures: dict[str, str] = {}
     skipped: list[str] = []
@@ -217,7 +221,7 @@ def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, m
             failures[label] = failure_line(e)
             return None
         taken_paths[label] = sorted(set(taken))
-        samples[label] = []
+        samples[label], cpu_samples[label] = [], []
         return model, batch, dev
 
     with console.status("...") as status:
@@ -246,15 +250,23 @@ def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, m
             for label, (model, batch, dev) in list(models.items()):
                 status.update(f"T = {seq_len}, round {r + 1}/{rounds}: {label}")
                 try:
-                    samples[label] += time_steps(model, batch, steps, precision, dev, rows[label].get("attention"))
+                    samples[label] += time_steps(model, batch, steps, precision, dev, rows[label].get("attention"),
+                                                 cpu_samples[label])
                 except Exception as e:  # noqa: BLE001
                     failures[label] = failure_line(e)
                     del models[label]
     medians = {label: statistics.median(t) for label, t in samples.items() if label not in failures and t}
     peak_bytes = {label: peaks.get(label, {}).get("peak_bytes") for label in rows}
+    cpu_medians = {label: statistics.median(cpu_samples[label]) for label in medians}
     reference, reference_peak = medians.get("rope"), peak_bytes.get("rope")
+    # One thread on the CPU: the process's CPU time per step is the step's own work, however busy the machine (its
+    # wall time also counts the time other processes held the core), so its ratio is the one to compare there.
+    one_thread = next(iter(specs.values()))["device"] == "cpu" and torch.get_num_threads() == 1
+    cpu_reference = cpu_medians.get("rope")
     table = Table(title=f"T = {seq_len}: training step (forward + backward), median")
-    for column in ("PE", "attention", "ms / step", "tokens / s", "time / RoPE", "peak MB", "memory / RoPE"):
+    columns = ["PE", "attention", "ms / step", "tokens / s", "time / RoPE", "peak MB", "memory / RoPE"]
+    columns[5:5] = ["CPU time / RoPE"] if one_thread else []
+    for column in columns:
         table.add_column(column, justify="left" if column in ("PE", "attention") else "right")
     for label in rows:
         peak = peak_bytes[label]
@@ -262,21 +274,25 @@ def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, m
             peak_cells = ["-", "-"] if label not in peaks else [peaks[label]["error"], "-"]
         else:
             peak_cells = [f"{peak / 2**20:,.0f}", f"{peak / reference_peak:.2f}" if reference_peak else "-"]
+        dashes = ["-"] * (4 if one_thread else 3)
         if label in failures:
-            table.add_row(label, f"[red]failed[/]: {failures[label]}", "-", "-", "-", *peak_cells)
+            table.add_row(label, f"[red]failed[/]: {failures[label]}", *dashes, *peak_cells)
             continue
         if label in skipped:
-            table.add_row(label, "skipped: time budget", "-", "-", "-", *peak_cells)
+            table.add_row(label, "skipped: time budget", *dashes, *peak_cells)
             continue
         median = medians[label]
+        cpu_cell = [f"{cpu_medians[label] / cpu_reference:.2f}" if cpu_reference else "-"] if one_thread else []
         table.add_row(label, ", ".join(taken_paths[label]) or "-", f"{1000 * median:.1f}",
                       f"{batch_size * seq_len / median:,.0f}", f"{median / reference:.2f}" if reference else "-",
-                      *peak_cells)
+                      *cpu_cell, *peak_cells)
     console.print(table)
     for label, reason in failures.items():  # in full, whatever the table's width did to the row
         console.print(f"{label}: failed: {reason}", soft_wrap=True)
     return {"median_step_s": medians,
             "ratio_to_rope": {k: v / reference for k, v in medians.items()} if reference else {},
+            "median_cpu_s": cpu_medians,
+            "cpu_ratio_to_rope": {k: v / cpu_reference for k, v in cpu_medians.items()} if cpu_reference else {},
             "peak_bytes": peak_bytes,
             "memory_ratio_to_rope": {k: (v / reference_peak if v is not None and reference_peak else None)
                                      for k, v in peak_bytes.items()},
