@@ -171,8 +171,8 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
 def forced_applies(path: str, natural: set[str], device: torch.device) -> bool:
     """Whether a variant whose steps took the attention paths `natural` can be forced onto `path` as well: not a PE
     with attention of its own (CoPE, PaTH, FoX, ...: they ignore a forced path), not the path it already takes;
-    sdpa / flash-attn only for plain q.k PEs (forced on a bias they would materialise it: that is `dense`); flex on
-    CUDA, chunked on the CPU, flash-attn where it is installed."""
+    sdpa / flash-attn only for plain q.k PEs (forced on a bias they would materialise it: that is `dense`), dense
+    only for bias PEs; flex on CUDA, chunked on the CPU, flash-attn where it is installed."""
     from tapecli.model.attention import chunked as chunked_path
     from tapecli.model.attention import flex as flex_path
     from tapecli.model.attention.dense import flash_attn_applies
@@ -186,7 +186,8 @@ def forced_applies(path: str, natural: set[str], device: torch.device) -> bool:
         return device.type == "cuda" and flex_path.flex_available()
     if path == "chunked":
         return device.type == "cpu" and chunked_path.kernel_available()
-    return path == "dense"
+    # dense: a materialised bias; without one (plain or wide-value PEs) it is SDPA's own causal call again.
+    return path == "dense" and bool(natural & {"chunked", "flex"})
 
 
 def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, memory: bool,

@@ -48,6 +48,7 @@ def test_cpu_mode_writes_the_page(tmp_path) -> None:
 def test_forced_paths_a_variant_may_take() -> None:
     assert forced_applies("dense", {"chunked"}, CPU)  # ALiBi: its bias materialised
     assert forced_applies("chunked", {"sdpa"}, CPU)  # RoPE through the chunked kernel
+    assert not forced_applies("dense", {"sdpa"}, CPU)  # without a bias, dense is SDPA's causal call again
     assert not forced_applies("sdpa", {"chunked"}, CPU)  # a bias PE on plain SDPA would be `dense`
     assert not forced_applies("chunked", {"chunked"}, CPU)  # the path it takes anyway
     assert not forced_applies("dense", {"cope-recompute"}, CPU)  # attention of its own ignores a forced path
