@@ -23,6 +23,7 @@ inductor on a CPU takes minutes); the test suite runs it (tests/experiments/test
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import os
 import platform
@@ -189,6 +190,9 @@ def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) ->
                      ("extend", extend_part)):
         log(f"== {name} (budget {budgets[name]:.0f} s)")
         report["parts"][name] = run_part(name, budgets[name], fn, log)
+        gc.collect()  # a part stopped at its budget leaves its models to the collector: free them for the next
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         report["seconds"] = time.monotonic() - started
         page.write(report, out)
     report["skipped"] = page.skipped(report, report["lengths"])
