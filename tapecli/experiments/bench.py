@@ -3,11 +3,12 @@ at each sequence length (one table per length).
 
 Every variant is built with the same seed and fed the same batch. Times: all variants live in this process and are
 interleaved round by round, so slow drift of the machine (thermal, other processes) hits all of them alike; each
-time is a median. Peak memory: one child process per variant and length (bench_step.py), so one PE's allocations
-never count against another's; on CUDA `torch.cuda.max_memory_allocated`, on the CPU the growth of the
-resident peak during one step (see bench_step.py). The attention path each variant took (`attention.plan`) is
-printed beside it. A variant that fails (building it, a step, its child process) gets one row, "failed: <the
-error>"; the others are still timed, and `failed` in the result lists it (the command then exits with 1).
+time is a median. Peak memory: on the CPU one child process per variant and length (bench_step.py), so one PE's
+allocations never count against another's: the growth of the resident peak during one step; on CUDA the growth of
+`torch.cuda.max_memory_allocated` during one step, in this process (the allocator counts tensors, not processes).
+The attention path each variant took (`attention.plan`) is printed beside it. A variant that fails (building it, a
+step, its child process) gets one row, "failed: <the error>"; the others are still timed, and `failed` in the
+result lists it (the command then exits with 1).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rich.table import Table
 
 from tapecli import threads
 from tapecli.errors import TapeError
-from tapecli.experiments.bench_step import make_variant, train_step
+from tapecli.experiments.bench_step import cuda_peak, make_variant, train_step
 from tapecli.experiments.pe_specs import parse_pe_specs
 from tapecli.faults import failure_line, note_memory_use
 from tapecli.files import write_atomic
@@ -95,16 +96,19 @@ def check_options(n_layers: int, dim: int, n_heads: int, seq_lens: list[int], ba
 
 
 def time_steps(model: torch.nn.Module, batch: torch.Tensor, steps: int, precision: str,
-               device: torch.device) -> list[float]:
+               device: torch.device, path: str | None = None, cpu: list[float] | None = None) -> list[float]:
+    """Wall time of each of `steps` steps; `cpu`: also append this process's CPU time of each step to it."""
     times = []
     for _ in range(steps):
         if device.type == "cuda":
             torch.cuda.synchronize()
-        start = time.perf_counter()
-        train_step(model, batch, precision, device)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        train_step(model, batch, precision, device, path)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
+        if cpu is not None:
+            cpu.append(time.process_time() - cpu_start)
         model.zero_grad(set_to_none=True)
     return times
 
@@ -123,7 +127,9 @@ def child_memory(spec: dict) -> dict:
 def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: list[int], batch_size: int,
               steps: int, warmup: int, rounds: int, tape_paths: bool, device: str, precision: str = "fp32",
               compile: bool = False, memory: bool = True, out: Path | None = None, window: int | None = None,
-              hybrids: tuple[str, ...] = ()) -> dict:
+              hybrids: tuple[str, ...] = (), paths: tuple[str, ...] = (), deadline: float | None = None) -> dict:
+    """Time and measure every variant at every length (module docstring); `paths` and `deadline` as in
+    `bench_length` (scripts/gpu-check.sh uses them: each attention path a PE can take, within a time budget)."""
     check_options(n_layers, dim, n_heads, seq_lens, batch_size, steps, warmup, rounds, precision)
     if out is not None:
         check_output(out, file=True)
@@ -147,8 +153,9 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
         specs = {label: {"pe": pe, "pe_args": pe_args, "model": keys, "n_layers": n_layers, "dim": dim,
                          "n_heads": n_heads, "seq_len": seq_len, "batch_size": batch_size, "precision": precision,
                          "compile": compile, "device": str(dev)} for label, pe, pe_args, keys in variants}
-        result["lengths"][str(seq_len)] = bench_length(specs, steps, warmup, rounds, memory, console)
+        result["lengths"][str(seq_len)] = bench_length(specs, steps, warmup, rounds, memory, console, paths, deadline)
     result["failed"] = sorted({label for entry in result["lengths"].values() for label in entry["failed"]})
+    result["skipped"] = {length: entry["skipped"] for length, entry in result["lengths"].items() if entry["skipped"]}
     if any("flex" in paths for entry in result["lengths"].values() for paths in entry["paths"].values()):
         # One compiled FlexAttention kernel serves every layer: the count grows with PEs and shapes, not layers.
         result["compiled_graphs"] = torch._dynamo.utils.counters["stats"]["unique_graphs"]
@@ -163,67 +170,137 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
     return result
 
 
+def forced_applies(path: str, natural: set[str], device: torch.device) -> bool:
+    """Whether a variant whose steps took the attention paths `natural` can be forced onto `path` as well: not a PE
+    with attention of its own (CoPE, PaTH, FoX, ...: they ignore a forced path), not the path it already takes;
+    sdpa / flash-attn only for plain q.k PEs (forced on a bias they would materialise it: that is `dense`), dense
+    only for bias PEs; flex on CUDA, chunked on the CPU, flash-attn where it is installed."""
+    from tapecli.model.attention import chunked as chunked_path
+    from tapecli.model.attention import flex as flex_path
+    from tapecli.model.attention.dense import flash_attn_applies
+
+    if path in natural or not natural <= set(attention.PATHS):
+        return False
+    if path in ("sdpa", "flash-attn"):
+        plain = natural <= {"sdpa", "flash-attn"}
+        return plain and (path == "sdpa" or flash_attn_applies(device.type, torch.bfloat16))
+    if path == "flex":
+        return device.type == "cuda" and flex_path.flex_available()
+    if path == "chunked":
+        return device.type == "cpu" and chunked_path.kernel_available()
+    # dense: a materialised bias; without one (plain or wide-value PEs) it is SDPA's own causal call again.
+    return path == "dense" and bool(natural & {"chunked", "flex"})
+
+
 def bench_length(specs: dict[str, dict], steps: int, warmup: int, rounds: int, memory: bool,
-                 console: Console) -> dict:
-    """Time (interleaved, this process) and peak memory (child processes) of every variant at one length."""
+                 console: Console, paths: tuple[str, ...] = (), deadline: float | None = None) -> dict:
+    """Time (interleaved, this process) and peak memory (child processes on the CPU, `cuda_peak` in this process on
+    CUDA) of every variant at one length. `paths`: each variant is also timed forced onto each of these attention
+    paths where that applies (`forced_applies`), as "label on path". `deadline` (time.monotonic()): no variant is
+    built and no round started after it; what was left out is listed in "skipped"."""
     seq_len, batch_size, precision = (next(iter(specs.values()))[k] for k in ("seq_len", "batch_size", "precision"))
     peaks: dict[str, dict] = {}
-    samples: dict[str, list[float]] = {label: [] for label in specs}
-    paths: dict[str, list[str]] = {}
+    samples: dict[str, list[float]] = {}
+    cpu_samples: dict[str, list[float]] = {}  # CPU time per step: with one thread, the work, whatever else runs
+    taken_paths: dict[str, list[str]] = {}
     failures: dict[str, str] = {}
+    skipped: list[str] = []
+    rows: dict[str, dict] = {}  # every variant in table order, forced ones after the one they force
+
+    def late() -> bool:
+        return deadline is not None and time.monotonic() > deadline
+
+    def build(label: str, spec: dict) -> tuple | None:
+        if late():
+            skipped.append(label)
+            return None
+        try:
+            model, batch, dev = make_variant(spec)
+            with attention.recording() as taken:  # at least one warm-up step, which names the attention path
+                time_steps(model, batch, max(warmup, 1), precision, dev, spec.get("attention"))
+            if memory and dev.type == "cuda":
+                peaks[label] = {"peak_bytes": cuda_peak(model, batch, precision, dev, spec.get("attention"))}
+        except Exception as e:  # noqa: BLE001 - one variant's failure is its row; the others still run
+            failures[label] = failure_line(e)
+            return None
+        taken_paths[label] = sorted(set(taken))
+        samples[label], cpu_samples[label] = [], []
+        return model, batch, dev
+
     with console.status("...") as status:
-        if memory:
-            for label, spec in specs.items():
-                status.update(f"T = {seq_len}: peak memory of {label} (child process)")
-                peaks[label] = child_memory(spec)
         models = {}
         for label, spec in specs.items():
             status.update(f"T = {seq_len}: building and warming up {label}")
-            try:
-                model, batch, dev = make_variant(spec)
-                with attention.recording() as taken:  # at least one warm-up step, which names the attention path
-                    time_steps(model, batch, max(warmup, 1), precision, dev)
-            except Exception as e:  # noqa: BLE001 - one variant's failure is its row; the others still run
-                failures[label] = failure_line(e)
-                continue
-            paths[label] = sorted(set(taken))
-            models[label] = model, batch, dev
+            rows[label] = spec
+            if (built := build(label, spec)) is not None:
+                models[label] = built
+            for path in paths:
+                if label not in taken_paths or not forced_applies(path, set(taken_paths[label]), built[2]):
+                    continue
+                forced_label, forced_spec = f"{label} on {path}", {**spec, "attention": path}
+                rows[forced_label] = forced_spec
+                status.update(f"T = {seq_len}: building and warming up {forced_label}")
+                if (built_forced := build(forced_label, forced_spec)) is not None:
+                    models[forced_label] = built_forced
+        if memory:
+            for label, spec in rows.items():
+                if label in models and not spec["device"].startswith("cuda"):
+                    status.update(f"T = {seq_len}: peak memory of {label} (child process)")
+                    peaks[label] = child_memory(spec)
         for r in range(rounds):
+            if r and late():
+                break
             for label, (model, batch, dev) in list(models.items()):
                 status.update(f"T = {seq_len}, round {r + 1}/{rounds}: {label}")
                 try:
-                    samples[label] += time_steps(model, batch, steps, precision, dev)
+                    samples[label] += time_steps(model, batch, steps, precision, dev, rows[label].get("attention"),
+                                                 cpu_samples[label])
                 except Exception as e:  # noqa: BLE001
                     failures[label] = failure_line(e)
                     del models[label]
-    medians = {label: statistics.median(t) for label, t in samples.items() if label not in failures}
-    peak_bytes = {label: peaks.get(label, {}).get("peak_bytes") for label in specs}
+    medians = {label: statistics.median(t) for label, t in samples.items() if label not in failures and t}
+    peak_bytes = {label: peaks.get(label, {}).get("peak_bytes") for label in rows}
+    cpu_medians = {label: statistics.median(cpu_samples[label]) for label in medians}
     reference, reference_peak = medians.get("rope"), peak_bytes.get("rope")
+    # One thread on the CPU: the process's CPU time per step is the step's own work, however busy the machine (its
+    # wall time also counts the time other processes held the core), so its ratio is the one to compare there.
+    one_thread = next(iter(specs.values()))["device"] == "cpu" and torch.get_num_threads() == 1
+    cpu_reference = cpu_medians.get("rope")
     table = Table(title=f"T = {seq_len}: training step (forward + backward), median")
-    for column in ("PE", "attention", "ms / step", "tokens / s", "time / RoPE", "peak MB", "memory / RoPE"):
+    columns = ["PE", "attention", "ms / step", "tokens / s", "time / RoPE", "peak MB", "memory / RoPE"]
+    columns[5:5] = ["CPU time / RoPE"] if one_thread else []
+    for column in columns:
         table.add_column(column, justify="left" if column in ("PE", "attention") else "right")
-    for label in specs:
+    for label in rows:
         peak = peak_bytes[label]
         if peak is None:
             peak_cells = ["-", "-"] if label not in peaks else [peaks[label]["error"], "-"]
         else:
             peak_cells = [f"{peak / 2**20:,.0f}", f"{peak / reference_peak:.2f}" if reference_peak else "-"]
+        dashes = ["-"] * (4 if one_thread else 3)
         if label in failures:
-            table.add_row(label, f"[red]failed[/]: {failures[label]}", "-", "-", "-", *peak_cells)
+            table.add_row(label, f"[red]failed[/]: {failures[label]}", *dashes, *peak_cells)
+            continue
+        if label in skipped:
+            table.add_row(label, "skipped: time budget", *dashes, *peak_cells)
             continue
         median = medians[label]
-        table.add_row(label, ", ".join(paths[label]) or "-", f"{1000 * median:.1f}",
+        cpu_cell = [f"{cpu_medians[label] / cpu_reference:.2f}" if cpu_reference else "-"] if one_thread else []
+        table.add_row(label, ", ".join(taken_paths[label]) or "-", f"{1000 * median:.1f}",
                       f"{batch_size * seq_len / median:,.0f}", f"{median / reference:.2f}" if reference else "-",
-                      *peak_cells)
+                      *cpu_cell, *peak_cells)
     console.print(table)
     for label, reason in failures.items():  # in full, whatever the table's width did to the row
         console.print(f"{label}: failed: {reason}", soft_wrap=True)
     return {"median_step_s": medians,
             "ratio_to_rope": {k: v / reference for k, v in medians.items()} if reference else {},
+            "median_cpu_s": cpu_medians,
+            "cpu_ratio_to_rope": {k: v / cpu_reference for k, v in cpu_medians.items()} if cpu_reference else {},
             "peak_bytes": peak_bytes,
             "memory_ratio_to_rope": {k: (v / reference_peak if v is not None and reference_peak else None)
                                      for k, v in peak_bytes.items()},
-            "paths": paths,
+            "paths": taken_paths,
+            "skipped": skipped,
             "failed": {**{label: f"peak memory: {peak['error']}" for label, peak in peaks.items() if "error" in peak},
                        **failures}}
 

@@ -5,7 +5,8 @@ measures that step's peak memory.
     python -m tapecli.experiments.bench_step '<json spec>'    # one JSON line: {"peak_bytes": ..., "paths": [...]}
 
 A spec names the variant: pe, pe_args, model (further model keys: window, schedule, ...; optional), n_layers, dim,
-n_heads, seq_len, batch_size, precision, compile, device.
+n_heads, seq_len, batch_size, precision, compile, device, and optionally attention: one attention path every layer
+is forced onto (`attention.forced`; `tape bench`'s variants "alibi on flex"), where the PE takes it.
 The child builds the model and batch, runs one step (warm-up: lazy initialisation, compilation), then measures a
 second step: on CUDA the growth of `torch.cuda.max_memory_allocated` over what was allocated before it; on the CPU
 the growth of the process's peak resident memory (VmHWM, reset through /proc/self/clear_refs) over its resident
@@ -16,6 +17,7 @@ alive at once, not the allocator's caching.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -42,12 +44,28 @@ def make_variant(spec: dict) -> tuple[torch.nn.Module, torch.Tensor, torch.devic
     return model, batch, dev
 
 
-def train_step(model: torch.nn.Module, batch: torch.Tensor, precision: str, device: torch.device) -> None:
-    """Forward (under bf16 autocast for --precision bf16), cross-entropy, backward; gradients are left in place."""
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-        logits = model(batch[:, :-1])
-    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
-    loss.backward()
+def train_step(model: torch.nn.Module, batch: torch.Tensor, precision: str, device: torch.device,
+               path: str | None = None) -> None:
+    """Forward (under bf16 autocast for --precision bf16), cross-entropy, backward; gradients are left in place.
+    `path`: the attention path every layer is forced onto (None: the one the dispatcher picks)."""
+    with attention.forced(path) if path else contextlib.nullcontext():
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(batch[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, 1:].flatten())
+        loss.backward()
+
+
+def cuda_peak(model: torch.nn.Module, batch: torch.Tensor, precision: str, device: torch.device,
+              path: str | None = None) -> int:
+    """The growth of `torch.cuda.max_memory_allocated` during one step over what was allocated before it (the
+    allocator counts tensors, not processes, so this needs no process of its own)."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    train_step(model, batch, precision, device, path)
+    torch.cuda.synchronize()
+    model.zero_grad(set_to_none=True)
+    return torch.cuda.max_memory_allocated() - before
 
 
 def status_kib(field: str) -> int:
@@ -60,20 +78,16 @@ def status_kib(field: str) -> int:
 def measure(spec: dict) -> dict:
     """One warm-up step, then the peak memory of a second one (module docstring) and the attention paths taken."""
     model, batch, device = make_variant(spec)
+    path = spec.get("attention")
     with attention.recording() as paths:
-        train_step(model, batch, spec["precision"], device)
+        train_step(model, batch, spec["precision"], device, path)
     model.zero_grad(set_to_none=True)
     if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-        train_step(model, batch, spec["precision"], device)
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - before
+        peak = cuda_peak(model, batch, spec["precision"], device, path)
     else:
         Path("/proc/self/clear_refs").write_text("5")  # the peak resident set size restarts from the current one
         before = status_kib("VmRSS")
-        train_step(model, batch, spec["precision"], device)
+        train_step(model, batch, spec["precision"], device, path)
         peak = (status_kib("VmHWM") - before) * 1024
     return {"peak_bytes": peak, "paths": sorted(set(paths))}
 

@@ -83,7 +83,7 @@ def compile_works() -> str:
     return f"works ({time.perf_counter() - start:.0f} s to compile a tiny function)"
 
 
-def environment(device: torch.device) -> dict[str, str]:
+def environment(device: torch.device, compile_check: bool = True) -> dict[str, str]:
     env = {"python": platform.python_version(), "torch": torch.__version__, "threads": threads.describe()}
     if torch.cuda.is_available():
         env["cuda"] = f"{torch.version.cuda} ({torch.cuda.device_count()} device(s))"
@@ -94,7 +94,7 @@ def environment(device: torch.device) -> dict[str, str]:
         env["bf16"] = "CPU autocast (always available)"
     for name, package in (("flash-attn", "flash-attn"), ("fla", "flash-linear-attention"), ("triton", "triton")):
         env[name] = package_version(package)
-    env["torch.compile"] = compile_works()
+    env["torch.compile"] = compile_works() if compile_check else "not checked"
     from tapecli.model.hf.arch import ARCHITECTURES
 
     env["hf import"] = f"{', '.join(ARCHITECTURES)} (transformers {package_version('transformers')})"
@@ -117,10 +117,13 @@ def mark(outcome: Outcome) -> str:
     return f"{outcome.name}{number} " + ("ok" if outcome.ok else "[red]FAILED[/]")
 
 
-def run_doctor(device: str = "auto", pes: list[str] | None = None, hybrids: bool = True) -> dict:
+def run_doctor(device: str = "auto", pes: list[str] | None = None, hybrids: bool = True,
+               compile_check: bool = True) -> dict:
+    """Print the environment and the self-checks (module docstring); `compile_check`: compile a tiny function
+    (seconds on a GPU machine, up to a minute on a loaded CPU; scripts/gpu-check.sh --cpu leaves it out)."""
     dev = resolve_device(device)
     console = Console()
-    env = environment(dev)
+    env = environment(dev, compile_check)
     console.print(f"[bold]Environment[/] ({dev})")
     width = max(len(k) for k in env)
     for key, value in env.items():

@@ -43,6 +43,7 @@ def test_bench_runs_and_reports_ratios(tmp_path):
     at = data["lengths"]["16"]
     assert at["ratio_to_rope"]["rope"] == 1.0 and set(at["ratio_to_rope"]) == {"rope", "alibi"}
     assert all(v > 0 for v in at["median_step_s"].values())
+    assert at["cpu_ratio_to_rope"]["rope"] == 1.0 and all(v > 0 for v in at["median_cpu_s"].values())
     assert all(v is not None and v >= 0 for v in at["peak_bytes"].values()), at["peak_bytes"]
     assert at["memory_ratio_to_rope"]["rope"] in (1.0, None)  # None: RoPE's step grew no resident memory
     assert at["paths"] == {"rope": ["sdpa"], "alibi": ["chunked"]}

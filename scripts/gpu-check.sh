@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Speed and memory evidence for one GPU, within eight minutes: `tape doctor`, `tape bench --precision bf16` for every
+# PE at 1K / 8K / 32K on each attention path it can take, training tokens/s and MFU of the c4 recipe's 162M model
+# (RoPE, TAPE, ALiBi, FIRE, eager and compiled) beside transformers' Llama, and one `tape extend-context` LoRA step
+# on a random ~1.1B Llama at 8K. Each part has a time budget (tapecli/experiments/gpu_check/__init__.py: BUDGETS);
+# what did not fit is printed at the end and listed on the page.
+#
+#   scripts/gpu-check.sh [--cpu] [--out DIR] [--budget-scale X]   # DIR/gpu-check.md (the page) and .json
+#
+# --budget-scale multiplies every part's budget (default 1: an H100 or H200; 2 for a slower GPU or a loaded CPU).
+# --cpu runs the same parts at toy sizes in seconds (the test suite runs it). Needs tape installed from this tree
+# (`pip install --no-deps --no-build-isolation -e .` next to a preinstalled torch); no network. PYTHON picks the
+# interpreter (default: python).
+set -euo pipefail
+exec "${PYTHON:-python}" -m tapecli.experiments.gpu_check "$@"

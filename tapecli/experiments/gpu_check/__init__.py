@@ -1,0 +1,202 @@
+"""`scripts/gpu-check.sh`: speed and memory evidence for one GPU within eight minutes, written as one Markdown page.
+
+    python -m tapecli.experiments.gpu_check [--cpu] [--out DIR] [--budget-scale X]   # DIR/gpu-check.{md,json}
+
+Four parts, each with a time budget (PARTS; GPU sizes in GPU, the --cpu mode's toy sizes in CPU):
+
+  doctor   `tape doctor` on the device (tapecli.experiments.doctor; --cpu: CPU_DOCTOR_PES only, no compilation)
+  bench    `tape bench --precision bf16` for every registered PE at 1K, 8K and 32K tokens, each PE also forced onto
+           every other attention path it can take (flash-attn, sdpa, flex, dense; `bench.forced_applies`), time and
+           peak memory as ratios to RoPE on its own path (FlashAttention-2 where installed, else SDPA)
+  train    tokens/s and MFU of the `c4` recipe's 162M model for RoPE, TAPE, ALiBi and FIRE, eager and compiled,
+           beside transformers' Llama of the same shape (train_speed.py)
+  extend   one `tape extend-context --method lora` step with activation checkpointing on a random ~1.1B Llama at
+           8K tokens: peak memory, step time, the prediction for a 7B base (extend_step.py)
+
+Each part runs in this process under its budget: it starts no new variant past its soft deadline (80 % of the
+budget) and is stopped by SIGALRM at the budget; what it left out is named on the page and printed at the end.
+The page is rewritten (atomically) after every part, so a run killed from outside keeps what it finished. The
+--cpu mode runs the same parts at toy sizes in seconds (its compiled variants through dynamo's eager backend:
+inductor on a CPU takes minutes); the test suite runs it (tests/experiments/test_gpu_check.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import os
+import platform
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+BUDGETS = {"doctor": 45, "bench": 180, "train": 150, "extend": 75}  # seconds on the GPU, 450 in all
+CPU_BUDGETS = {"doctor": 8, "bench": 10, "train": 8, "extend": 8}
+TRAIN_PES = ("rope", "tape", "alibi", "fire")
+CPU_DOCTOR_PES = ("rope", "alibi", "tape")  # --cpu: a plain, a bias and a wide-value PE; no compile, no hybrids
+GPU = {
+    "bench": {"seq_lens": [1024, 8192, 32768], "n_layers": 2, "dim": 256, "n_heads": 4, "batch_size": 1,
+              "steps": 2, "rounds": 2, "warmup": 1, "memory": True,
+              "paths": {1024: ("flash-attn", "sdpa", "flex", "dense"), 8192: ("flash-attn", "sdpa", "flex", "dense"),
+                        32768: ("flash-attn", "sdpa", "flex")}},
+    "train": {"overrides": [], "batch": 8, "warmup": 2, "steps": 5, "compile_backend": None},
+    "extend": {"llama": {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
+                         "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+                         "max_position_embeddings": 4096}, "target": 8192},
+}
+CPU = {
+    "bench": {"seq_lens": [32, 64], "n_layers": 1, "dim": 32, "n_heads": 2, "batch_size": 1, "steps": 1,
+              "rounds": 1, "warmup": 0, "memory": False, "paths": {32: ("sdpa", "chunked", "dense")}},
+    "train": {"overrides": ["model.n_layers=1", "model.dim=32", "model.n_heads=2", "model.ffn_dim=64",
+                            "model.vocab_size=256", "model.max_seq_len=32", "data.seq_len=32"],
+              "batch": 2, "warmup": 2, "steps": 1, "compile_backend": "eager"},
+    "extend": {"llama": {"vocab_size": 320, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32},
+               "target": 64},
+}
+
+
+class OverBudget(BaseException):
+    """SIGALRM: the part ran to its budget (a BaseException, so that no `except Exception` inside a part, e.g. one
+    variant's failure row, swallows it)."""
+
+
+def commit() -> str:
+    root = Path(__file__).resolve().parents[3]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (not a git checkout)"
+    return head + (" with uncommitted changes" if dirty else "")
+
+
+def hardware(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return f"{props.name}, {props.total_memory / 2**30:.0f} GiB, CUDA {torch.version.cuda}"
+    name = platform.machine()
+    with contextlib.suppress(OSError):
+        names = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                 if line.startswith("model name")]
+        name = names[0] if names else name
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    load = os.getloadavg()[0]
+    return f"{name} ({platform.machine()}), {os.cpu_count()} cores, {memory:.0f} GiB, load average {load:.1f}"
+
+
+def run_part(name: str, budget: float, fn, log) -> dict:
+    """fn(soft_deadline, result) fills the dict `result` as it goes, under a SIGALRM at `budget` seconds:
+    {"status", "seconds", "budget_s", "result"}; a part stopped at its budget keeps what it had filled in."""
+    def alarm(*_):
+        raise OverBudget
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, budget)
+    start = time.monotonic()
+    entry: dict = {"budget_s": budget, "status": "done", "result": {}}
+    try:
+        fn(start + 0.8 * budget, entry["result"])
+    except OverBudget:
+        entry["status"] = f"stopped at its budget of {budget:.0f} s"
+    except Exception as e:  # noqa: BLE001 - one part's failure is its section; the others still run
+        from tapecli.faults import failure_line
+
+        entry["status"] = f"failed: {failure_line(e)}"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    entry["seconds"] = time.monotonic() - start
+    log(f"{name}: {entry['status']} ({entry['seconds']:.1f} s of {budget:.0f})")
+    return entry
+
+
+def captured(fn, log, result: dict):
+    """Run fn() with stdout captured (rich prints to it); the text goes to `log` and is appended to result["text"]
+    (also when fn is stopped), and fn's value returned."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buffer):
+            return fn()
+    finally:
+        log(buffer.getvalue().rstrip())
+        result["text"] = result.get("text", "") + buffer.getvalue()
+
+
+def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) -> dict:
+    """Run the four parts (module docstring) and write out/gpu-check.md and out/gpu-check.json; returns the report.
+    `budget_scale` multiplies every part's budget (a slower GPU than an H100, a loaded CPU)."""
+    os.environ.setdefault("COLUMNS", "160")  # rich's tables, not a terminal: wide enough for every column
+    import torch
+
+    from tapecli.experiments import bench, doctor
+    from tapecli.experiments.gpu_check import extend_step, page, train_speed
+    from tapecli.model import PE_NAMES
+    from tapecli.runtime import resolve_device
+
+    if not budget_scale > 0:
+        from tapecli.errors import TapeError
+
+        raise TapeError(f"--budget-scale must be a positive number, got {budget_scale}")
+    if not cpu and not torch.cuda.is_available():
+        from tapecli.errors import TapeError
+
+        raise TapeError("gpu-check: no CUDA device here; pass --cpu for the toy-size run on the CPU")
+    sizes, budgets = (CPU, CPU_BUDGETS) if cpu else (GPU, BUDGETS)
+    budgets = {name: budget * budget_scale for name, budget in budgets.items()}
+    device = resolve_device("cpu" if cpu else "cuda")
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"mode": "cpu (toy sizes)" if cpu else "gpu", "commit": commit(), "hardware": hardware(device),
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "pes": list(PE_NAMES), "lengths": {"bench": sizes["bench"]["seq_lens"]}, "parts": {}}
+    started = time.monotonic()
+
+    def doctor_part(_deadline, result):
+        pes = list(CPU_DOCTOR_PES) if cpu else None
+        report = captured(lambda: doctor.run_doctor(device.type, pes, hybrids=not cpu, compile_check=not cpu),
+                          log, result)
+        result["failed"] = report["failed"]
+
+    def bench_part(deadline, result):
+        b = sizes["bench"]
+        result |= {"lengths": {}, "skipped": {}}
+        for i, seq_len in enumerate(b["seq_lens"]):
+            # Each length may use an equal share of what is left of the soft deadline (what a shorter one leaves
+            # unused goes to the longer ones).
+            share = time.monotonic() + (deadline - time.monotonic()) / (len(b["seq_lens"]) - i)
+            bench_result = captured(lambda seq_len=seq_len, share=share: bench.run_bench(
+                list(PE_NAMES), b["n_layers"], b["dim"], b["n_heads"], [seq_len], b["batch_size"], b["steps"],
+                b["warmup"], b["rounds"], tape_paths=False, device=device.type, precision="bf16",
+                memory=b["memory"], paths=b["paths"].get(seq_len, ()), deadline=share), log, result)
+            result["lengths"] |= bench_result["lengths"]
+            result["skipped"] |= bench_result["skipped"]
+
+    def train_part(deadline, result):
+        t = sizes["train"]
+        train_speed.train_speed(device, t, TRAIN_PES, deadline, result, t["compile_backend"], log)
+
+    def extend_part(_deadline, result):
+        with tempfile.TemporaryDirectory(prefix="tape-gpu-check-") as work:
+            result |= captured(lambda: extend_step.extend_step(device, sizes["extend"], Path(work)), log, {})
+
+    for name, fn in (("doctor", doctor_part), ("bench", bench_part), ("train", train_part),
+                     ("extend", extend_part)):
+        log(f"== {name} (budget {budgets[name]:.0f} s)")
+        report["parts"][name] = run_part(name, budgets[name], fn, log)
+        gc.collect()  # a part stopped at its budget leaves its models to the collector: free them for the next
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        report["seconds"] = time.monotonic() - started
+        page.write(report, out)
+    report["skipped"] = page.skipped(report, report["lengths"])
+    log(f"gpu-check: {report['seconds']:.0f} s in all; wrote {out / 'gpu-check.md'}")
+    log("skipped: " + ("; ".join(report["skipped"]) if report["skipped"] else "nothing"))
+    page.write(report, out)
+    return report

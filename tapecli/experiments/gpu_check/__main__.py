@@ -1,0 +1,21 @@
+"""`python -m tapecli.experiments.gpu_check [--cpu] [--out DIR]` (what scripts/gpu-check.sh runs)."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from tapecli.errors import TapeError
+from tapecli.experiments.gpu_check import run_gpu_check
+
+parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__)
+parser.add_argument("--cpu", action="store_true", help="the same parts at toy sizes on the CPU (seconds)")
+parser.add_argument("--out", type=Path, default=Path("gpu-check"), help="where gpu-check.md and .json go")
+parser.add_argument("--budget-scale", type=float, default=1.0,
+                    help="multiply every part's time budget (a slower GPU, a loaded CPU); default 1")
+args = parser.parse_args()
+try:
+    report = run_gpu_check(args.cpu, args.out, args.budget_scale)
+except TapeError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+sys.exit(0 if all(part["status"] == "done" for part in report["parts"].values()) else 1)
