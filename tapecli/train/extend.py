@@ -87,6 +87,14 @@ def check_drope(recipe: Recipe, base: dict[str, Any], origin: str) -> None:
     if not has_positional_embedding(base):
         raise TapeError(f"extend.method: {origin} has no positional embedding in any layer; there is nothing for "
                         "drope to remove")
+    from tapecli.model import ModelConfig
+    from tapecli.model.merge import parameter_shapes
+
+    own = sorted(name for name in parameter_shapes(ModelConfig.from_dict(base)) if ".pe." in f".{name}")
+    if own:
+        raise TapeError(f"extend.method: drope would drop the weights of {origin}'s positional encoding "
+                        f"{base.get('pe')!r} ({own[0]}, ...); it removes PEs without weights of their own (rope, "
+                        "alibi, ...)")
     if recipe.data.seq_len > base_len:
         raise TapeError(f"data.seq_len: {recipe.data.seq_len} exceeds the base's length {base_len} ({origin}); "
                         f"DroPE recalibrates at the original length: set data.seq_len "
