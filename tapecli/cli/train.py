@@ -89,7 +89,7 @@ _BASE_HELP = ("A Hugging Face directory (config.json, *.safetensors, tokenizer) 
 
 def extend_context(
     overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
-    base: str = typer.Option(..., "--base", help=_BASE_HELP),
+    base: str = typer.Option(..., "--base", help=_BASE_HELP + " With --method drope, also a tape run or checkpoint."),
     method: str = typer.Option("tape", "--method", help="What is trained: tape | lora | longlora | full | drope."),
     scaling: str = typer.Option(None, "--scaling", show_default=False, help="How positions reach the longer "
                                 "context: pi (the default) | yarn | dynamic | theta | none (not with longlora, which "
