@@ -1,7 +1,7 @@
 """`tape extend-context --method drope` (DroPE, arXiv 2512.12167): every layer's positional embedding removed, equal
 to transformers' model with RoPE nulled as the official code nulls it (cos = 1, sin = 0) on a Llama and on hybrid
 bases (windows, NoPE layers kept); on a tape run equal to the same weights in a NoPE model; every weight trains;
-the run resumes bit-exactly after SIGKILL; bad inputs are refused in one line."""
+the run evaluates and exports (a SmolLM3 without RoPE in any layer); it resumes bit-exactly after SIGKILL; bad inputs are refused in one line."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tapecli.model import ModelConfig, Transformer
 from tapecli.model.schedule import describe
 from tapecli.recipe import load_recipe
 from tapecli.store.checkpoint import load_weights, read_model_config, resolve_checkpoint
+from tapecli.store.door import open_model
 from tapecli.train.build import build_model
 
 transformers = pytest.importorskip("transformers")
@@ -125,6 +126,14 @@ def test_drope_trains_every_weight_and_evaluates_past_the_base(bases, tmp_path):
     record = json.loads((tmp_path / "ppl" / "results.json").read_text())["models"][0]
     assert record["schedule"] == {"pattern": ["nope"]}
     assert all(0 < record["lengths"][str(n)]["perplexity"] < 1e4 for n in (BASE_LEN, TARGET))
+
+    # Exported, it is a SmolLM3 whose every layer skips RoPE, with tape's logits.
+    run_cli("export", "--checkpoint", str(out), "--out", str(tmp_path / "hf"))
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert exported.config.no_rope_layers == [0, 0]
+    x = torch.randint(3, exported.config.vocab_size, (1, TARGET), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(open_model(str(out), device="cpu").model(x), exported(x).logits, rtol=0, atol=2e-5)
 
 
 @pytest.mark.slow
