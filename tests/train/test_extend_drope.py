@@ -1,7 +1,8 @@
 """`tape extend-context --method drope` (DroPE, arXiv 2512.12167): every layer's positional embedding removed, equal
 to transformers' model with RoPE nulled as the official code nulls it (cos = 1, sin = 0) on a Llama and on hybrid
 bases (windows, NoPE layers kept); on a tape run equal to the same weights in a NoPE model; every weight trains;
-the run evaluates and exports (a SmolLM3 without RoPE in any layer); it resumes bit-exactly after SIGKILL; bad inputs are refused in one line."""
+the run evaluates and exports (a SmolLM3 without RoPE in any layer); it resumes bit-exactly after SIGKILL; bad
+inputs are refused in one line."""
 
 from __future__ import annotations
 
