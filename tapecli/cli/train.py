@@ -89,10 +89,11 @@ _BASE_HELP = ("A Hugging Face directory (config.json, *.safetensors, tokenizer) 
 
 def extend_context(
     overrides: list[str] | None = typer.Argument(None, help=_OVERRIDES_HELP, show_default=False),
-    base: str = typer.Option(..., "--base", help=_BASE_HELP),
-    method: str = typer.Option("tape", "--method", help="What is trained: tape | lora | longlora | full."),
-    scaling: str = typer.Option("pi", "--scaling", help="How positions reach the longer context: pi | yarn | "
-                                "dynamic | theta | none (not with longlora, which is defined with interpolation)."),
+    base: str = typer.Option(..., "--base", help=_BASE_HELP + " With --method drope, also a tape run or checkpoint."),
+    method: str = typer.Option("tape", "--method", help="What is trained: tape | lora | longlora | full | drope."),
+    scaling: str = typer.Option(None, "--scaling", show_default=False, help="How positions reach the longer "
+                                "context: pi (the default) | yarn | dynamic | theta | none (not with longlora, which "
+                                "is defined with interpolation; drope takes only none, its default)."),
     compat: str = typer.Option("paper", "--compat", help="paper, or official: the official scripts' protocol (PI "
                                "under every method, theta included; TAPE's post-attention map frozen)."),
     recipe: str = typer.Option("context-extension", "--recipe", help="A shipped recipe name or a YAML file."),
@@ -102,6 +103,8 @@ def extend_context(
     """Extend a pre-trained Hugging Face model's context (Llama, Mistral, Qwen2, Qwen3, SmolLM3) from its max_position_embeddings L to model.max_seq_len N.
 
     Methods (all also train embeddings and norms, extend.trainable): tape adds TAPE to the base's RoPE, its new modules zero-initialised so step 0 equals the base; lora trains LoRA r=8, alpha=16 on q, k, v, o (LongLoRA's "LoRA+"); longlora adds shifted sparse attention while training (groups of N/4, half the heads shifted; evaluation uses full attention); full trains every weight.
+
+    drope (DroPE, arXiv 2512.12167) removes the positional embedding from every layer and recalibrates every weight at the base's own length (data.seq_len at most L; recipe drope, or drope-smoke on a CPU); the model then runs at N without any scaling.
 
     Scalings: pi interpolates positions by N/L (the default); yarn; dynamic (NTK); theta sets the RoPE base to 1e6; none.
 
@@ -113,6 +116,7 @@ def extend_context(
     """
     from tapecli.train.engine import pretrain as run_pretrain
 
+    scaling = scaling or ("none" if method == "drope" else "pi")
     out = out or Path(f"runs/extend-{method}-{scaling}")
     command = ["tape", "extend-context", "--base", base, "--method", method, "--scaling", scaling, "--compat", compat,
                "--recipe", recipe, "--out", str(out), "--resume", resume, *(overrides or [])]

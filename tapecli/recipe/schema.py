@@ -162,7 +162,7 @@ class ExtendSection:
     """`tape extend-context`: what is trained on a Hugging Face base and how positions reach the longer context.
     A recipe has this section only when it extends a context (`Recipe.extend` is None otherwise)."""
 
-    method: Literal["tape", "lora", "longlora", "full"] = "tape"  # what is trained (--method)
+    method: Literal["tape", "lora", "longlora", "full", "drope"] = "tape"  # what is trained (--method)
     scaling: Literal["pi", "yarn", "dynamic", "theta", "none"] = "pi"  # how positions reach the target (--scaling)
     compat: Literal["paper", "official"] = "paper"  # official: PI under every method, TAPE's P frozen (--compat)
     theta: float = 1e6  # RoPE base of `scaling: theta`

@@ -8,7 +8,8 @@ A run starts from scratch (the recipe's model and tokenizer), or from weights op
   set (`tapecli.model.merge`), its weights, its tokenizer; an extended checkpoint opens as a whole, LoRA merged;
 - a Hugging Face base (`train.init_from` a HF directory / hub id / short name, as `tape extend-context --base`
   sets it), or a run on one being resumed: with `extend.method` set, the plan of `tapecli.train.extend` (grown PE,
-  LoRA, S²-Attn, the method's trainable set); otherwise a plain fine-tune of the base.
+  LoRA, S²-Attn, the method's trainable set); otherwise a plain fine-tune of the base;
+- a tape checkpoint under `extend.method: drope` (DroPE needs no Hugging Face base): its layers made NoPE.
 Parameters then train as `train.freeze` / `train.unfreeze` say, or as the extension plan says. The weights' dtype
 follows `tapecli.runtime.training_dtype`; over a frozen bf16 base the trainable parameters are cast to fp32 (the
 optimizer's master copy).
@@ -47,12 +48,16 @@ def build_model(recipe: Recipe, resume_from: Path | None, init_from: str | None,
         apply_freeze(model, recipe.train.freeze, recipe.train.unfreeze)
         return model.to(device), tokenizer, None
     what = "--resume" if resume_from is not None else init_what
-    source = find_source(str(spec), what, HF_KINDS if recipe.extends and resume_from is None else MODEL_KINDS)
+    drope = recipe.extends and recipe.extend.method == "drope"  # also on tape's own checkpoints
+    source = find_source(str(spec), what, HF_KINDS if recipe.extends and resume_from is None and not drope
+                         else MODEL_KINDS)
     if source.kind == "hf" or (resume_from is not None and source.base is not None):
         return _on_base(recipe, source, device, precision)
+    if drope:
+        return _drope_on_checkpoint(recipe, source, resume_from is not None, device, precision)
     if recipe.extends:
         raise TapeError("extend.method: a context extension starts from a Hugging Face base "
-                        "(tape extend-context --base DIR_OR_ID)")
+                        "(tape extend-context --base DIR_OR_ID); only --method drope also starts from a tape run")
     opened = open_model(source, device=device, dtype=training_dtype(precision, on_base=False),
                         model_keys=recipe.set_values("model"))
     apply_freeze(opened.model, recipe.train.freeze, recipe.train.unfreeze)
@@ -73,6 +78,24 @@ def _fresh_model(recipe: Recipe) -> tuple[nn.Module, Any]:
         return Transformer(ModelConfig.from_dict(kwargs)), tokenizer
     except ValueError as e:
         raise TapeError(f"recipe: {e}") from None
+
+
+def _drope_on_checkpoint(recipe: Recipe, source: Source, resuming: bool, device: torch.device,
+                         precision: str) -> tuple[nn.Module, Any, str | None]:
+    """DroPE on a tape checkpoint: its every layer made NoPE (the plan of `tapecli.train.extend`), every weight
+    trained; a run being resumed already holds the DroPE model."""
+    from tapecli.store.checkpoint import read_model_config
+    from tapecli.train.extend import plan_extension
+
+    dtype = training_dtype(precision, on_base=False)
+    if resuming:
+        opened = open_model(source, device=device, dtype=dtype)
+        apply_freeze(opened.model, [], [])
+        return opened.model, opened.tokenizer, None
+    plan = plan_extension(recipe, read_model_config(source.checkpoint), str(source.checkpoint))
+    opened = open_model(source, device=device, dtype=dtype, config=plan.config)
+    apply_freeze(opened.model, [], [])
+    return opened.model, opened.tokenizer, f"{plan.summary}\ninitialised from {source.checkpoint}"
 
 
 def _on_base(recipe: Recipe, source: Source, device: torch.device, precision: str) -> tuple[nn.Module, Any, str]:

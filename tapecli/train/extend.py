@@ -7,6 +7,8 @@ Two independent choices:
     lora      LoRA on `extend.lora_targets` (r=8, alpha=16, dropout 0 on q, k, v, o): LongLoRA's "LoRA+"
     longlora  lora plus shifted sparse attention while training (groups of `group_fraction` of the length)
     full      every weight
+    drope     DroPE (arXiv 2512.12167): every layer's positional embedding removed (`tapecli.model.extend.drope`),
+              every weight recalibrated at the base's length (rows of at most L tokens; scaling none)
 - `extend.scaling`, how positions reach the target context N = model.max_seq_len from the base's L
   (`max_position_embeddings`): pi (linear interpolation by N/L), yarn, dynamic (NTK), theta (RoPE base
   `extend.theta`, 1e6), none (refused for longlora, which is defined with interpolation: LongLoRA's fine-tune.py).
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from tapecli.recipe import Recipe
 
 METHOD_PARAMETERS = {"tape": ["*.pe.*"], "lora": ["*.lora_A", "*.lora_B"], "longlora": ["*.lora_A", "*.lora_B"],
-                     "full": ["*"]}
+                     "full": ["*"], "drope": ["*"]}
 
 
 @dataclass
@@ -66,6 +68,39 @@ def scaling_args(scaling: str, compat: str, theta: float, factor: float, base_le
     return args
 
 
+def check_drope(recipe: Recipe, base: dict[str, Any], origin: str) -> None:
+    """What DroPE refuses, each in one line: position scalings (there is no RoPE left to scale), a schedule of the
+    user's (DroPE sets every layer's), the TAPE paper's official protocol, a base without positional embedding, and
+    recalibration rows longer than the base's length (the paper recalibrates at the original length)."""
+    from tapecli.model.extend.drope import has_positional_embedding
+
+    x, base_len = recipe.extend, base["max_seq_len"]
+    if x.scaling != "none":
+        raise TapeError(f"extend.scaling: {x.scaling} scales RoPE, which --method drope removes from every layer; "
+                        "pass --scaling none (or leave --scaling out)")
+    if x.compat != "paper":
+        raise TapeError("extend.compat: official is the TAPE paper's scripts' protocol; --method drope follows "
+                        "the DroPE paper and its official code: leave --compat out")
+    if "model.schedule" in recipe.set_keys:
+        raise TapeError("model.schedule: --method drope sets every layer's schedule (the base's windows, PE "
+                        "removed); remove the key")
+    if not has_positional_embedding(base):
+        raise TapeError(f"extend.method: {origin} has no positional embedding in any layer; there is nothing for "
+                        "drope to remove")
+    from tapecli.model import ModelConfig
+    from tapecli.model.merge import parameter_shapes
+
+    own = sorted(name for name in parameter_shapes(ModelConfig.from_dict(base)) if ".pe." in f".{name}")
+    if own:
+        raise TapeError(f"extend.method: drope would drop the weights of {origin}'s positional encoding "
+                        f"{base.get('pe')!r} ({own[0]}, ...); it removes PEs without weights of their own (rope, "
+                        "alibi, ...)")
+    if recipe.data.seq_len > base_len:
+        raise TapeError(f"data.seq_len: {recipe.data.seq_len} exceeds the base's length {base_len} ({origin}); "
+                        f"DroPE recalibrates at the original length: set data.seq_len "
+                        f"<= {base_len}")
+
+
 def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
     """The extended model's config and what to train, from the recipe and the base's `ModelConfig.to_dict()`."""
     from tapecli.model.extend.lora import LoraSpec
@@ -79,7 +114,9 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
             raise TapeError(f"{key}: extend-context trains what --method says plus extend.trainable; "
                             "remove the key and use extend.trainable")
     base_len, target = base["max_seq_len"], recipe.model.max_seq_len
-    converts = bool({"model.schedule", "model.window"} & recipe.set_keys)
+    if x.method == "drope":
+        check_drope(recipe, base, origin)
+    converts = bool({"model.schedule", "model.window"} & recipe.set_keys) or x.method == "drope"
     if target < base_len or (target == base_len and not converts):
         raise TapeError(f"model.max_seq_len: the target context {target} must exceed the base's {base_len} "
                         f"({origin} max_position_embeddings), or equal it in a conversion of the layers "
@@ -98,6 +135,10 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
                             **scaling_args(x.scaling, x.compat, x.theta, factor, base_len)}
     if x.method == "tape":
         requested["pe"] = "tape"
+    if x.method == "drope":
+        from tapecli.model.extend.drope import drope_schedule
+
+        requested["schedule"] = drope_schedule(base)
     config, grown = merge_model_config(base, requested, origin)
     if x.method == "tape" and not grown and base.get("pe") != "tape":
         raise TapeError(f"extend.method: tape needs a RoPE base, {origin} has pe {base.get('pe')!r}")
@@ -115,6 +156,9 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
     summary = (f"extend-context: {origin} from {base_len} to {target} tokens; method {x.method}, scaling {how}; "
                f"protocol {x.compat}" + (" (PI under every method, TAPE's post-attention map frozen)"
                                          if x.compat == "official" else ""))
+    if x.method == "drope":
+        summary = (f"extend-context: {origin} to {target} tokens; method drope (every layer's positional embedding "
+                   f"removed, recalibration at the base's {base_len} tokens on rows of {recipe.data.seq_len})")
     if converts:
         from tapecli.model import ModelConfig
         from tapecli.model.schedule import describe

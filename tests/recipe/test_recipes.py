@@ -63,7 +63,7 @@ def test_shipped_recipe_documents_exactly_what_its_kind_uses(name):
     recipe = load_recipe(name, [])
     sections = {section: {f.name for f in fields(body)} for section, body in recipe.sections().items()}
     assert set(yaml.safe_load(text)) == set(sections)
-    assert ("extend" in sections) == name.startswith("context-extension")
+    assert ("extend" in sections) == name.startswith(("context-extension", "drope"))
     assert ("eval" in sections) == (recipe.data.kind in {"addition", "selective-copy", "grid-1d", "grid-2d",
                                                           "flip-flop", "counting", "babilong"})
     lines = _key_lines(text)
@@ -91,6 +91,10 @@ def test_paper_values():
     assert x.lora_targets == ["q_proj", "k_proj", "v_proj", "o_proj"]
     assert (extension.train.warmup_steps, extension.train.schedule) == (50, "constant")
     assert load_recipe("scrolls", []).train.seed == 2024
+    drope = load_recipe("drope", [])  # DroPE's official cfgs/run_cfg/llama2_7b_drope.yaml
+    assert (drope.train.batch_size, drope.train.max_steps, drope.data.seq_len) == (512, 5000, 4096)
+    assert drope.train.lr == 1e-4
+    assert (drope.train.warmup_steps, drope.train.schedule, drope.train.weight_decay) == (100, "cosine", 0.0)
 
 
 def test_overrides_are_typed():

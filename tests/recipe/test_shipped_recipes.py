@@ -30,7 +30,7 @@ def last_loss(run: Path) -> float:
 
 def test_every_smoke_recipe_is_exercised_here():
     smoke = {name for name, _ in list_recipes() if name.endswith("-smoke")}
-    assert smoke == {"arithmetic-smoke", "c4-smoke", "scrolls-smoke", "context-extension-smoke",
+    assert smoke == {"arithmetic-smoke", "c4-smoke", "scrolls-smoke", "context-extension-smoke", "drope-smoke",
                      "irope-smoke", "rnope-swa-smoke",
                      # run through the CLI in test_synthetic.py
                      "selective-copy-smoke", "grid-1d-smoke", "grid-2d-smoke", "flip-flop-smoke", "counting-smoke"}
@@ -62,6 +62,17 @@ def test_context_extension_smoke_extends_a_hugging_face_llama(tmp_path: Path, ti
     out = invoke("extend-context", "--base", str(tmp_path / "hf"), "--recipe", "context-extension-smoke", "--out",
                  str(ext), f"data.source={tiny_corpus}")
     assert "from 64 to 128 tokens; method tape, scaling pi" in out and (ext / "checkpoints").is_dir()
+
+
+def test_drope_smoke_drops_the_positional_embedding_of_a_hugging_face_llama(tmp_path: Path, tiny_corpus: Path):
+    pytest.importorskip("transformers")
+    from hf_helpers import make_hf_llama
+
+    make_hf_llama(tmp_path / "hf", max_position_embeddings=64)
+    out = invoke("extend-context", "--base", str(tmp_path / "hf"), "--method", "drope", "--recipe", "drope-smoke",
+                 "--out", str(tmp_path / "drope"), f"data.source={tiny_corpus}")
+    assert "to 128 tokens; method drope" in out and "layers rope -> nope" in out
+    assert (tmp_path / "drope" / "checkpoints" / "step-00000003").is_dir()
 
 
 def test_arithmetic_smoke_trains_and_evaluates(tmp_path: Path):
