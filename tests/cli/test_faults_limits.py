@@ -82,7 +82,7 @@ def test_a_pe_that_reports_no_weights_is_refused_before_any_work(runs: dict[str,
 
 
 def test_a_plugin_with_its_own_unreported_attention_is_refused_before_any_work(tmp_path: Path) -> None:
-    """A plugin PE (tests/model/broken_pes.py: OwnAttention without reports_weights), given as a model in memory:
+    """A plugin PE (tests/pe/broken_pes.py: OwnAttention without reports_weights), given as a model in memory:
     refused by the check every model gets before the first is opened."""
     from tapecli import trust
     from tapecli.data.tokenizer import ByteTokenizer
@@ -93,7 +93,7 @@ def test_a_plugin_with_its_own_unreported_attention_is_refused_before_any_work(t
     from tapecli.model import ModelConfig, Transformer
 
     plugin = tmp_path / "own.py"
-    shutil.copy(TESTS / "model" / "broken_pes.py", plugin)
+    shutil.copy(TESTS / "pe" / "broken_pes.py", plugin)
     trust.allow(str(plugin))
     model = Transformer(ModelConfig(vocab_size=260, dim=32, n_layers=2, n_heads=2, max_seq_len=32,
                                     pe=f"{plugin}:ChunkedMask"))

@@ -124,6 +124,7 @@ def _aliases() -> dict[str, str]:
     names = {}
     for name, cls in BUILTINS.items():
         names[name] = names[cls.__name__.lower()] = name
+        names[name.replace("-", "_")] = names[name.replace("-", " ")] = name  # clipped_rope (a file), clipped RoPE
     names.update({"t5 bias": "t5", "stick-breaking": "stickbreaking", "randomized pe": "randpe",
                   "randomised pe": "randpe"})
     return names
@@ -138,8 +139,10 @@ _COUNT = re.compile(r"\b(?:the|all|its|tape's|our)\s+(\d+|" + "|".join(_NUMBERS)
 
 def stale_pe_lists(text: str) -> list[str]:
     """A count of the built-in PEs, or a list of 8 or more PE names in a paragraph that does not name every one of
-    the registry's (a paragraph may name them in several lists)."""
+    the registry's (a paragraph may name them in several lists). Fenced code is left out: a command names the PEs
+    it runs, and a verbatim output is what its commit printed."""
     builtins, aliases = _builtins(), _aliases()
+    text = re.sub(r"^(`{3,}|~{3,}).*?^\1", "", text, flags=re.DOTALL | re.MULTILINE)
     name = "|".join(sorted((re.escape(a) for a in aliases), key=len, reverse=True))
     item = rf"[`*]{{0,2}}(?:{name})[`*]{{0,2}}"
     listing = re.compile(rf"(?<![\w-]){item}(?:(?:\s*[,/]\s*|\s*,?\s+and\s+|\s*,?\s+or\s+){item}){{7,}}(?![\w-])",
