@@ -1,6 +1,7 @@
-"""Tiny files in the released formats of OpenAI MRCR, LongBench v2 and NoLiMa, and a training text in the style of the
-first two, for the CPU-sized results page (docs/results/long-benchmarks-cpu.md): the real datasets are hundreds of MB
-of prompts of 8K tokens and more, beyond a tiny model and not on an offline machine.
+"""Tiny files in the released formats of OpenAI MRCR, LongBench v2, NoLiMa and HELMET's synthetic recall, and a
+training text in the style of the first two, for the CPU-sized results page (docs/results/long-benchmarks-cpu.md):
+the real datasets are hundreds of MB of prompts of 8K tokens and more, beyond a tiny model and not on an offline
+machine.
 
     python scripts/long_benchmark_samples.py OUT [--seed 0]
 
@@ -14,6 +15,12 @@ writes
   OUT/nolima/needle_set.json                   NoLiMa's needle-set format: 3 experiments whose needle names a
                                                {CHAR} and a place, asked about by one-hop and two-hop questions
   OUT/nolima/books/rand_book_1.txt, _2.txt     shuffled-book stand-ins: 600 lines of the words below each
+  OUT/helmet/data/json_kv/test_k50_dep6.jsonl  HELMET's json_kv fields (context: a JSON object of 50 UUID pairs,
+                                               question, answer, demos, num_kvs); 8 rows (HELMET's 4K file)
+  OUT/helmet/data/ruler/niah_multikey_2/validation_{1024,2048,4096}.jsonl, niah_multikey_3/..., niah_multivalue/...
+                                               RULER's fields as HELMET reads them (context, query, outputs,
+                                               type_needle_v, length): "One of the special magic numbers (uuids) for
+                                               KEY is: VALUE." needles among others, about L bytes; 8 rows each
   OUT/corpus.txt                               other conversations and questions of the same kinds (seed + 1), as
                                                tape reads them, each followed by its answer: MRCR's transcript
                                                (`tapecli.data.mrcr.transcript`) + " " + answer, LongBench v2's 0-shot
@@ -95,6 +102,38 @@ def needle_set() -> list[dict]:
              "tests": {"T01": {"input_args": list(args)}}} for k, args in enumerate(NOLIMA)]
 
 
+def uuid(rng: random.Random) -> str:
+    return "-".join("".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12))
+
+
+def json_kv_row(rng: random.Random) -> dict:
+    pairs = [(uuid(rng), uuid(rng)) for _ in range(52)]
+    kvs, demos = dict(pairs[:50]), [list(p) for p in pairs[50:]]
+    key = rng.choice(list(kvs))
+    return {"context": "JSON data:\n" + json.dumps(kvs, indent=1), "question": key, "answer": kvs[key],
+            "demos": demos, "num_kvs": 50}
+
+
+def niah_row(rng: random.Random, kind: str, length: int) -> dict:
+    """RULER's multi-key (2: words -> numbers, 3: uuids -> uuids) or multi-value needles, about `length` bytes."""
+    noun = "uuids" if kind == "niah_multikey_3" else "numbers"
+
+    def value() -> str:
+        return uuid(rng) if kind == "niah_multikey_3" else str(rng.randint(1_000_000, 9_999_999))
+
+    def key(k: int) -> str:
+        return uuid(rng) if kind == "niah_multikey_3" else f"{rng.choice(WORDS)}-{rng.choice(COLOURS)}-{k}"
+
+    query = key(0)
+    wanted = [value() for _ in range(4 if kind == "niah_multivalue" else 1)]
+    lines = [f"One of the special magic {noun} for {query} is: {v}." for v in wanted]
+    while sum(len(x) + 1 for x in lines) < length - 420:
+        lines.append(f"One of the special magic {noun} for {key(len(lines))} is: {value()}.")
+    rng.shuffle(lines)
+    return {"index": 0, "context": "\n".join(lines), "query": query, "outputs": wanted, "type_needle_v": noun,
+            "length": length}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -120,6 +159,16 @@ def main() -> None:
     for k in (1, 2):
         lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))).capitalize() + "." for _ in range(600)]
         (out / "nolima" / "books" / f"rand_book_{k}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    helmet = out / "helmet" / "data"
+    (helmet / "json_kv").mkdir(parents=True, exist_ok=True)
+    (helmet / "json_kv" / "test_k50_dep6.jsonl").write_text(
+        "".join(json.dumps(json_kv_row(rng)) + "\n" for _ in range(8)), encoding="utf-8")
+    for kind in ("niah_multikey_2", "niah_multikey_3", "niah_multivalue"):
+        (helmet / "ruler" / kind).mkdir(parents=True, exist_ok=True)
+        for length in (1024, 2048, 4096):
+            rows = [{**niah_row(rng, kind, length), "index": k} for k in range(8)]
+            (helmet / "ruler" / kind / f"validation_{length}.jsonl").write_text(
+                "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     train = random.Random(args.seed + 1)
     texts = []
     for _ in range(400):
@@ -131,7 +180,8 @@ def main() -> None:
     train.shuffle(texts)
     (out / "corpus.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
     print(f"wrote {out}/mrcr (36 conversations), {out}/longbench-v2/data.json (24 questions), {out}/nolima (3 "
-          f"experiments, 2 books) and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
+          f"experiments, 2 books), {out}/helmet/data (json_kv and 3 RULER tasks x 3 lengths, 8 rows each) and "
+          f"{out}/corpus.txt ({sum(map(len, texts)):,} characters)")
 
 
 if __name__ == "__main__":

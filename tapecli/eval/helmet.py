@@ -1,0 +1,198 @@
+"""HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall*.yaml, scripts/collect_results.py):
+its synthetic recall category (JSON KV, RULER MK needle, MK UUID, multi-value) at HELMET's input lengths.
+
+Data: HELMET's released jsonl files (`tapecli.data.helmet`): `--data` the extracted data/ folder, or the hub's
+data.tar.gz for users with a network. Per task and length (`--tasks`, `--lengths`: HELMET's input_max_length, 4K to
+128K), the file's rows are drawn as HELMET draws `max_test_samples` (`datasets.Dataset.shuffle(seed=42)`, the first
+`--samples`, 100 as in its configs). Each row is filled into the task's prompt (data.py's template, json_kv with the
+row's first `--shots` demos, 2 as in the configs; `use_chat_template: false`) and encoded with the tokenizer's
+default special tokens; when longer than the length less the tokens to generate, the context alone is cut at its end
+by as many tokens as the prompt is over (model_utils.py's `tokenize`: the context's tokens, the last ones dropped,
+decoded) and the prompt filled again. The model decodes greedily up to the task's generation_max_length (json_kv and
+MK UUID 100, MK needle and multi-value 50), stopping at EOS only (`stop_new_line: false`), and the output is scored
+by HELMET's metric (`tapecli.eval.helmet_metric`): SubEM for json_kv, RULER recall for the three others.
+
+results.json, per model: `scores[task][length]` (the mean metric x 100, as eval.py averages it), `recall[length]`
+(the category: the mean of its tasks, as collect_results.py averages them), `counts`, `truncated` and
+`mean_input_tokens[task][length]`. `Helmet` is the protocol (a unit is one row, (task, length, row); the models share
+one folder); the runner writes settings.json, samples.jsonl, results.json and helmet.png (recall vs length).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tapecli.errors import TapeError
+from tapecli.eval.protocol import Evaluation, Opening, source_of
+from tapecli.store.door import OpenedModel
+
+PLOT_FILE = "helmet.png"
+SEED = 42  # HELMET's --seed default: the max_test_samples draw
+PROTOCOL = ("HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall.yaml): synthetic recall "
+            "(json_kv, ruler_niah_mk_2, ruler_niah_mk_3, ruler_niah_mv); rows drawn by Dataset.shuffle(seed=42); "
+            "data.py's prompt templates, no chat template, json_kv with the row's first `shots` demos; default special "
+            "tokens + prompt; a prompt longer than length - generation_max_length has its context cut at the end by "
+            "the excess in tokens; greedy decoding up to generation_max_length, stopping at EOS; metrics: "
+            "substring_exact_match (json_kv, max over the raw and parsed output) and ruler_recall; task score = mean "
+            "x 100; category = mean over its tasks")
+
+Unit = tuple[str, int, int]  # (task, length, row index in its file)
+
+
+@dataclass
+class Helmet(Evaluation):
+    """HELMET on one model or several, with `tape eval helmet`'s options (see the module docstring)."""
+
+    name = "helmet"
+    unit = "samples"
+    plot_file = PLOT_FILE
+    together = True
+    data: str | None = None
+    tasks: list[str] = field(default_factory=lambda: ["recall"])
+    lengths: list[int] = field(default_factory=lambda: [8192, 16384, 32768, 65536, 131072])
+    samples: int = 100
+    shots: int = 2
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
+    chosen: dict[tuple[str, int], list[int]] = field(default_factory=dict, init=False, repr=False)
+    read_files: list[str] = field(default_factory=list, init=False, repr=False)
+
+    def check(self, models: list[str]) -> None:
+        from tapecli.data import helmet
+
+        names: list[str] = []
+        for name in self.tasks:
+            if name in helmet.NOT_YET:
+                raise TapeError(f"--tasks: HELMET's {name} category is not run by tape yet; tape runs recall "
+                                f"({', '.join(helmet.CATEGORIES['recall'])})")
+            if name not in helmet.TASKS and name not in helmet.CATEGORIES:
+                raise TapeError(f"--tasks: unknown task {name!r}; choose recall or among "
+                                f"{', '.join(helmet.TASKS)}")
+            names += helmet.CATEGORIES.get(name, [name])
+        self.tasks = list(dict.fromkeys(names))
+        self.lengths = sorted(set(self.lengths))
+        if not self.lengths or min(self.lengths) < 1:
+            raise TapeError(f"--lengths: positive token counts, got {self.lengths}")
+        if self.samples < 1 or self.shots < 0:
+            raise TapeError(f"--samples must be positive and --shots at least 0, got {self.samples}, {self.shots}")
+        for task, length in itertools.product(self.tasks, self.lengths):
+            rows, described = helmet.read(self.data, helmet.TASKS[task], length)
+            self.rows[task, length] = rows
+            self.chosen[task, length] = draw(len(rows), self.samples)
+            self.read_files.append(described)
+
+    def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
+        from tapecli.data.helmet import HUB_ID
+
+        data = {"path": str(Path(self.data).expanduser().resolve())} if self.data else {"hub": HUB_ID}
+        return {"task": "helmet", "models": [source_of(m)[1] for m in models],
+                "data": {**data, "files": self.read_files},
+                "tasks": self.tasks, "lengths": self.lengths, "samples": self.samples, "shots": self.shots,
+                "dtype": opening.dtype_name(), "pe_args": opening.pe_args}
+
+    def units(self, opened: OpenedModel) -> list[Unit]:
+        return [(t, n, i) for t in self.tasks for n in self.lengths for i in self.chosen[t, n]]
+
+    def key(self, row: dict[str, Any]) -> Unit:
+        return row["task"], row["length"], row["row"]
+
+    def batches(self, todo: list[Unit], batch_size: int) -> Iterator[list[Unit]]:
+        """`batch_size` rows of one (task, length) at a time."""
+        for _, cell in itertools.groupby(todo, key=lambda unit: unit[:2]):
+            yield from super().batches(list(cell), batch_size)
+
+    def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
+        from tapecli.data import helmet
+        from tapecli.eval.common import generate_batch
+        from tapecli.eval.helmet_metric import json_kv_score, ruler_recall
+
+        task = helmet.TASKS[units[0][0]]
+        length = units[0][1]
+        tokenizer = opened.tokenizer
+        samples = [helmet.fields(task, self.rows[task.name, length][i], self.shots) for _, _, i in units]
+        prompts = [tokenize(tokenizer, task, s, length) for s in samples]
+        eos = getattr(tokenizer, "eos_id", None)
+        stop = [eos] if eos is not None and eos >= 0 else None
+        outputs = generate_batch(opened.model, [ids for ids, _ in prompts], task.generation_max_length,
+                                 batch_size=len(units), stop_tokens=stop, pad_id=eos if stop else None)
+        out = []
+        for (_, _, index), sample, (ids, cut), output in zip(units, samples, prompts, outputs, strict=True):
+            if stop and eos in output:
+                output = output[: output.index(eos)]
+            text = tokenizer.decode(output)
+            score = (json_kv_score(text, sample["answer"]) if task.name == "json_kv"
+                     else ruler_recall(text, sample["answer"]))
+            out.append({"task": task.name, "length": length, "row": index, "input_tokens": len(ids),
+                        "truncated": cut, "output": text, "answer": sample["answer"], task.metric: score})
+        return out
+
+    def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**opened.record(), **summarise(rows, self.tasks, self.lengths)}
+
+    def combine(self, settings: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"task": "helmet", "protocol": PROTOCOL, "settings": settings, "models": entries}
+
+    def plot(self, results: dict[str, Any], path: Path, label: str) -> None:
+        from tapecli.eval.long_context import plot_lines
+
+        series = {m["name"]: [(int(n), v) for n, v in m["recall"].items()] for m in results["models"]}
+        plot_lines(series, path, xlabel="input length (tokens)", ylabel="recall score",
+                   title="HELMET synthetic recall by input length")
+
+    def summary(self, results: dict[str, dict[str, Any]]) -> str:
+        from tapecli.eval.long_context import table
+
+        lines = []
+        for folder in results.values():
+            for m in folder["models"]:
+                columns = [int(n) for n in m["recall"]]
+                lines += ["", f"{m['name']}: HELMET scores (x100; {m['truncated']} of {m['samples']} prompts cut)",
+                          table({**m["scores"], "recall": m["recall"]}, columns, first="task / length")]
+        return "\n".join(lines)
+
+
+def draw(size: int, samples: int) -> list[int]:
+    """The rows HELMET evaluates with max_test_samples: `Dataset.shuffle(seed=42).select(range(min(samples,
+    size)))`, as indices into the file (sorted)."""
+    import datasets
+
+    order = datasets.Dataset.from_dict({"i": list(range(size))}).shuffle(seed=SEED)["i"]
+    return sorted(order[: min(samples, size)])
+
+
+def tokenize(tokenizer: Any, task: Any, sample: dict[str, Any], max_length: int) -> tuple[list[int], bool]:
+    """(prompt ids, whether the context was cut): model_utils.py's `tokenize` without a chat template."""
+    from tapecli.data.helmet import prompt
+
+    ids = tokenizer.encode(prompt(task, sample), add_special_tokens=True)
+    budget = max_length - task.generation_max_length
+    if len(ids) <= budget:
+        return ids, False
+    over = len(ids) - budget
+    context = tokenizer.encode(sample["context"], add_special_tokens=False)
+    cut = {**sample, "context": tokenizer.decode(context[:-over])}
+    return tokenizer.encode(prompt(task, cut), add_special_tokens=True), True
+
+
+def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int]) -> dict[str, Any]:
+    """Per task and length, the mean metric x 100 (eval.py), and the category's mean over its tasks per length."""
+    from tapecli.data.helmet import TASKS
+
+    def cell(t: str, n: int) -> list[dict[str, Any]]:
+        return [r for r in rows if r["task"] == t and r["length"] == n]
+
+    scores = {t: {str(n): round(100 * sum(r[TASKS[t].metric] for r in cell(t, n)) / len(cell(t, n)), 2)
+                  for n in lengths if cell(t, n)} for t in tasks}
+    recall = {}
+    for n in lengths:
+        present = [scores[t][str(n)] for t in tasks if str(n) in scores[t]]
+        if present:
+            recall[str(n)] = round(sum(present) / len(present), 2)
+    counts = {t: {str(n): len(cell(t, n)) for n in lengths if cell(t, n)} for t in tasks}
+    tokens = {t: {str(n): round(sum(r["input_tokens"] for r in cell(t, n)) / len(cell(t, n)), 1)
+                  for n in lengths if cell(t, n)} for t in tasks}
+    return {"scores": scores, "recall": recall, "counts": counts, "samples": len(rows),
+            "truncated": sum(r["truncated"] for r in rows), "mean_input_tokens": tokens}

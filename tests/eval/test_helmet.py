@@ -1,0 +1,299 @@
+"""`tape eval helmet`: HELMET's metrics, prompts, sample draw and truncation (written out here from
+princeton-nlp/HELMET's utils.py, data.py and model_utils.py) on hand-made data, the scores with a stand-in model
+worked out by hand, and the real command on a tape run and a Hugging Face Llama reading tiny files in HELMET's
+released layout."""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+
+import pytest
+from cli_helpers import one_line_error
+from typer.testing import CliRunner
+
+from tapecli.cli import app
+from tapecli.data import helmet as data
+from tapecli.eval import helmet, helmet_metric
+from tapecli.eval.protocol import run
+
+runner = CliRunner()
+
+
+# ---- HELMET utils.py and data.py, as published (the rouge part of calculate_metrics left out: not reported here)
+
+def official_normalize_answer(s):
+    def remove_articles(text):
+        return re.sub(r'\b(a|an|the)\b', ' ', text)
+
+    def white_space_fix(text):
+        return ' '.join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return ''.join(ch for ch in text if ch not in exclude)
+
+    def lower(text):
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s))))
+
+
+def official_substring_exact_match_score(prediciton, ground_truth):
+    return official_normalize_answer(ground_truth) in official_normalize_answer(prediciton)
+
+
+def official_drqa_metric_max_over_ground_truths(metric_fn, prediction, ground_truths):
+    if isinstance(ground_truths, str):
+        ground_truths = [ground_truths]
+    elif isinstance(ground_truths[0], list):
+        ground_truths = [ground_truth for ground_truths_list in ground_truths for ground_truth in ground_truths_list]
+    scores_for_ground_truths = []
+    for ground_truth in ground_truths:
+        score = metric_fn(prediction, ground_truth)
+        scores_for_ground_truths.append(score)
+    return max(scores_for_ground_truths)
+
+
+def official_parse_output(output, prefix="Answer:"):
+    def lstrip_string(s, sub):
+        return re.sub(f'^{re.escape(sub)}', '', s, flags=re.IGNORECASE)
+    patterns = [re.compile(f"(?:{prefix})(.*)(?:\n|$)", flags=re.IGNORECASE), re.compile(r"(?:^)(.*)(?:\n|$)")]
+    for pat in patterns:
+        matches = pat.search(output)
+        if matches is not None:
+            return lstrip_string(matches[1].strip(), prefix).strip()
+    return None
+
+
+def official_sub_em(prediction, answers):
+    """calculate_metrics(...)["substring_exact_match"]."""
+    return official_drqa_metric_max_over_ground_truths(official_substring_exact_match_score, prediction, answers)
+
+
+def official_json_kv_post_process(prediction, answer):
+    """load_json_kv's post_process, its substring_exact_match."""
+    mets = {"substring_exact_match": official_sub_em(prediction, answer)}
+    parsed_pred = official_parse_output(prediction, "corresponding value:")
+    new_mets = {"substring_exact_match": official_sub_em(parsed_pred, answer)}
+    mets = {k: max(v, new_mets[k]) for k, v in mets.items()}
+    return mets["substring_exact_match"]
+
+
+def official_ruler_post_process(prediction, answer):
+    recall = sum([a.lower() in prediction.lower() for a in answer]) / len(answer)
+    return recall
+
+
+# data.py's templates, as published
+KV_PROMPT = ("{context}\n\nExtract the value corresponding to the specified key in the JSON object below.\n\n"
+             "{demos}Key: {question}" + "\n" + "Corresponding value:")
+KV_DEMO = "Key: {key}\nCorresponding value:{value}"
+MK_PROMPT = ("A special magic {type_needle_v} is hidden within the following text. Make sure to memorize it. I will "
+             "quiz you about the {type_needle_v} afterwards.\n{context}\nWhat is the special magic {type_needle_v} for "
+             "{query} mentioned in the provided text?" + "\n"
+             + "The special magic {type_needle_v} for {query} mentioned in the provided text is")
+MV_PROMPT = ("Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I "
+             "will quiz you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic "
+             "{type_needle_v} for {query} mentioned in the provided text?" + "\n"
+             + "The special magic {type_needle_v} for {query} mentioned in the provided text are")
+
+PREDICTIONS = ["", "The answer is Paris.", "paris", "  The  Eiffel-Tower!  ", "an apple a day", "Answer: Berlin\nParis",
+               "Corresponding value: 1a2b-3c\nmore", "corresponding VALUE:  x-y ", "\n\nsecond line", "A", "the"]
+ANSWERS = ["Paris", ["Berlin", "paris"], [["Rome"], ["the Eiffel tower", "Eiffel"]], "", "a", "1a2b-3c", ["x y"],
+           "The", ["!"]]
+
+
+@pytest.mark.parametrize("answer", ANSWERS)
+def test_substring_exact_match_and_json_kv_are_helmets(answer):
+    """Empty answers (normalised to "", found in anything), articles and punctuation only, lists of lists."""
+    for prediction in PREDICTIONS:
+        assert helmet_metric.substring_exact_match(prediction, answer) == official_sub_em(prediction, answer)
+        assert helmet_metric.json_kv_score(prediction, answer) == official_json_kv_post_process(prediction, answer)
+        assert helmet_metric.parse_output(prediction, "corresponding value:") == official_parse_output(
+            prediction, "corresponding value:")
+        assert helmet_metric.normalize_answer(prediction) == official_normalize_answer(prediction)
+
+
+def test_metrics_pinned():
+    assert [helmet_metric.json_kv_score(p, "1a2b-3c") for p in ("Corresponding value: 1a2b-3c", " 1a2b3c", "1a2b",
+                                                                  "")] == [1.0, 1.0, 0.0, 0.0]  # punctuation drops
+    assert helmet_metric.substring_exact_match("anything", "the") is True  # an answer that normalises to ""
+    assert helmet_metric.parse_output("x\nAnswer: y", "Answer:") == "y"
+
+
+@pytest.mark.parametrize(("prediction", "answers"), [
+    ("The numbers are 123, 456.", ["123", "456", "789"]), ("", ["1"]), ("ABC-def", ["abc-DEF"]),
+    ("12", ["1", "1"]),  # a repeated answer counts twice (a tie of two equal values)
+    ("nothing", ["1", "2", "3", "4"]), ("1 2 3 4", ["1", "2", "3", "4"]), ("anything", [""]),
+])
+def test_ruler_recall_is_helmets(prediction, answers):
+    assert helmet_metric.ruler_recall(prediction, answers) == official_ruler_post_process(prediction, answers)
+
+
+def kv_row(k: int, value: str = "") -> dict:
+    return {"context": f'JSON data:\n{{"key-{k}": "{value or f"value-{k}"}", "{{x}}": "y"}}', "question": f"key-{k}",
+            "answer": value or f"value-{k}", "demos": [["dk1", "dv1"], ["dk2", "dv2"], ["dk3", "dv3"]], "num_kvs": 2}
+
+
+def niah_row(k: int, context: str = "", outputs: list | None = None) -> dict:
+    return {"index": k, "context": context or f"One of the special magic numbers for word-{k} is: {1000 + k}.",
+            "query": f"word-{k}", "outputs": outputs or [str(1000 + k)], "type_needle_v": "numbers", "length": 1024}
+
+
+@pytest.mark.parametrize("shots", [0, 2])
+def test_the_prompts_are_helmets(shots):
+    """data.py maps the row (json_kv: its first `shots` demos; RULER: query -> question, outputs -> answer) and fills
+    prompt_template with str.format(**sample): braces inside the context are left alone."""
+    row = kv_row(1)
+    demos = "\n\n".join([KV_DEMO.format(key=key, value=" " + value) for key, value in row["demos"][:shots]]) + (
+        "\n\n" if shots > 0 else "")
+    sample = data.fields(data.TASKS["json_kv"], row, shots)
+    assert data.prompt(data.TASKS["json_kv"], sample) == KV_PROMPT.format(**{**row, "demos": demos})
+    assert '"{x}": "y"' in data.prompt(data.TASKS["json_kv"], sample)
+    row = niah_row(3)
+    for name, template in [("ruler_niah_mk_2", MK_PROMPT), ("ruler_niah_mk_3", MK_PROMPT),
+                           ("ruler_niah_mv", MV_PROMPT)]:
+        sample = data.fields(data.TASKS[name], row, shots)
+        assert data.prompt(data.TASKS[name], sample) == template.format(**row)
+        assert sample["answer"] == ["1003"] and sample["question"] == "word-3"
+    assert data.fields(data.TASKS["ruler_niah_mv"], {**row, "answer": ["a"]}, 0)["answer"] == ["a"]
+
+
+def test_the_files_and_generation_lengths_are_helmets():
+    assert [data.TASKS["json_kv"].file(n) for n in (4096, 8192, 131072)] == [
+        "json_kv/test_k50_dep6.jsonl", "json_kv/test_k105_dep6.jsonl", "json_kv/test_k1800_dep6.jsonl"]
+    assert data.TASKS["ruler_niah_mk_3"].file(65536) == "ruler/niah_multikey_3/validation_65536.jsonl"
+    assert {n: t.generation_max_length for n, t in data.TASKS.items()} == {
+        "json_kv": 100, "ruler_niah_mk_2": 50, "ruler_niah_mk_3": 100, "ruler_niah_mv": 50}  # configs/recall.yaml
+
+
+def test_the_draw_is_helmets_shuffle():
+    """data.shuffle(seed=42).select(range(min(N, len))): datasets' shuffle is numpy's default_rng(42).permutation."""
+    import numpy as np
+
+    for size, n in [(10, 3), (100, 100), (5, 100), (1000, 100)]:
+        assert helmet.draw(size, n) == sorted(np.random.default_rng(42).permutation(size)[:min(n, size)].tolist())
+    assert helmet.draw(10, 3) == [0, 5, 6]
+
+
+def test_truncation_cuts_the_context_as_helmets_tokenize():
+    """model_utils.tokenize: over budget = length - generation_max_length, the context loses as many of its last
+    tokens as the prompt is over (the fast-tokenizer path, context[:offset of token -t]; bytes here), once."""
+    from tapecli.data.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    task = data.TASKS["ruler_niah_mk_2"]
+    sample = data.fields(task, niah_row(0, context="abcdefghij " * 30), 0)
+    full = tok.encode(data.prompt(task, sample), add_special_tokens=True)
+    ids, cut = helmet.tokenize(tok, task, sample, len(full) + task.generation_max_length)
+    assert ids == full and not cut
+    length = len(full) + task.generation_max_length - 37
+    ids, cut = helmet.tokenize(tok, task, sample, length)
+    truncate_length = len(full) - (length - task.generation_max_length)
+    official = {**sample, "context": sample["context"][:len(sample["context"]) - truncate_length]}
+    assert cut and truncate_length == 37 and ids == tok.encode(data.prompt(task, official), add_special_tokens=True)
+    assert len(ids) == length - task.generation_max_length
+
+
+def write_data(root, lengths=(1024, 2048), n: int = 4, filler: int = 0) -> None:
+    (root / "json_kv").mkdir(parents=True, exist_ok=True)
+    (root / "json_kv" / "test_k50_dep6.jsonl").write_text("".join(json.dumps(kv_row(k)) + "\n" for k in range(n)))
+    for kind in ("niah_multikey_2", "niah_multikey_3", "niah_multivalue"):
+        (root / "ruler" / kind).mkdir(parents=True, exist_ok=True)
+        for length in lengths:
+            rows = [niah_row(k, outputs=[str(1000 + k), str(2000 + k)] if kind == "niah_multivalue" else None,
+                             context=f"One of the special magic numbers for word-{k} is: {1000 + k}.{' x' * filler}")
+                    for k in range(n)]
+            (root / "ruler" / kind / f"validation_{length}.jsonl").write_text("".join(json.dumps(r) + "\n"
+                                                                                       for r in rows))
+
+
+def test_scores_with_a_stand_in_model(tmp_path, monkeypatch, trained):
+    """The stand-in answers with the first number or value its prompt asks about... read from the prompt: right on
+    even rows, wrong on odd ones; multi-value rows get one of their two values (recall 0.5)."""
+    from tapecli.data.tokenizer import ByteTokenizer
+
+    write_data(tmp_path / "data", lengths=(1024,), n=4)
+    tok = ByteTokenizer()
+    seen = []
+
+    def answer(model, prompts, max_new_tokens, batch_size=8, stop_tokens=None, pad_id=None, **_):
+        outs = []
+        for p in prompts:
+            text = tok.decode(p)
+            seen.append(max_new_tokens)
+            k = int(re.findall(r"(?:word|key)-(\d+)", text)[-1])
+            reply = (f" value-{k}" if "Corresponding value:" in text else f" {1000 + k}.") if k % 2 == 0 else " no"
+            outs.append((tok.encode(reply) + stop_tokens + [pad_id] * max_new_tokens)[:max_new_tokens])
+        return outs
+
+    monkeypatch.setattr("tapecli.eval.common.generate_batch", answer)
+    evaluation = helmet.Helmet(str(tmp_path / "data"), ["recall"], [1024], samples=4)
+    with pytest.raises(Exception, match="json_kv has files for 4096"):
+        run(evaluation, [str(trained())], tmp_path / "x", device="cpu", show_progress=False)
+    evaluation = helmet.Helmet(str(tmp_path / "data"), ["ruler_niah_mk_2", "ruler_niah_mv", "json_kv"], [1024, 4096],
+                               samples=3)
+    with pytest.raises(Exception, match="no ruler/niah_multikey_2/validation_4096.jsonl"):
+        run(evaluation, [str(trained())], tmp_path / "x", device="cpu", show_progress=False)
+    write_data(tmp_path / "data", lengths=(4096,), n=4)
+    evaluation = helmet.Helmet(str(tmp_path / "data"), ["ruler_niah_mk_2", "ruler_niah_mv", "json_kv"], [4096],
+                               samples=3)
+    report = run(evaluation, [str(trained())], tmp_path / "out", device="cpu", batch_size=2, show_progress=False)
+    m = report.results["helmet"]["models"][0]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    chosen = helmet.draw(4, 3)
+    assert chosen == [1, 2, 3] and [r["row"] for r in rows] == chosen * 3
+    right = [k % 2 == 0 for k in chosen]  # 0, 1, 0
+    assert m["scores"] == {"ruler_niah_mk_2": {"4096": round(100 * sum(right) / 3, 2)},
+                           "ruler_niah_mv": {"4096": round(100 * sum(0.5 * x for x in right) / 3, 2)},
+                           "json_kv": {"4096": round(100 * sum(right) / 3, 2)}}
+    assert m["scores"]["ruler_niah_mk_2"]["4096"] == 33.33 and m["recall"] == {"4096": round((33.33 + 16.67 + 33.33)
+                                                                                             / 3, 2)}
+    assert seen == [50, 50, 50, 50, 50, 50, 100, 100, 100] and m["truncated"] == 0
+    assert all(r["ruler_recall" if r["task"] != "json_kv" else "substring_exact_match"] in (0, 0.5, 1) for r in rows)
+    assert (tmp_path / "out" / "helmet.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(Exception, match="HELMET's rag category is not run by tape yet"):
+        run(helmet.Helmet(str(tmp_path / "data"), ["rag"], [4096]), [str(trained())], tmp_path / "y", device="cpu")
+
+
+@pytest.mark.slow
+def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, tiny_hf_llama):
+    """Two real models answer real prompts (the tape run's cut to 400 - 50 tokens); a rerun after a lost last row
+    redoes only that row; bad input is one line before anything is written; without --data (offline) one sentence
+    says what to pass."""
+    write_data(tmp_path / "HELMET" / "data", lengths=(400,), n=3, filler=300)
+    out = tmp_path / "out"
+    args = ["eval", "helmet", "--model", str(trained()), "--model", str(tiny_hf_llama), "--data",
+            str(tmp_path / "HELMET"), "--tasks", "ruler_niah_mk_2,ruler_niah_mv", "--lengths", "400", "--device",
+            "cpu", "--batch-size", "2", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "| task / length | 400 |" in result.output and "| recall |" in result.output
+    rows = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and {r["model"] for r in rows} == {0, 1}
+    tape_rows = [r for r in rows if r["model"] == 0]
+    assert all(r["truncated"] and r["input_tokens"] == 350 for r in tape_rows if r["task"] == "ruler_niah_mk_2")
+    results = json.loads((out / "results.json").read_text())
+    assert [m["kind"] for m in results["models"]] == ["tape", "hf"]
+    assert results["settings"]["data"]["files"][0].startswith("ruler/niah_multikey_2/validation_400.jsonl sha256:")
+    lines = (out / "samples.jsonl").read_text().splitlines()
+    (out / "samples.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and (out / "samples.jsonl").read_text().splitlines() == lines
+    bad = tmp_path / "bad" / "ruler" / "niah_multikey_2"
+    bad.mkdir(parents=True)
+    (bad / "validation_400.jsonl").write_text(json.dumps({**niah_row(0), "outputs": []}) + "\n")
+    model = str(trained())
+    for n, (extra, fragment) in enumerate([
+            (["--data", str(tmp_path / "bad"), "--tasks", "ruler_niah_mk_2", "--lengths", "400"],
+             "row 0 lacks the field 'outputs' (a non-empty list of str)"),
+            (["--data", str(tmp_path / "none")], "no such folder; download data.tar.gz"),
+            (["--data", str(tmp_path / "HELMET"), "--tasks", "summ"], "HELMET's summ category is not run by tape"),
+            ([], "princeton-nlp/HELMET cannot be read from the Hugging Face hub (offline or unreachable); "
+                 "download data.tar.gz")]):
+        where = tmp_path / f"x{n}"
+        one_line_error(runner.invoke(app, ["eval", "helmet", "--model", model, "--device", "cpu", "--out",
+                                           str(where), *extra]), 2, fragment)
+        assert not where.exists()
