@@ -297,3 +297,25 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
         one_line_error(runner.invoke(app, ["eval", "helmet", "--model", model, "--device", "cpu", "--out",
                                            str(where), *extra]), 2, fragment)
         assert not where.exists()
+
+
+def test_the_results_pages_sample_files_are_helmets_layout(tmp_path):
+    """scripts/long_benchmark_samples.py (docs/results/long-benchmarks-cpu.md) writes HELMET's files where `tape eval
+    helmet` looks for them, each value once in its context."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "scripts" / "long_benchmark_samples.py"
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
+    evaluation = helmet.Helmet(str(tmp_path / "helmet"), ["ruler_niah_mk_2", "ruler_niah_mk_3", "ruler_niah_mv"],
+                               [1024, 2048, 4096], samples=8)
+    evaluation.check([])
+    assert len(evaluation.read_files) == 9 and all(len(rows) == 8 for rows in evaluation.rows.values())
+    for (task, _), rows in evaluation.rows.items():
+        for row in rows:
+            assert len(row["outputs"]) == (4 if task == "ruler_niah_mv" else 1)
+            assert all(row["context"].count(f"for {row['query']} is: {v}.") == 1 for v in row["outputs"])
+    kv, _ = data.read(str(tmp_path / "helmet" / "data"), data.TASKS["json_kv"], 4096)
+    assert len(kv) == 8 and all(json.loads(r["context"].removeprefix("JSON data:\n"))[r["question"]] == r["answer"]
+                                for r in kv)
