@@ -1,21 +1,26 @@
 """HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall*.yaml, scripts/collect_results.py):
-its synthetic recall category (JSON KV, RULER MK needle, MK UUID, multi-value) at HELMET's input lengths.
+its synthetic recall category (JSON KV, RULER MK needle, MK UUID, multi-value) and its RAG category (NQ, TriviaQA,
+HotpotQA, PopQA among retrieved passages) at HELMET's input lengths.
 
 Data: HELMET's released jsonl files (`tapecli.data.helmet`): `--data` the extracted data/ folder, or the hub's
 data.tar.gz for users with a network. Per task and length (`--tasks`, `--lengths`: HELMET's input_max_length, 4K to
-128K), the file's rows are drawn as HELMET draws `max_test_samples` (`datasets.Dataset.shuffle(seed=42)`, the first
-`--samples`, 100 as in its configs). Each row is filled into the task's prompt (data.py's template, json_kv with the
-row's first `--shots` demos, 2 as in the configs; `use_chat_template: false`) and encoded with the tokenizer's
-default special tokens; when longer than the length less the tokens to generate, the context alone is cut at its end
-by as many tokens as the prompt is over (model_utils.py's `tokenize`: the context's tokens, the last ones dropped,
-decoded) and the prompt filled again. The model decodes greedily up to the task's generation_max_length (json_kv and
-MK UUID 100, MK needle and multi-value 50), stopping at EOS only (`stop_new_line: false`), and the output is scored
-by HELMET's metric (`tapecli.eval.helmet_metric`): SubEM for json_kv, RULER recall for the three others.
+128K), the file's rows are drawn as HELMET draws `max_test_samples`, 100 as in its configs (`--samples`): recall,
+`datasets.Dataset.shuffle(seed=42)` and the first N; RAG, load_qa's `random.sample(sorted(keys), N)` after
+`random.seed(42)`, every row of a drawn key kept (PopQA first keeps log10(s_pop) < 3). Each row is filled into the
+task's prompt (data.py's template, json_kv with the row's first `--shots` demos, RAG with `--shots` demonstrations drawn
+per question by load_qa's seeded shuffle of the demonstration file, 2 as in the configs; `use_chat_template: false`) and
+encoded with the tokenizer's default special tokens; when longer than the length less the tokens to generate, the
+context alone is cut at its end by as many tokens as the prompt is over (model_utils.py's `tokenize`: the context's
+tokens, the last ones dropped, decoded) and the prompt filled again. The model decodes greedily up to the task's
+generation_max_length (json_kv and MK UUID 100, MK needle and multi-value 50, RAG 20), stopping at EOS (RAG also at a
+token that is a new line: `stop_new_line: true`), and the output is scored by HELMET's metric
+(`tapecli.eval.helmet_metric`): SubEM (the raw or the parsed output, the larger) for json_kv and RAG, RULER recall for
+the three others.
 
-results.json, per model: `scores[task][length]` (the mean metric x 100, as eval.py averages it), `recall[length]`
-(the category: the mean of its tasks, as collect_results.py averages them), `counts`, `truncated` and
+results.json, per model: `scores[task][length]` (the mean metric x 100, as eval.py averages it),
+`categories[category][length]` (the mean of its tasks, as collect_results.py averages them), `counts`, `truncated` and
 `mean_input_tokens[task][length]`. `Helmet` is the protocol (a unit is one row, (task, length, row); the models share
-one folder); the runner writes settings.json, samples.jsonl, results.json and helmet.png (recall vs length).
+one folder); the runner writes settings.json, samples.jsonl, results.json and helmet.png (each category vs length).
 """
 
 from __future__ import annotations
@@ -33,11 +38,15 @@ from tapecli.store.door import OpenedModel
 PLOT_FILE = "helmet.png"
 SEED = 42  # HELMET's --seed default: the max_test_samples draw
 PROTOCOL = ("HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall.yaml): synthetic recall "
-            "(json_kv, ruler_niah_mk_2, ruler_niah_mk_3, ruler_niah_mv); rows drawn by Dataset.shuffle(seed=42); "
+            "(json_kv, ruler_niah_mk_2, ruler_niah_mk_3, ruler_niah_mv) and RAG (kilt_nq, kilt_triviaqa, "
+            "kilt_hotpotqa, kilt_popqa with log10(s_pop) < 3); rows drawn by Dataset.shuffle(seed=42) (RAG: "
+            "random.sample of sorted keys after random.seed(42)), RAG demonstrations by load_qa's sha256-seeded "
+            "shuffle; "
             "data.py's prompt templates, no chat template, json_kv with the row's first `shots` demos; default special "
             "tokens + prompt; a prompt longer than length - generation_max_length has its context cut at the end by "
             "the excess in tokens; greedy decoding up to generation_max_length, stopping at EOS; metrics: "
-            "substring_exact_match (json_kv, max over the raw and parsed output) and ruler_recall; task score = mean "
+            "substring_exact_match (json_kv and RAG, max over the raw and parsed output; RAG stops at a new-line "
+            "token) and ruler_recall; task score = mean "
             "x 100; category = mean over its tasks")
 
 Unit = tuple[str, int, int]  # (task, length, row index in its file)
@@ -52,12 +61,13 @@ class Helmet(Evaluation):
     plot_file = PLOT_FILE
     together = True
     data: str | None = None
-    tasks: list[str] = field(default_factory=lambda: ["recall"])
+    tasks: list[str] = field(default_factory=lambda: ["recall", "rag"])
     lengths: list[int] = field(default_factory=lambda: [8192, 16384, 32768, 65536, 131072])
     samples: int = 100
     shots: int = 2
     rows: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
     chosen: dict[tuple[str, int], list[int]] = field(default_factory=dict, init=False, repr=False)
+    demos: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
     read_files: list[str] = field(default_factory=list, init=False, repr=False)
 
     def check(self, models: list[str]) -> None:
@@ -66,10 +76,10 @@ class Helmet(Evaluation):
         names: list[str] = []
         for name in self.tasks:
             if name in helmet.NOT_YET:
-                raise TapeError(f"--tasks: HELMET's {name} category is not run by tape yet; tape runs recall "
-                                f"({', '.join(helmet.CATEGORIES['recall'])})")
+                raise TapeError(f"--tasks: HELMET's {name} category is not run by tape yet; tape runs recall and rag "
+                                f"({', '.join(helmet.TASKS)})")
             if name not in helmet.TASKS and name not in helmet.CATEGORIES:
-                raise TapeError(f"--tasks: unknown task {name!r}; choose recall or among "
+                raise TapeError(f"--tasks: unknown task {name!r}; choose recall, rag or among "
                                 f"{', '.join(helmet.TASKS)}")
             names += helmet.CATEGORIES.get(name, [name])
         self.tasks = list(dict.fromkeys(names))
@@ -79,10 +89,17 @@ class Helmet(Evaluation):
         if self.samples < 1 or self.shots < 0:
             raise TapeError(f"--samples must be positive and --shots at least 0, got {self.samples}, {self.shots}")
         for task, length in itertools.product(self.tasks, self.lengths):
-            rows, described = helmet.read(self.data, helmet.TASKS[task], length)
+            definition = helmet.TASKS[task]
+            rows, described = helmet.read(self.data, definition, length)
             self.rows[task, length] = rows
-            self.chosen[task, length] = draw(len(rows), self.samples)
+            self.chosen[task, length] = (draw_qa(definition, rows, self.samples) if definition.category == "rag"
+                                         else draw(len(rows), self.samples))
             self.read_files.append(described)
+            if definition.category == "rag" and task not in self.demos:
+                demos, described = helmet.read(self.data, definition, None)
+                popular = helmet.popular_enough if task == "kilt_popqa" else None
+                self.demos[task] = [d for d in demos if popular is None or popular(d)]
+                self.read_files.append(described)
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         from tapecli.data.helmet import HUB_ID
@@ -107,24 +124,41 @@ class Helmet(Evaluation):
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         from tapecli.data import helmet
         from tapecli.eval.common import generate_batch
-        from tapecli.eval.helmet_metric import json_kv_score, ruler_recall
+        from tapecli.eval.helmet_metric import ruler_recall, sub_em_score
 
         task = helmet.TASKS[units[0][0]]
         length = units[0][1]
         tokenizer = opened.tokenizer
-        samples = [helmet.fields(task, self.rows[task.name, length][i], self.shots) for _, _, i in units]
+        samples = []
+        for _, _, i in units:
+            row = self.rows[task.name, length][i]
+            demos = []
+            if task.category == "rag":
+                rows = self.rows[task.name, length]
+                demos = helmet.demonstrations(task, row, self.demos[task.name], helmet.qa_key(rows), self.shots,
+                                              shuffled)
+            samples.append(helmet.fields(task, row, self.shots, demos))
         prompts = [tokenize(tokenizer, task, s, length) for s in samples]
         eos = getattr(tokenizer, "eos_id", None)
         stop = [eos] if eos is not None and eos >= 0 else None
+
+        def new_line(new: list[int]) -> bool:  # HELMET's stop_new_line: a token that is one or two new lines
+            return tokenizer.decode(new[-1:]) in ("\n", "\n\n")
+
         outputs = generate_batch(opened.model, [ids for ids, _ in prompts], task.generation_max_length,
-                                 batch_size=len(units), stop_tokens=stop, pad_id=eos if stop else None)
+                                 batch_size=len(units), stop_tokens=stop, pad_id=eos if stop else None,
+                                 stop_check=new_line if task.stop_new_line else None)
         out = []
         for (_, _, index), sample, (ids, cut), output in zip(units, samples, prompts, outputs, strict=True):
             if stop and eos in output:
                 output = output[: output.index(eos)]
+            if task.stop_new_line:  # the tokens up to the first new-line token, it included
+                ends = [k for k in range(len(output)) if new_line(output[: k + 1])]
+                output = output[: ends[0] + 1] if ends else output
             text = tokenizer.decode(output)
-            score = (json_kv_score(text, sample["answer"]) if task.name == "json_kv"
-                     else ruler_recall(text, sample["answer"]))
+            score = (ruler_recall(text, sample["answer"]) if task.metric == "ruler_recall"
+                     else sub_em_score(text, sample["answer"], "corresponding value:" if task.name == "json_kv"
+                                       else "Answer:"))
             out.append({"task": task.name, "length": length, "row": index, "input_tokens": len(ids),
                         "truncated": cut, "output": text, "answer": sample["answer"], task.metric: score})
         return out
@@ -138,9 +172,10 @@ class Helmet(Evaluation):
     def plot(self, results: dict[str, Any], path: Path, label: str) -> None:
         from tapecli.eval.long_context import plot_lines
 
-        series = {m["name"]: [(int(n), v) for n, v in m["recall"].items()] for m in results["models"]}
-        plot_lines(series, path, xlabel="input length (tokens)", ylabel="recall score",
-                   title="HELMET synthetic recall by input length")
+        series = {f"{m['name']}, {c}": [(int(n), v) for n, v in cells.items()] for m in results["models"]
+                  for c, cells in m["categories"].items()}
+        plot_lines(series, path, xlabel="input length (tokens)", ylabel="score (x100)",
+                   title="HELMET by category and input length")
 
     def summary(self, results: dict[str, dict[str, Any]]) -> str:
         from tapecli.eval.long_context import table
@@ -148,19 +183,37 @@ class Helmet(Evaluation):
         lines = []
         for folder in results.values():
             for m in folder["models"]:
-                columns = [int(n) for n in m["recall"]]
+                columns = sorted({int(n) for cells in m["scores"].values() for n in cells})
                 lines += ["", f"{m['name']}: HELMET scores (x100; {m['truncated']} of {m['samples']} prompts cut)",
-                          table({**m["scores"], "recall": m["recall"]}, columns, first="task / length")]
+                          table({**m["scores"], **m["categories"]}, columns, first="task / length")]
         return "\n".join(lines)
+
+
+def shuffled(size: int, seed: int) -> list[int]:
+    """`datasets.Dataset.shuffle(seed=seed)` of `size` rows, as the row indices in their new order."""
+    import datasets
+
+    return datasets.Dataset.from_dict({"i": list(range(size))}).shuffle(seed=seed)["i"]
 
 
 def draw(size: int, samples: int) -> list[int]:
     """The rows HELMET evaluates with max_test_samples: `Dataset.shuffle(seed=42).select(range(min(samples,
     size)))`, as indices into the file (sorted)."""
-    import datasets
+    return sorted(shuffled(size, SEED)[: min(samples, size)])
 
-    order = datasets.Dataset.from_dict({"i": list(range(size))}).shuffle(seed=SEED)["i"]
-    return sorted(order[: min(samples, size)])
+
+def draw_qa(task: Any, rows: list[dict[str, Any]], samples: int) -> list[int]:
+    """load_qa's draw after eval.py's random.seed(42): PopQA's popularity filter, then `random.sample(sorted(keys),
+    min(samples, len(keys)))` and every row whose key was drawn, as indices into the file."""
+    import random
+
+    from tapecli.data.helmet import popular_enough, qa_key
+
+    key = qa_key(rows)
+    kept = [i for i, r in enumerate(rows) if task.name != "kilt_popqa" or popular_enough(r)]
+    keys = {rows[i][key] for i in kept}
+    drawn = set(random.Random(SEED).sample(sorted(keys), min(samples, len(keys))))
+    return [i for i in kept if rows[i][key] in drawn]
 
 
 def tokenize(tokenizer: Any, task: Any, sample: dict[str, Any], max_length: int) -> tuple[list[int], bool]:
@@ -178,21 +231,22 @@ def tokenize(tokenizer: Any, task: Any, sample: dict[str, Any], max_length: int)
 
 
 def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int]) -> dict[str, Any]:
-    """Per task and length, the mean metric x 100 (eval.py), and the category's mean over its tasks per length."""
-    from tapecli.data.helmet import TASKS
+    """Per task and length, the mean metric x 100 (eval.py), and each category's mean over its tasks per length."""
+    from tapecli.data.helmet import CATEGORIES, TASKS
 
     def cell(t: str, n: int) -> list[dict[str, Any]]:
         return [r for r in rows if r["task"] == t and r["length"] == n]
 
     scores = {t: {str(n): round(100 * sum(r[TASKS[t].metric] for r in cell(t, n)) / len(cell(t, n)), 2)
                   for n in lengths if cell(t, n)} for t in tasks}
-    recall = {}
-    for n in lengths:
-        present = [scores[t][str(n)] for t in tasks if str(n) in scores[t]]
-        if present:
-            recall[str(n)] = round(sum(present) / len(present), 2)
+    categories: dict[str, dict[str, float]] = {}
+    for category, members in CATEGORIES.items():
+        for n in lengths:
+            present = [scores[t][str(n)] for t in tasks if t in members and str(n) in scores[t]]
+            if present:
+                categories.setdefault(category, {})[str(n)] = round(sum(present) / len(present), 2)
     counts = {t: {str(n): len(cell(t, n)) for n in lengths if cell(t, n)} for t in tasks}
     tokens = {t: {str(n): round(sum(r["input_tokens"] for r in cell(t, n)) / len(cell(t, n)), 1)
                   for n in lengths if cell(t, n)} for t in tasks}
-    return {"scores": scores, "recall": recall, "counts": counts, "samples": len(rows),
+    return {"scores": scores, "categories": categories, "counts": counts, "samples": len(rows),
             "truncated": sum(r["truncated"] for r in rows), "mean_input_tokens": tokens}

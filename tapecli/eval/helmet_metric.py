@@ -5,8 +5,9 @@
   prediction (utils.py's `drqa_metric_max_over_ground_truths(substring_exact_match_score, ...)`; answers a string, a
   list, or a list of lists, flattened);
 - `parse_output(output, prefix)`: utils.py's parser (the text after `prefix` on its line, else the first line);
-- `json_kv_score(output, answer)`: data.py's `load_json_kv` post_process: the larger SubEM of the raw output and of
-  the output parsed after "corresponding value:";
+- `sub_em_score(output, answers, prefix)`: data.py's `load_json_kv` post_process (prefix "corresponding value:")
+  and `default_post_process` (RAG; prefix "Answer:"): the larger SubEM of the raw output and of the output parsed
+  after the prefix;
 - `ruler_recall(output, answers)`: data.py's `load_ruler` post_process: the share of answers found, lower-cased, in
   the output.
 """
@@ -52,9 +53,10 @@ def parse_output(output: str, prefix: str = "Answer:") -> str | None:
     return None
 
 
-def json_kv_score(output: str, answer: Any) -> float:
-    """load_json_kv's post_process, its reported metric: SubEM of the output or of its parsed value, the larger."""
-    parsed = parse_output(output, "corresponding value:")
+def sub_em_score(output: str, answer: Any, prefix: str) -> float:
+    """load_json_kv's post_process and default_post_process, their reported metric: SubEM of the output or of its
+    parsed value, the larger."""
+    parsed = parse_output(output, prefix)
     return float(max(substring_exact_match(output, answer), substring_exact_match(parsed, answer)))
 
 

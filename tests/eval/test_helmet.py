@@ -81,6 +81,16 @@ def official_json_kv_post_process(prediction, answer):
     return mets["substring_exact_match"]
 
 
+def official_default_post_process(prediction, answer):
+    """default_post_process (RAG), its substring_exact_match."""
+    mets = {"substring_exact_match": official_sub_em(prediction, answer)}
+    parsed_pred = official_parse_output(prediction)
+    if parsed_pred is not None:
+        new_mets = {"substring_exact_match": official_sub_em(parsed_pred, answer)}
+        mets = {k: max(v, new_mets[k]) for k, v in mets.items()}
+    return mets["substring_exact_match"]
+
+
 def official_ruler_post_process(prediction, answer):
     recall = sum([a.lower() in prediction.lower() for a in answer]) / len(answer)
     return recall
@@ -110,15 +120,20 @@ def test_substring_exact_match_and_json_kv_are_helmets(answer):
     """Empty answers (normalised to "", found in anything), articles and punctuation only, lists of lists."""
     for prediction in PREDICTIONS:
         assert helmet_metric.substring_exact_match(prediction, answer) == official_sub_em(prediction, answer)
-        assert helmet_metric.json_kv_score(prediction, answer) == official_json_kv_post_process(prediction, answer)
+        assert helmet_metric.sub_em_score(prediction, answer, "corresponding value:") == \
+            official_json_kv_post_process(prediction, answer)
+        assert helmet_metric.sub_em_score(prediction, answer, "Answer:") == official_default_post_process(prediction,
+                                                                                                          answer)
         assert helmet_metric.parse_output(prediction, "corresponding value:") == official_parse_output(
             prediction, "corresponding value:")
         assert helmet_metric.normalize_answer(prediction) == official_normalize_answer(prediction)
 
 
 def test_metrics_pinned():
-    assert [helmet_metric.json_kv_score(p, "1a2b-3c") for p in ("Corresponding value: 1a2b-3c", " 1a2b3c", "1a2b",
-                                                                  "")] == [1.0, 1.0, 0.0, 0.0]  # punctuation drops
+    outputs = ("Corresponding value: 1a2b-3c", " 1a2b3c", "1a2b", "")
+    assert [helmet_metric.sub_em_score(p, "1a2b-3c", "corresponding value:") for p in outputs] == [1.0, 1.0, 0.0,
+                                                                                                  0.0]  # no "-"
+    assert helmet_metric.sub_em_score("Paris\nAnswer: Berlin", ["Berlin"], "Answer:") == 1.0  # the parsed one
     assert helmet_metric.substring_exact_match("anything", "the") is True  # an answer that normalises to ""
     assert helmet_metric.parse_output("x\nAnswer: y", "Answer:") == "y"
 
@@ -166,7 +181,16 @@ def test_the_files_and_generation_lengths_are_helmets():
         "json_kv/test_k50_dep6.jsonl", "json_kv/test_k105_dep6.jsonl", "json_kv/test_k1800_dep6.jsonl"]
     assert data.TASKS["ruler_niah_mk_3"].file(65536) == "ruler/niah_multikey_3/validation_65536.jsonl"
     assert {n: t.generation_max_length for n, t in data.TASKS.items()} == {
-        "json_kv": 100, "ruler_niah_mk_2": 50, "ruler_niah_mk_3": 100, "ruler_niah_mv": 50}  # configs/recall.yaml
+        "json_kv": 100, "ruler_niah_mk_2": 50, "ruler_niah_mk_3": 100, "ruler_niah_mv": 50,  # configs/recall.yaml
+        "kilt_nq": 20, "kilt_triviaqa": 20, "kilt_hotpotqa": 20, "kilt_popqa": 20}  # configs/rag.yaml
+    assert [data.TASKS[t].file(131072) for t in ("kilt_nq", "kilt_triviaqa", "kilt_hotpotqa", "kilt_popqa")] == [
+        "kilt/nq-dev-multikilt_1000_k1000_dep6.jsonl", "kilt/triviaqa-dev-multikilt_1000_k1000_dep6.jsonl",
+        "kilt/hotpotqa-dev-multikilt_1000_k1000_dep3.jsonl", "kilt/popqa_test_1000_k1000_dep6.jsonl"]
+    assert data.TASKS["kilt_nq"].file(8192) == "kilt/nq-dev-multikilt_1000_k50_dep6.jsonl"
+    assert [data.TASKS[t].demo_file for t in ("kilt_nq", "kilt_triviaqa", "kilt_hotpotqa", "kilt_popqa")] == [
+        "kilt/nq-train-multikilt_1000_k3_dep6.jsonl", "kilt/triviaqa-train-multikilt_1000_k3_dep6.jsonl",
+        "kilt/hotpotqa-train-multikilt_1000_k3_dep3.jsonl", "kilt/popqa_test_1000_k3_dep6.jsonl"]
+    assert all(data.TASKS[t].stop_new_line == t.startswith("kilt") for t in data.TASKS)
 
 
 def test_the_draw_is_helmets_shuffle():
@@ -249,13 +273,13 @@ def test_scores_with_a_stand_in_model(tmp_path, monkeypatch, trained):
     assert m["scores"] == {"ruler_niah_mk_2": {"4096": round(100 * sum(right) / 3, 2)},
                            "ruler_niah_mv": {"4096": round(100 * sum(0.5 * x for x in right) / 3, 2)},
                            "json_kv": {"4096": round(100 * sum(right) / 3, 2)}}
-    assert m["scores"]["ruler_niah_mk_2"]["4096"] == 33.33 and m["recall"] == {"4096": round((33.33 + 16.67 + 33.33)
-                                                                                             / 3, 2)}
+    assert m["scores"]["ruler_niah_mk_2"]["4096"] == 33.33
+    assert m["categories"] == {"recall": {"4096": round((33.33 + 16.67 + 33.33) / 3, 2)}}
     assert seen == [50, 50, 50, 50, 50, 50, 100, 100, 100] and m["truncated"] == 0
     assert all(r["ruler_recall" if r["task"] != "json_kv" else "substring_exact_match"] in (0, 0.5, 1) for r in rows)
     assert (tmp_path / "out" / "helmet.png").read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(Exception, match="HELMET's rag category is not run by tape yet"):
-        run(helmet.Helmet(str(tmp_path / "data"), ["rag"], [4096]), [str(trained())], tmp_path / "y", device="cpu")
+    with pytest.raises(Exception, match="HELMET's icl category is not run by tape yet"):
+        run(helmet.Helmet(str(tmp_path / "data"), ["icl"], [4096]), [str(trained())], tmp_path / "y", device="cpu")
 
 
 @pytest.mark.slow
@@ -319,3 +343,129 @@ def test_the_results_pages_sample_files_are_helmets_layout(tmp_path):
     kv, _ = data.read(str(tmp_path / "helmet" / "data"), data.TASKS["json_kv"], 4096)
     assert len(kv) == 8 and all(json.loads(r["context"].removeprefix("JSON data:\n"))[r["question"]] == r["answer"]
                                 for r in kv)
+
+
+# ---- RAG: data.py's load_qa, as published (the datasets calls included), and eval.py's random.seed
+
+QA_USER = ("Use the given documents to write a concise and short answer to the question. Write your answer in the "
+           "following format:\nAnswer: [answer]\n\n{demos}{context}\n\nQuestion: {question}")
+QA_PROMPT = QA_USER + "\n" + "Answer:"
+
+
+def official_load_qa(dataset, rows, demo_rows, max_test_samples=None, popularity_threshold=None, shots=0):
+    import hashlib
+    import math
+    import random
+
+    import datasets
+
+    random.seed(42)  # eval.py, right before load_data
+    data = datasets.Dataset.from_list(rows)
+    demo_data = datasets.Dataset.from_list(demo_rows)
+
+    def drop_duplicates(data, key="id"):
+        indices_to_keep = []
+        keys = set()
+        for i, d in enumerate(data):
+            if d[key] in keys:
+                continue
+            indices_to_keep.append(i)
+            keys.add(d[key])
+        data = data.select(indices_to_keep)
+        return data
+
+    if "popqa" in dataset and popularity_threshold is not None:
+        data = data.filter(lambda x: math.log10(x['s_pop']) < popularity_threshold)
+        demo_data = demo_data.filter(lambda x: math.log10(x['s_pop']) < popularity_threshold)
+    key = "id" if "id" in data.column_names else "question"
+    if max_test_samples is not None:
+        keys = set(data[key])
+        keys = random.sample(sorted(keys), min(max_test_samples, len(keys)))
+        data = data.filter(lambda x: x[key] in keys)
+    demo_template = "{documents}\n\nQuestion: {question}\nAnswer: {answer}"
+    passage_template = "Document (Title: {title}): {text}"
+
+    def update(sample):
+        demos = demo_data
+        demo_text = ""
+        if shots > 0:
+            if 'popqa' in dataset:
+                demos = demo_data.filter(lambda x: x[key] != sample[key])
+            h = int(hashlib.sha256(str(sample[key]).encode("utf-8")).hexdigest(), 16) % 2**31
+            demos = demos.shuffle(seed=h)
+            demos = drop_duplicates(demos, key).select(range(shots))
+            demo_text = "\n\n".join([demo_template.format(**d, documents="\n\n".join(
+                [passage_template.format(**c) for c in d["ctxs"]]), answer=d["answers"][0]) for d in demos]) + "\n\n"
+        passage_text = ""
+        if len(sample['ctxs']) > 0:
+            passage_text = "\n\n".join([passage_template.format(**c) for c in sample['ctxs']])
+        return {"demos": demo_text, "context": passage_text, "answer": sample["answers"]}
+    data = data.map(update)
+    return [QA_PROMPT.format(**d) for d in data]
+
+
+def qa_row(k: int, popularity: float = 10.0, same_as: int | None = None) -> dict:
+    q = f"who keeps box {k if same_as is None else same_as}?"
+    return {"question": q, "answers": [f"Keeper {k}", f"K{k}"], "s_pop": popularity,
+            "ctxs": [{"title": f"Box {k}", "text": f"Box {k} is kept by Keeper {k}.", "score": 1.0},
+                     {"title": "Noise", "text": "Nothing {here}.", "score": 0.5}]}
+
+
+@pytest.mark.parametrize(("name", "shots", "samples", "repeated"), [
+    ("kilt_nq", 2, 4, False), ("kilt_nq", 0, 100, False), ("kilt_popqa", 2, 3, False), ("kilt_hotpotqa", 3, 5, False),
+    ("kilt_triviaqa", 2, 6, True)])  # demonstrations of two questions only: duplicates dropped
+def test_rag_rows_demonstrations_and_prompts_are_load_qas(name, shots, samples, repeated):
+    """The drawn questions (duplicates of a drawn question kept), each one's demonstrations (a per-question seeded
+    shuffle, duplicate questions dropped, PopQA without the question itself and with log10(s_pop) < 3) and the
+    filled prompt, against load_qa run on the same rows with datasets."""
+    rows = [qa_row(k, popularity=10.0 ** (k % 5)) for k in range(12)] + [qa_row(12, same_as=3)]
+    demos = [qa_row(100 + k, popularity=10.0 ** (k % 5)) for k in range(9)] + [qa_row(109, same_as=101)]
+    if repeated:
+        demos = [qa_row(100 + k, same_as=100 + k % 2) for k in range(12)]
+    if name == "kilt_popqa":
+        demos = rows  # PopQA draws its demonstrations from its own questions
+    task = data.TASKS[name]
+    expected = official_load_qa(name, rows, demos, samples, 3.0 if name == "kilt_popqa" else None, shots)
+    chosen = helmet.draw_qa(task, rows, samples)
+    pool = [d for d in demos if name != "kilt_popqa" or data.popular_enough(d)]
+    got = [data.prompt(task, data.fields(task, rows[i], shots, data.demonstrations(
+        task, rows[i], pool, data.qa_key(rows), shots, helmet.shuffled))) for i in chosen]
+    assert got == expected and len(got) >= min(samples, 3)
+    if name == "kilt_nq" and samples == 100:
+        assert 3 in chosen and 12 in chosen  # one question twice: both rows
+
+
+def test_rag_stand_in_stops_at_a_new_line(tmp_path, monkeypatch, trained):
+    """RAG decodes up to 20 tokens and stops at a new-line token: what follows it is not scored (a stand-in that
+    writes "Answer: no\nKeeper k" scores 0, "Answer: Keeper k\n..." scores 1)."""
+    root = tmp_path / "data" / "kilt"
+    root.mkdir(parents=True)
+    rows = [qa_row(k) for k in range(4)]
+    (root / "nq-dev-multikilt_1000_k20_dep6.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "nq-train-multikilt_1000_k3_dep6.jsonl").write_text(
+        "".join(json.dumps(qa_row(100 + k)) + "\n" for k in range(4)))
+    evaluation = helmet.Helmet(str(tmp_path / "data"), ["kilt_nq"], [4096], samples=4)
+    from tapecli.data.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    checks = []
+
+    def answer(model, prompts, max_new_tokens, batch_size=8, stop_tokens=None, pad_id=None, stop_check=None, **_):
+        outs = []
+        for p in prompts:
+            k = int(re.findall(r"who keeps box (\d+)\?", tok.decode(p))[-1])
+            reply = tok.encode(f" Keeper {k}\nmore" if k % 2 else " no\nKeeper {k}")
+            cut = next(n + 1 for n in range(len(reply)) if stop_check(reply[: n + 1]))
+            checks.append((max_new_tokens, tok.decode(reply[:cut])))
+            outs.append((reply + [pad_id] * max_new_tokens)[:max_new_tokens])  # the evaluation cuts it too
+        return outs
+
+    monkeypatch.setattr("tapecli.eval.common.generate_batch", answer)
+    report = run(evaluation, [str(trained())], tmp_path / "out", device="cpu", batch_size=4, show_progress=False)
+    m = report.results["helmet"]["models"][0]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    assert [r["output"] for r in rows] == [" no\n", " Keeper 1\n", " no\n", " Keeper 3\n"]
+    assert checks == [(20, r["output"]) for r in rows]
+    assert m["scores"] == {"kilt_nq": {"4096": 50.0}} and m["categories"] == {"rag": {"4096": 50.0}}
+    assert report.results["helmet"]["settings"]["data"]["files"][1].startswith(
+        "kilt/nq-train-multikilt_1000_k3_dep6.jsonl sha256:")
