@@ -21,6 +21,11 @@ writes
                                                RULER's fields as HELMET reads them (context, query, outputs,
                                                type_needle_v, length): "One of the special magic numbers (uuids) for
                                                KEY is: VALUE." needles among others, about L bytes; 8 rows each
+  OUT/helmet/data/kilt/{nq,triviaqa}-dev-multikilt_1000_k20_dep6.jsonl, hotpotqa-..._dep3.jsonl,
+  popqa_test_1000_k20_dep6.jsonl and their demonstration files (..-train-multikilt_1000_k3_...; PopQA's k3 test file)
+                                               HELMET's RAG fields (question, answers, ctxs of title + text, PopQA's
+                                               s_pop): "who keeps the X box?" among 20 passages (3 in the
+                                               demonstration files) naming each box's keeper; 8 rows each
   OUT/corpus.txt                               other conversations and questions of the same kinds (seed + 1), as
                                                tape reads them, each followed by its answer: MRCR's transcript
                                                (`tapecli.data.mrcr.transcript`) + " " + answer, LongBench v2's 0-shot
@@ -134,6 +139,20 @@ def niah_row(rng: random.Random, kind: str, length: int) -> dict:
             "length": length}
 
 
+NAMES = ["Ada", "Bruno", "Chen", "Dalia", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun"]
+
+
+def kilt_row(rng: random.Random, k: int, passages: int) -> dict:
+    boxes = [f"{rng.choice(WORDS)} {rng.choice(COLOURS)} box {n}" for n in range(passages)]
+    keepers = [rng.choice(NAMES) for _ in boxes]
+    asked = rng.randrange(passages)
+    ctxs = [{"id": str(n), "title": box.title(), "text": f"The {box} is kept by {keeper}.", "score": 1.0,
+             "has_answer": n == asked} for n, (box, keeper) in enumerate(zip(boxes, keepers, strict=True))]
+    rng.shuffle(ctxs)
+    return {"id": f"q{k:04d}", "question": f"who keeps the {boxes[asked]}?", "answers": [keepers[asked]],
+            "ctxs": ctxs, "s_pop": 10 ** rng.randint(1, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -169,6 +188,15 @@ def main() -> None:
             rows = [{**niah_row(rng, kind, length), "index": k} for k in range(8)]
             (helmet / "ruler" / kind / f"validation_{length}.jsonl").write_text(
                 "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (helmet / "kilt").mkdir(parents=True, exist_ok=True)
+    for test, demo in [("nq-dev-multikilt_1000_k20_dep6", "nq-train-multikilt_1000_k3_dep6"),
+                       ("triviaqa-dev-multikilt_1000_k20_dep6", "triviaqa-train-multikilt_1000_k3_dep6"),
+                       ("hotpotqa-dev-multikilt_1000_k20_dep3", "hotpotqa-train-multikilt_1000_k3_dep3"),
+                       ("popqa_test_1000_k20_dep6", "popqa_test_1000_k3_dep6")]:
+        for name, passages in ((test, 20), (demo, 3)):
+            rows = [kilt_row(rng, k, passages) for k in range(8)]
+            (helmet / "kilt" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                                           encoding="utf-8")
     train = random.Random(args.seed + 1)
     texts = []
     for _ in range(400):
@@ -180,8 +208,8 @@ def main() -> None:
     train.shuffle(texts)
     (out / "corpus.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
     print(f"wrote {out}/mrcr (36 conversations), {out}/longbench-v2/data.json (24 questions), {out}/nolima (3 "
-          f"experiments, 2 books), {out}/helmet/data (json_kv and 3 RULER tasks x 3 lengths, 8 rows each) and "
-          f"{out}/corpus.txt ({sum(map(len, texts)):,} characters)")
+          f"experiments, 2 books), {out}/helmet/data (json_kv, 3 RULER tasks x 3 lengths and 4 RAG tasks, 8 rows "
+          f"each) and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
 
 
 if __name__ == "__main__":

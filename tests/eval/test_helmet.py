@@ -340,6 +340,13 @@ def test_the_results_pages_sample_files_are_helmets_layout(tmp_path):
         for row in rows:
             assert len(row["outputs"]) == (4 if task == "ruler_niah_mv" else 1)
             assert all(row["context"].count(f"for {row['query']} is: {v}.") == 1 for v in row["outputs"])
+    rag = helmet.Helmet(str(tmp_path / "helmet"), ["rag"], [4096], samples=8)
+    rag.check([])
+    assert len(rag.read_files) == 8 and all(len(c) == 8 for c in rag.chosen.values())
+    for rows in [*rag.rows.values(), *rag.demos.values()]:
+        for row in rows:  # the asked box's passage names its keeper
+            box = row["question"].removeprefix("who keeps the ").removesuffix("?")
+            assert [c["text"] for c in row["ctxs"] if c["has_answer"]] == [f"The {box} is kept by {row['answers'][0]}."]
     kv, _ = data.read(str(tmp_path / "helmet" / "data"), data.TASKS["json_kv"], 4096)
     assert len(kv) == 8 and all(json.loads(r["context"].removeprefix("JSON data:\n"))[r["question"]] == r["answer"]
                                 for r in kv)
