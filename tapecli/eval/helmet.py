@@ -1,21 +1,23 @@
 """HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall*.yaml, scripts/collect_results.py):
-its synthetic recall category (JSON KV, RULER MK needle, MK UUID, multi-value) and its RAG category (NQ, TriviaQA,
-HotpotQA, PopQA among retrieved passages) at HELMET's input lengths.
+its synthetic recall category (JSON KV, RULER MK needle, MK UUID, multi-value), its RAG category (NQ, TriviaQA,
+HotpotQA, PopQA among retrieved passages) and its re-ranking category (MS MARCO passages, NDCG@10) at HELMET's input
+lengths.
 
 Data: HELMET's released jsonl files (`tapecli.data.helmet`): `--data` the extracted data/ folder, or the hub's
 data.tar.gz for users with a network. Per task and length (`--tasks`, `--lengths`: HELMET's input_max_length, 4K to
 128K), the file's rows are drawn as HELMET draws `max_test_samples`, 100 as in its configs (`--samples`): recall,
-`datasets.Dataset.shuffle(seed=42)` and the first N; RAG, load_qa's `random.sample(sorted(keys), N)` after
-`random.seed(42)`, every row of a drawn key kept (PopQA first keeps log10(s_pop) < 3). Each row is filled into the
-task's prompt (data.py's template, json_kv with the row's first `--shots` demos, RAG with `--shots` demonstrations drawn
-per question by load_qa's seeded shuffle of the demonstration file, 2 as in the configs; `use_chat_template: false`) and
-encoded with the tokenizer's default special tokens; when longer than the length less the tokens to generate, the
-context alone is cut at its end by as many tokens as the prompt is over (model_utils.py's `tokenize`: the context's
-tokens, the last ones dropped, decoded) and the prompt filled again. The model decodes greedily up to the task's
-generation_max_length (json_kv and MK UUID 100, MK needle and multi-value 50, RAG 20), stopping at EOS (RAG also at a
-token that is a new line: `stop_new_line: true`), and the output is scored by HELMET's metric
-(`tapecli.eval.helmet_metric`): SubEM (the raw or the parsed output, the larger) for json_kv and RAG, RULER recall for
-the three others.
+`datasets.Dataset.shuffle(seed=42)` and the first N; RAG and re-ranking, load_qa's (load_msmarco_rerank's)
+`random.sample(sorted(keys), N)` after `random.seed(42)`, every row of a drawn key kept (PopQA first keeps log10(s_pop)
+< 3). Each row is filled into the task's prompt (data.py's template, json_kv with the row's first `--shots` demos, RAG
+and re-ranking with `--shots` demonstrations drawn per question by the loaders' sha256-seeded shuffle of the
+demonstration file, 2 as in the configs; `use_chat_template: false`) and encoded with the tokenizer's default special
+tokens; when longer than the length less the tokens to generate, the context alone is cut at its end by as many tokens
+as the prompt is over (model_utils.py's `tokenize`: the context's tokens, the last ones dropped, decoded) and the
+prompt filled again. The model decodes greedily up to the task's generation_max_length (json_kv and MK UUID 100, MK
+needle and multi-value 50, RAG 20, re-ranking 200), stopping at EOS (RAG and re-ranking also at a token that is a new
+line: `stop_new_line: true`), and the output is scored by HELMET's metric (`tapecli.eval.helmet_metric`,
+`helmet_rerank`): SubEM (the raw or the parsed output, the larger) for json_kv and RAG, RULER recall for the RULER
+tasks, NDCG@10 of the parsed ranking for re-ranking.
 
 results.json, per model: `scores[task][length]` (the mean metric x 100, as eval.py averages it),
 `categories[category][length]` (the mean of its tasks, as collect_results.py averages them), `counts`, `truncated` and
@@ -37,17 +39,17 @@ from tapecli.store.door import OpenedModel
 
 PLOT_FILE = "helmet.png"
 SEED = 42  # HELMET's --seed default: the max_test_samples draw
-PROTOCOL = ("HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall.yaml): synthetic recall "
-            "(json_kv, ruler_niah_mk_2, ruler_niah_mk_3, ruler_niah_mv) and RAG (kilt_nq, kilt_triviaqa, "
-            "kilt_hotpotqa, kilt_popqa with log10(s_pop) < 3); rows drawn by Dataset.shuffle(seed=42) (RAG: "
-            "random.sample of sorted keys after random.seed(42)), RAG demonstrations by load_qa's sha256-seeded "
-            "shuffle; "
-            "data.py's prompt templates, no chat template, json_kv with the row's first `shots` demos; default special "
-            "tokens + prompt; a prompt longer than length - generation_max_length has its context cut at the end by "
-            "the excess in tokens; greedy decoding up to generation_max_length, stopping at EOS; metrics: "
-            "substring_exact_match (json_kv and RAG, max over the raw and parsed output; RAG stops at a new-line "
-            "token) and ruler_recall; task score = mean "
-            "x 100; category = mean over its tasks")
+PROTOCOL = ("HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall.yaml, rag.yaml, "
+            "rerank.yaml): synthetic recall (json_kv, ruler_niah_mk_2, ruler_niah_mk_3, ruler_niah_mv), RAG (kilt_nq, "
+            "kilt_triviaqa, kilt_hotpotqa, kilt_popqa with log10(s_pop) < 3) and re-ranking (msmarco_rerank_psg); "
+            "rows drawn by Dataset.shuffle(seed=42) (RAG, re-ranking: random.sample of sorted keys after "
+            "random.seed(42)), their demonstrations by the loaders' sha256-seeded shuffle; data.py's prompt "
+            "templates, no chat template, json_kv with the row's first `shots` demos; default special tokens + "
+            "prompt; a prompt longer than length - generation_max_length has its context cut at the end by the "
+            "excess in tokens; greedy decoding up to generation_max_length, stopping at EOS (RAG, re-ranking: also "
+            "at a new-line token); metrics: substring_exact_match (json_kv and RAG, max over the raw and parsed "
+            "output), ruler_recall, NDCG@10 (parse_rankings, trec_eval through pytrec_eval); task score = mean x "
+            "100; category = mean over its tasks")
 
 Unit = tuple[str, int, int]  # (task, length, row index in its file)
 
@@ -61,13 +63,13 @@ class Helmet(Evaluation):
     plot_file = PLOT_FILE
     together = True
     data: str | None = None
-    tasks: list[str] = field(default_factory=lambda: ["recall", "rag"])
+    tasks: list[str] = field(default_factory=lambda: ["recall", "rag", "rerank"])
     lengths: list[int] = field(default_factory=lambda: [8192, 16384, 32768, 65536, 131072])
     samples: int = 100
     shots: int = 2
     rows: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
     chosen: dict[tuple[str, int], list[int]] = field(default_factory=dict, init=False, repr=False)
-    demos: dict[str, list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
+    demos: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
     read_files: list[str] = field(default_factory=list, init=False, repr=False)
 
     def check(self, models: list[str]) -> None:
@@ -76,10 +78,10 @@ class Helmet(Evaluation):
         names: list[str] = []
         for name in self.tasks:
             if name in helmet.NOT_YET:
-                raise TapeError(f"--tasks: HELMET's {name} category is not run by tape yet; tape runs recall and rag "
-                                f"({', '.join(helmet.TASKS)})")
+                raise TapeError(f"--tasks: HELMET's {name} category is not run by tape yet; tape runs recall, rag and "
+                                f"rerank ({', '.join(helmet.TASKS)})")
             if name not in helmet.TASKS and name not in helmet.CATEGORIES:
-                raise TapeError(f"--tasks: unknown task {name!r}; choose recall, rag or among "
+                raise TapeError(f"--tasks: unknown task {name!r}; choose recall, rag, rerank or among "
                                 f"{', '.join(helmet.TASKS)}")
             names += helmet.CATEGORIES.get(name, [name])
         self.tasks = list(dict.fromkeys(names))
@@ -92,14 +94,18 @@ class Helmet(Evaluation):
             definition = helmet.TASKS[task]
             rows, described = helmet.read(self.data, definition, length)
             self.rows[task, length] = rows
-            self.chosen[task, length] = (draw_qa(definition, rows, self.samples) if definition.category == "rag"
-                                         else draw(len(rows), self.samples))
+            self.chosen[task, length] = (draw(len(rows), self.samples) if definition.category == "recall"
+                                         else draw_qa(definition, rows, self.samples))
             self.read_files.append(described)
-            if definition.category == "rag" and task not in self.demos:
-                demos, described = helmet.read(self.data, definition, None)
-                popular = helmet.popular_enough if task == "kilt_popqa" else None
-                self.demos[task] = [d for d in demos if popular is None or popular(d)]
-                self.read_files.append(described)
+            if definition.category != "recall":
+                if (task, None) not in self.demos:
+                    demos, described = helmet.read(self.data, definition, None)
+                    popular = helmet.popular_enough if task == "kilt_popqa" else None
+                    self.demos[task, None] = [d for d in demos if popular is None or popular(d)]
+                    self.read_files.append(described)
+                demos = self.demos[task, None]
+                self.demos[task, length] = (helmet.rerank_pool(demos, [rows[i] for i in self.chosen[task, length]])
+                                            if definition.category == "rerank" else demos)
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         from tapecli.data.helmet import HUB_ID
@@ -125,6 +131,7 @@ class Helmet(Evaluation):
         from tapecli.data import helmet
         from tapecli.eval.common import generate_batch
         from tapecli.eval.helmet_metric import ruler_recall, sub_em_score
+        from tapecli.eval.helmet_rerank import ndcg_at_10, parse_rankings
 
         task = helmet.TASKS[units[0][0]]
         length = units[0][1]
@@ -133,10 +140,10 @@ class Helmet(Evaluation):
         for _, _, i in units:
             row = self.rows[task.name, length][i]
             demos = []
-            if task.category == "rag":
+            if task.category != "recall":
                 rows = self.rows[task.name, length]
-                demos = helmet.demonstrations(task, row, self.demos[task.name], helmet.qa_key(rows), self.shots,
-                                              shuffled)
+                demos = helmet.demonstrations(task, row, self.demos[task.name, length], helmet.qa_key(rows, task),
+                                              self.shots, shuffled)
             samples.append(helmet.fields(task, row, self.shots, demos))
         prompts = [tokenize(tokenizer, task, s, length) for s in samples]
         eos = getattr(tokenizer, "eos_id", None)
@@ -156,9 +163,14 @@ class Helmet(Evaluation):
                 ends = [k for k in range(len(output)) if new_line(output[: k + 1])]
                 output = output[: ends[0] + 1] if ends else output
             text = tokenizer.decode(output)
-            score = (ruler_recall(text, sample["answer"]) if task.metric == "ruler_recall"
-                     else sub_em_score(text, sample["answer"], "corresponding value:" if task.name == "json_kv"
-                                       else "Answer:"))
+            if task.metric == "NDCG@10":
+                labels = {c["id"]: int(c["label"]) for c in sample["ctxs"]}
+                score = ndcg_at_10(parse_rankings(text), labels, sample["qid"])
+            elif task.metric == "ruler_recall":
+                score = ruler_recall(text, sample["answer"])
+            else:
+                score = sub_em_score(text, sample["answer"], "corresponding value:" if task.name == "json_kv"
+                                     else "Answer:")
             out.append({"task": task.name, "length": length, "row": index, "input_tokens": len(ids),
                         "truncated": cut, "output": text, "answer": sample["answer"], task.metric: score})
         return out
@@ -203,13 +215,14 @@ def draw(size: int, samples: int) -> list[int]:
 
 
 def draw_qa(task: Any, rows: list[dict[str, Any]], samples: int) -> list[int]:
-    """load_qa's draw after eval.py's random.seed(42): PopQA's popularity filter, then `random.sample(sorted(keys),
-    min(samples, len(keys)))` and every row whose key was drawn, as indices into the file."""
+    """load_qa's (and load_msmarco_rerank's) draw after random.seed(42): PopQA's popularity filter, then
+    `random.sample(sorted(keys), min(samples, len(keys)))` and every row whose key was drawn, as indices into the
+    file."""
     import random
 
     from tapecli.data.helmet import popular_enough, qa_key
 
-    key = qa_key(rows)
+    key = qa_key(rows, task)
     kept = [i for i, r in enumerate(rows) if task.name != "kilt_popqa" or popular_enough(r)]
     keys = {rows[i][key] for i in kept}
     drawn = set(random.Random(SEED).sample(sorted(keys), min(samples, len(keys))))

@@ -182,7 +182,12 @@ def test_the_files_and_generation_lengths_are_helmets():
     assert data.TASKS["ruler_niah_mk_3"].file(65536) == "ruler/niah_multikey_3/validation_65536.jsonl"
     assert {n: t.generation_max_length for n, t in data.TASKS.items()} == {
         "json_kv": 100, "ruler_niah_mk_2": 50, "ruler_niah_mk_3": 100, "ruler_niah_mv": 50,  # configs/recall.yaml
-        "kilt_nq": 20, "kilt_triviaqa": 20, "kilt_hotpotqa": 20, "kilt_popqa": 20}  # configs/rag.yaml
+        "kilt_nq": 20, "kilt_triviaqa": 20, "kilt_hotpotqa": 20, "kilt_popqa": 20,  # configs/rag.yaml
+        "msmarco_rerank_psg": 200}  # configs/rerank.yaml
+    rerank = data.TASKS["msmarco_rerank_psg"]
+    assert [rerank.file(n) for n in (4096, 131072)] == ["msmarco/test_reranking_data_k14_dep3.jsonl",
+                                                        "msmarco/test_reranking_data_k1000_dep3.jsonl"]
+    assert rerank.demo_file == "msmarco/test_reranking_data_k10_dep3.jsonl" and rerank.metric == "NDCG@10"
     assert [data.TASKS[t].file(131072) for t in ("kilt_nq", "kilt_triviaqa", "kilt_hotpotqa", "kilt_popqa")] == [
         "kilt/nq-dev-multikilt_1000_k1000_dep6.jsonl", "kilt/triviaqa-dev-multikilt_1000_k1000_dep6.jsonl",
         "kilt/hotpotqa-dev-multikilt_1000_k1000_dep3.jsonl", "kilt/popqa_test_1000_k1000_dep6.jsonl"]
@@ -190,7 +195,7 @@ def test_the_files_and_generation_lengths_are_helmets():
     assert [data.TASKS[t].demo_file for t in ("kilt_nq", "kilt_triviaqa", "kilt_hotpotqa", "kilt_popqa")] == [
         "kilt/nq-train-multikilt_1000_k3_dep6.jsonl", "kilt/triviaqa-train-multikilt_1000_k3_dep6.jsonl",
         "kilt/hotpotqa-train-multikilt_1000_k3_dep3.jsonl", "kilt/popqa_test_1000_k3_dep6.jsonl"]
-    assert all(data.TASKS[t].stop_new_line == t.startswith("kilt") for t in data.TASKS)
+    assert all(data.TASKS[t].stop_new_line == (data.TASKS[t].category != "recall") for t in data.TASKS)
 
 
 def test_the_draw_is_helmets_shuffle():
@@ -436,7 +441,7 @@ def test_rag_rows_demonstrations_and_prompts_are_load_qas(name, shots, samples, 
     chosen = helmet.draw_qa(task, rows, samples)
     pool = [d for d in demos if name != "kilt_popqa" or data.popular_enough(d)]
     got = [data.prompt(task, data.fields(task, rows[i], shots, data.demonstrations(
-        task, rows[i], pool, data.qa_key(rows), shots, helmet.shuffled))) for i in chosen]
+        task, rows[i], pool, data.qa_key(rows, task), shots, helmet.shuffled))) for i in chosen]
     assert got == expected and len(got) >= min(samples, 3)
     if name == "kilt_nq" and samples == 100:
         assert 3 in chosen and 12 in chosen  # one question twice: both rows
@@ -476,3 +481,200 @@ def test_rag_stand_in_stops_at_a_new_line(tmp_path, monkeypatch, trained):
     assert m["scores"] == {"kilt_nq": {"4096": 50.0}} and m["categories"] == {"rag": {"4096": 50.0}}
     assert report.results["helmet"]["settings"]["data"]["files"][1].startswith(
         "kilt/nq-train-multikilt_1000_k3_dep6.jsonl sha256:")
+
+
+# ---- Re-ranking: utils.py's parse_rankings and calculate_retrieval_metrics, data.py's load_msmarco_rerank, as
+# published
+
+def official_parse_rankings(output):
+    output = re.sub(r"[\[\]:]", "", output)
+    output = output.lower().replace("id", "")
+    pattern = r'(\d+)(?:\s*>\s*(\d+))*'
+    match = re.finditer(pattern, output)
+    longest = ""
+    for m in match:
+        if len(m.group(0)) > len(longest):
+            longest = m.group(0)
+    if len(longest) > 0:
+        number_string = longest
+        rankings = [num.strip() for num in number_string.split('>') if num.strip().isdigit()]
+    else:
+        rankings = [output]
+    results = {}
+    for i, rank in enumerate(rankings):
+        if rank not in results:
+            results[rank] = len(rankings) - i
+    return results
+
+
+def official_calculate_retrieval_metrics(results, qrels, k_values=(1, 5, 10, 25, 50, 100)):
+    import pytrec_eval
+
+    ndcg = {}
+    for k in k_values:
+        ndcg[f"NDCG@{k}"] = 0.0
+    ndcg_string = "ndcg_cut." + ",".join([str(k) for k in k_values])
+    evaluator = pytrec_eval.RelevanceEvaluator(qrels, {ndcg_string})
+    scores = evaluator.evaluate(results)
+    for query_id in scores.keys():
+        for k in k_values:
+            ndcg[f"NDCG@{k}"] += scores[query_id]["ndcg_cut_" + str(k)]
+    for k in k_values:
+        ndcg[f"NDCG@{k}"] = round(ndcg[f"NDCG@{k}"] / len(scores), 5)
+    return ndcg
+
+
+LABELS = {"1": 0, "2": 3, "3": 1, "4": 0, "5": 2, "6": 0, "7": 0, "8": 1, "9": 0, "10": 0, "11": 2, "12": 0}
+
+
+@pytest.mark.parametrize("output", [
+    "2 > 5 > 11 > 3 > 8", "[ID: 2] > [ID: 5] > [ID: 11]", "ID2 > ID5", "5 > 5 > 2",  # a repeated id: its first place
+    "the best is 7, then 2 > 11 > 5 > 3", "", "no ids at all", "12 > 1 > 4 > 6 > 7 > 9 > 10 > 3 > 8 > 5 > 11 > 2",
+    "2>5>11>3>8>1>4>6>7>9>10>12", "Ranking: 3 > 8\nRanking: 2 > 5 > 11",  # the longest run wins
+])
+def test_rankings_and_ndcg_are_helmets(output):
+    from tapecli.eval import helmet_rerank
+
+    parsed = helmet_rerank.parse_rankings(output)
+    assert parsed == official_parse_rankings(output)
+    k_values = [k for k in [1, 5, 10, 20, 50, 100, 200, 500, 1000] if k <= len(LABELS)]  # load_msmarco_rerank's
+    official = official_calculate_retrieval_metrics({"q7": official_parse_rankings(output)}, {"q7": LABELS}, k_values)
+    assert helmet_rerank.ndcg_at_10(parsed, LABELS, "q7") == official["NDCG@10"]
+
+
+def test_ndcg_pinned_by_hand():
+    """trec_eval's nDCG: gain = label, discount log2(rank + 1), ideal from the labels; ids not ranked count nothing."""
+    import math
+
+    from tapecli.eval.helmet_rerank import ndcg_at_10
+
+    labels = {"1": 1, "2": 0, "3": 2}
+    assert ndcg_at_10({"3": 3, "1": 2, "2": 1}, labels) == 1.0
+    ideal = 2 + 1 / math.log2(3)
+    assert ndcg_at_10({"1": 2, "3": 1}, labels) == round((1 + 2 / math.log2(3)) / ideal, 5) == 0.85972
+    assert ndcg_at_10({"no ids": 1}, labels) == 0.0
+
+
+def rerank_row(k: int, passages: int = 12, title: bool = False) -> dict:
+    ctxs = [{"id": str(n + 1), "text": f"Passage {n + 1} about query {k}.", "label": (n * 7 + k) % 4,
+             **({"title": f"T{n}"} if title else {})} for n in range(passages)]
+    return {"qid": f"{1000 + k}", "query": f"what is query {k}?", "ctxs": ctxs}
+
+
+def official_load_msmarco_rerank(rows, demo_rows, max_test_samples=None, shots=0, seed=42):
+    import hashlib
+    import random
+
+    import datasets
+
+    random.seed(seed)
+    user_template = ("You are provided with a list of documents, each indicated by their ID. Rank each document based "
+                     "on their relevance to the question in descending order from most relelvant to least relevant "
+                     "texts. Include all documents in the rankings. Write your answer using the unique IDs, with the "
+                     "following format:\nRanking: ID3 > ID1 > ID2\n\n{demos}{context}\n\nQuery: {question}")
+    prompt_template = user_template + "\n" + "Ranking:"
+    data = datasets.Dataset.from_list(rows)
+    demos = datasets.Dataset.from_list(demo_rows)
+    if max_test_samples is not None:
+        key = "qid" if "qid" in data.column_names else "query"
+        keys = set(data[key])
+        keys = random.sample(sorted(keys), min(max_test_samples, len(keys)))
+        data = data.filter(lambda x: x[key] in keys)
+    demo_filtered = False
+    if len(demos) > 2*len(data):
+        qids = set(data["qid"])
+        demos = demos.filter(lambda x: x["qid"] not in qids)
+        demo_filtered = True
+
+    def drop_duplicates(data, key="id"):
+        indices_to_keep, keys = [], set()
+        for i, d in enumerate(data):
+            if d[key] in keys:
+                continue
+            indices_to_keep.append(i)
+            keys.add(d[key])
+        return data.select(indices_to_keep)
+
+    def update(sample, demos):
+        passage_template = ("[ID: {id}] Document (Title: {title}): {text}" if "title" in sample["ctxs"][0]
+                            else "[ID: {id}] Document: {text}")
+        passage_text = "\n\n".join([passage_template.format(**c) for c in sample['ctxs']])
+        gold_ranking = " > ".join([x['id'] for x in sorted(sample["ctxs"], key=lambda x: x["label"], reverse=True)])
+        demo_text = ""
+        if shots > 0:
+            if not demo_filtered:
+                demos = demos.filter(lambda x: x["qid"] != sample["qid"])
+            h = abs(int(hashlib.sha256(sample["qid"].encode("utf-8")).hexdigest(), 16) % 2**31)
+            demo = demos.shuffle(seed=h)
+            demo = drop_duplicates(demo, 'qid').select(range(shots))
+            demo_ids = set()
+            for d in demo:
+                if d["qid"] in demo_ids or len(demo_ids) >= shots:
+                    continue
+                demo_ids.add(d["qid"])
+                ids = sorted(d["ctxs"], key=lambda x: x["label"], reverse=True)
+                ranking = " > ".join([x['id'] for x in ids])
+                demo_text += "\n\n".join([passage_template.format(**c) for c in d['ctxs']]) + \
+                    f"\n\nQuery: {d['query']}\nRanking: {ranking}" + "\n\n"
+        return {"context": passage_text, "question": sample["query"], "demos": demo_text, "answer": gold_ranking}
+
+    data = data.map(lambda x: update(x, demos), remove_columns=["query", "ctxs"])
+    return [(prompt_template.format(**d), d["answer"]) for d in data]
+
+
+@pytest.mark.parametrize(("samples", "shots", "n_demos", "title"), [
+    (3, 2, 10, False), (5, 2, 6, True), (100, 0, 4, False), (4, 2, 9, False), (4, 2, 8, False)])
+def test_rerank_rows_demonstrations_and_prompts_are_load_msmarco_reranks(samples, shots, n_demos, title):
+    """Both ways of keeping a question out of its own demonstrations: more than twice as many demonstration rows as
+    drawn questions (every drawn question's removed at once) or not (each question's own, per question)."""
+    rows = [rerank_row(k, title=title) for k in range(8)]
+    demos = [rerank_row(k % 10, passages=4, title=title) for k in range(n_demos)]  # repeated qids, some drawn too
+    task = data.TASKS["msmarco_rerank_psg"]
+    chosen = helmet.draw_qa(task, rows, samples)
+    pool = data.rerank_pool(demos, [rows[i] for i in chosen])
+    got = []
+    for i in chosen:
+        sample = data.fields(task, rows[i], shots, data.demonstrations(task, rows[i], pool, "qid", shots,
+                                                                        helmet.shuffled))
+        got.append((data.prompt(task, sample), sample["answer"]))
+    assert got == official_load_msmarco_rerank(rows, demos, samples, shots)
+
+
+def test_rerank_with_a_stand_in_model(tmp_path, monkeypatch, trained):
+    """The stand-in ranks by the gold ranking on even questions and in reverse on odd ones, then writes a new line
+    and more ids (not read); the score is the mean of HELMET's NDCG@10 x 100."""
+    from tapecli.data.tokenizer import ByteTokenizer
+
+    root = tmp_path / "data" / "msmarco"
+    root.mkdir(parents=True)
+    rows = [rerank_row(k) for k in range(4)]
+    (root / "test_reranking_data_k14_dep3.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "test_reranking_data_k10_dep3.jsonl").write_text(
+        "".join(json.dumps(rerank_row(10 + k, passages=3)) + "\n" for k in range(5)))
+    tok = ByteTokenizer()
+
+    def answer(model, prompts, max_new_tokens, batch_size=8, stop_tokens=None, pad_id=None, stop_check=None, **_):
+        outs = []
+        for p in prompts:
+            k = int(re.findall(r"Query: what is query (\d+)\?", tok.decode(p))[-1])
+            ids = data.gold_ranking(rows[k]).split(" > ")
+            reply = tok.encode(" " + " > ".join(ids if k % 2 == 0 else ids[::-1]) + "\n > 1 > 2")
+            assert max_new_tokens == 200 and stop_check is not None
+            outs.append((reply + [pad_id] * max_new_tokens)[:max_new_tokens])
+        return outs
+
+    monkeypatch.setattr("tapecli.eval.common.generate_batch", answer)
+    report = run(helmet.Helmet(str(tmp_path / "data"), ["rerank"], [4096], samples=4), [str(trained())],
+                 tmp_path / "out", device="cpu", batch_size=2, show_progress=False)
+    m = report.results["helmet"]["models"][0]
+    expected = []
+    for k, row in enumerate(rows):
+        ids = data.gold_ranking(row).split(" > ")
+        output = " " + " > ".join(ids if k % 2 == 0 else ids[::-1]) + "\n"
+        labels = {c["id"]: c["label"] for c in row["ctxs"]}
+        k_values = [1, 5, 10]
+        expected.append(official_calculate_retrieval_metrics({row["qid"]: official_parse_rankings(output)},
+                                                             {row["qid"]: labels}, k_values)["NDCG@10"])
+    assert expected[0] == 1.0 and expected[1] < 1
+    assert m["scores"] == {"msmarco_rerank_psg": {"4096": round(100 * sum(expected) / 4, 2)}}
+    assert m["categories"] == {"rerank": m["scores"]["msmarco_rerank_psg"]}
