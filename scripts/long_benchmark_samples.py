@@ -26,6 +26,10 @@ writes
                                                HELMET's RAG fields (question, answers, ctxs of title + text, PopQA's
                                                s_pop): "who keeps the X box?" among 20 passages (3 in the
                                                demonstration files) naming each box's keeper; 8 rows each
+  OUT/helmet/data/msmarco/test_reranking_data_k14_dep3.jsonl, test_reranking_data_k10_dep3.jsonl
+                                               HELMET's re-ranking fields (qid, query, ctxs of id, text, label):
+                                               "which box does NAME keep?" over 14 (10) passages, labelled 3 for the
+                                               answer, 1 for the keeper's other passages, 0 otherwise; 8 rows each
   OUT/corpus.txt                               other conversations and questions of the same kinds (seed + 1), as
                                                tape reads them, each followed by its answer: MRCR's transcript
                                                (`tapecli.data.mrcr.transcript`) + " " + answer, LongBench v2's 0-shot
@@ -153,6 +157,17 @@ def kilt_row(rng: random.Random, k: int, passages: int) -> dict:
             "ctxs": ctxs, "s_pop": 10 ** rng.randint(1, 2)}
 
 
+def rerank_row(rng: random.Random, k: int, passages: int) -> dict:
+    keeper = rng.choice(NAMES)
+    ctxs = []
+    for n in range(passages):
+        name = keeper if n < 3 else rng.choice([x for x in NAMES if x != keeper])
+        ctxs.append({"id": str(n + 1), "text": f"{name} keeps the {rng.choice(WORDS)} {rng.choice(COLOURS)} box.",
+                     "label": 3 if n == 0 else 1 if n < 3 else 0})
+    rng.shuffle(ctxs)
+    return {"qid": f"{5000 + k}", "query": f"which box does {keeper} keep?", "ctxs": ctxs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -197,6 +212,11 @@ def main() -> None:
             rows = [kilt_row(rng, k, passages) for k in range(8)]
             (helmet / "kilt" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
                                                            encoding="utf-8")
+    (helmet / "msmarco").mkdir(parents=True, exist_ok=True)
+    for name, passages, first in (("test_reranking_data_k14_dep3", 14, 0), ("test_reranking_data_k10_dep3", 10, 100)):
+        rows = [rerank_row(rng, first + k, passages) for k in range(8)]
+        (helmet / "msmarco" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                                          encoding="utf-8")
     train = random.Random(args.seed + 1)
     texts = []
     for _ in range(400):
@@ -208,8 +228,8 @@ def main() -> None:
     train.shuffle(texts)
     (out / "corpus.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
     print(f"wrote {out}/mrcr (36 conversations), {out}/longbench-v2/data.json (24 questions), {out}/nolima (3 "
-          f"experiments, 2 books), {out}/helmet/data (json_kv, 3 RULER tasks x 3 lengths and 4 RAG tasks, 8 rows "
-          f"each) and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
+          f"experiments, 2 books), {out}/helmet/data (json_kv, 3 RULER tasks x 3 lengths, 4 RAG tasks and "
+          f"re-ranking, 8 rows each) and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
 
 
 if __name__ == "__main__":

@@ -352,6 +352,12 @@ def test_the_results_pages_sample_files_are_helmets_layout(tmp_path):
         for row in rows:  # the asked box's passage names its keeper
             box = row["question"].removeprefix("who keeps the ").removesuffix("?")
             assert [c["text"] for c in row["ctxs"] if c["has_answer"]] == [f"The {box} is kept by {row['answers'][0]}."]
+    rerank = helmet.Helmet(str(tmp_path / "helmet"), ["rerank"], [4096], samples=8)
+    rerank.check([])
+    for row in rerank.rows["msmarco_rerank_psg", 4096]:
+        keeper = row["query"].removeprefix("which box does ").removesuffix(" keep?")
+        assert sorted(c["label"] for c in row["ctxs"]) == [0] * 11 + [1, 1, 3]
+        assert all(c["text"].startswith(keeper) == (c["label"] > 0) for c in row["ctxs"])
     kv, _ = data.read(str(tmp_path / "helmet" / "data"), data.TASKS["json_kv"], 4096)
     assert len(kv) == 8 and all(json.loads(r["context"].removeprefix("JSON data:\n"))[r["question"]] == r["answer"]
                                 for r in kv)
