@@ -1,6 +1,7 @@
-"""Tiny files in the released formats of OpenAI MRCR, LongBench v2 and NoLiMa, and a training text in the style of the
-first two, for the CPU-sized results page (docs/results/long-benchmarks-cpu.md): the real datasets are hundreds of MB
-of prompts of 8K tokens and more, beyond a tiny model and not on an offline machine.
+"""Tiny files in the released formats of OpenAI MRCR, LongBench v2, NoLiMa and HELMET's synthetic recall, and a
+training text in the style of the first two, for the CPU-sized results page (docs/results/long-benchmarks-cpu.md):
+the real datasets are hundreds of MB of prompts of 8K tokens and more, beyond a tiny model and not on an offline
+machine.
 
     python scripts/long_benchmark_samples.py OUT [--seed 0]
 
@@ -14,6 +15,21 @@ writes
   OUT/nolima/needle_set.json                   NoLiMa's needle-set format: 3 experiments whose needle names a
                                                {CHAR} and a place, asked about by one-hop and two-hop questions
   OUT/nolima/books/rand_book_1.txt, _2.txt     shuffled-book stand-ins: 600 lines of the words below each
+  OUT/helmet/data/json_kv/test_k50_dep6.jsonl  HELMET's json_kv fields (context: a JSON object of 50 UUID pairs,
+                                               question, answer, demos, num_kvs); 8 rows (HELMET's 4K file)
+  OUT/helmet/data/ruler/niah_multikey_2/validation_{1024,2048,4096}.jsonl, niah_multikey_3/..., niah_multivalue/...
+                                               RULER's fields as HELMET reads them (context, query, outputs,
+                                               type_needle_v, length): "One of the special magic numbers (uuids) for
+                                               KEY is: VALUE." needles among others, about L bytes; 8 rows each
+  OUT/helmet/data/kilt/{nq,triviaqa}-dev-multikilt_1000_k20_dep6.jsonl, hotpotqa-..._dep3.jsonl,
+  popqa_test_1000_k20_dep6.jsonl and their demonstration files (..-train-multikilt_1000_k3_...; PopQA's k3 test file)
+                                               HELMET's RAG fields (question, answers, ctxs of title + text, PopQA's
+                                               s_pop): "who keeps the X box?" among 20 passages (3 in the
+                                               demonstration files) naming each box's keeper; 8 rows each
+  OUT/helmet/data/msmarco/test_reranking_data_k14_dep3.jsonl, test_reranking_data_k10_dep3.jsonl
+                                               HELMET's re-ranking fields (qid, query, ctxs of id, text, label):
+                                               "which box does NAME keep?" over 14 (10) passages, labelled 3 for the
+                                               answer, 1 for the keeper's other passages, 0 otherwise; 8 rows each
   OUT/corpus.txt                               other conversations and questions of the same kinds (seed + 1), as
                                                tape reads them, each followed by its answer: MRCR's transcript
                                                (`tapecli.data.mrcr.transcript`) + " " + answer, LongBench v2's 0-shot
@@ -95,6 +111,63 @@ def needle_set() -> list[dict]:
              "tests": {"T01": {"input_args": list(args)}}} for k, args in enumerate(NOLIMA)]
 
 
+def uuid(rng: random.Random) -> str:
+    return "-".join("".join(rng.choice("0123456789abcdef") for _ in range(n)) for n in (8, 4, 4, 4, 12))
+
+
+def json_kv_row(rng: random.Random) -> dict:
+    pairs = [(uuid(rng), uuid(rng)) for _ in range(52)]
+    kvs, demos = dict(pairs[:50]), [list(p) for p in pairs[50:]]
+    key = rng.choice(list(kvs))
+    return {"context": "JSON data:\n" + json.dumps(kvs, indent=1), "question": key, "answer": kvs[key],
+            "demos": demos, "num_kvs": 50}
+
+
+def niah_row(rng: random.Random, kind: str, length: int) -> dict:
+    """RULER's multi-key (2: words -> numbers, 3: uuids -> uuids) or multi-value needles, about `length` bytes."""
+    noun = "uuids" if kind == "niah_multikey_3" else "numbers"
+
+    def value() -> str:
+        return uuid(rng) if kind == "niah_multikey_3" else str(rng.randint(1_000_000, 9_999_999))
+
+    def key(k: int) -> str:
+        return uuid(rng) if kind == "niah_multikey_3" else f"{rng.choice(WORDS)}-{rng.choice(COLOURS)}-{k}"
+
+    query = key(0)
+    wanted = [value() for _ in range(4 if kind == "niah_multivalue" else 1)]
+    lines = [f"One of the special magic {noun} for {query} is: {v}." for v in wanted]
+    while sum(len(x) + 1 for x in lines) < length - 420:
+        lines.append(f"One of the special magic {noun} for {key(len(lines))} is: {value()}.")
+    rng.shuffle(lines)
+    return {"index": 0, "context": "\n".join(lines), "query": query, "outputs": wanted, "type_needle_v": noun,
+            "length": length}
+
+
+NAMES = ["Ada", "Bruno", "Chen", "Dalia", "Emil", "Farah", "Goran", "Hana", "Ivo", "Jun"]
+
+
+def kilt_row(rng: random.Random, k: int, passages: int) -> dict:
+    boxes = [f"{rng.choice(WORDS)} {rng.choice(COLOURS)} box {n}" for n in range(passages)]
+    keepers = [rng.choice(NAMES) for _ in boxes]
+    asked = rng.randrange(passages)
+    ctxs = [{"id": str(n), "title": box.title(), "text": f"The {box} is kept by {keeper}.", "score": 1.0,
+             "has_answer": n == asked} for n, (box, keeper) in enumerate(zip(boxes, keepers, strict=True))]
+    rng.shuffle(ctxs)
+    return {"id": f"q{k:04d}", "question": f"who keeps the {boxes[asked]}?", "answers": [keepers[asked]],
+            "ctxs": ctxs, "s_pop": 10 ** rng.randint(1, 2)}
+
+
+def rerank_row(rng: random.Random, k: int, passages: int) -> dict:
+    keeper = rng.choice(NAMES)
+    ctxs = []
+    for n in range(passages):
+        name = keeper if n < 3 else rng.choice([x for x in NAMES if x != keeper])
+        ctxs.append({"id": str(n + 1), "text": f"{name} keeps the {rng.choice(WORDS)} {rng.choice(COLOURS)} box.",
+                     "label": 3 if n == 0 else 1 if n < 3 else 0})
+    rng.shuffle(ctxs)
+    return {"qid": f"{5000 + k}", "query": f"which box does {keeper} keep?", "ctxs": ctxs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -120,6 +193,30 @@ def main() -> None:
     for k in (1, 2):
         lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))).capitalize() + "." for _ in range(600)]
         (out / "nolima" / "books" / f"rand_book_{k}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    helmet = out / "helmet" / "data"
+    (helmet / "json_kv").mkdir(parents=True, exist_ok=True)
+    (helmet / "json_kv" / "test_k50_dep6.jsonl").write_text(
+        "".join(json.dumps(json_kv_row(rng)) + "\n" for _ in range(8)), encoding="utf-8")
+    for kind in ("niah_multikey_2", "niah_multikey_3", "niah_multivalue"):
+        (helmet / "ruler" / kind).mkdir(parents=True, exist_ok=True)
+        for length in (1024, 2048, 4096):
+            rows = [{**niah_row(rng, kind, length), "index": k} for k in range(8)]
+            (helmet / "ruler" / kind / f"validation_{length}.jsonl").write_text(
+                "".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (helmet / "kilt").mkdir(parents=True, exist_ok=True)
+    for test, demo in [("nq-dev-multikilt_1000_k20_dep6", "nq-train-multikilt_1000_k3_dep6"),
+                       ("triviaqa-dev-multikilt_1000_k20_dep6", "triviaqa-train-multikilt_1000_k3_dep6"),
+                       ("hotpotqa-dev-multikilt_1000_k20_dep3", "hotpotqa-train-multikilt_1000_k3_dep3"),
+                       ("popqa_test_1000_k20_dep6", "popqa_test_1000_k3_dep6")]:
+        for name, passages in ((test, 20), (demo, 3)):
+            rows = [kilt_row(rng, k, passages) for k in range(8)]
+            (helmet / "kilt" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                                           encoding="utf-8")
+    (helmet / "msmarco").mkdir(parents=True, exist_ok=True)
+    for name, passages, first in (("test_reranking_data_k14_dep3", 14, 0), ("test_reranking_data_k10_dep3", 10, 100)):
+        rows = [rerank_row(rng, first + k, passages) for k in range(8)]
+        (helmet / "msmarco" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                                          encoding="utf-8")
     train = random.Random(args.seed + 1)
     texts = []
     for _ in range(400):
@@ -131,7 +228,8 @@ def main() -> None:
     train.shuffle(texts)
     (out / "corpus.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
     print(f"wrote {out}/mrcr (36 conversations), {out}/longbench-v2/data.json (24 questions), {out}/nolima (3 "
-          f"experiments, 2 books) and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
+          f"experiments, 2 books), {out}/helmet/data (json_kv, 3 RULER tasks x 3 lengths, 4 RAG tasks and "
+          f"re-ranking, 8 rows each) and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
 
 
 if __name__ == "__main__":

@@ -336,3 +336,44 @@ def eval_nolima(
     evaluation = NoLiMa(needle_set, haystack, _lengths(lengths), depths, metric, seed, threshold,
                         _base_lengths(base_lengths))
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)
+
+
+@eval_app.command("helmet")
+def eval_helmet(
+    model: list[str] = MODELS_OPTION,
+    data: str | None = typer.Option(None, "--data", help="HELMET's released data: the data/ folder extracted from "
+                                    "its data.tar.gz (json_kv/, ruler/, ...) (default: the hub dataset "
+                                    "princeton-nlp/HELMET, online only)."),
+    tasks: str = typer.Option("recall,rag,rerank", "--tasks", "-t", help="Comma-separated categories or tasks: "
+                              "recall (HELMET's synthetic recall: json_kv, ruler_niah_mk_2, ruler_niah_mk_3, "
+                              "ruler_niah_mv), rag (kilt_nq, kilt_triviaqa, kilt_hotpotqa, kilt_popqa), rerank "
+                              "(msmarco_rerank_psg), or tasks among them. HELMET's ICL, long-document QA, "
+                              "summarisation and citation categories are not run by tape yet."),
+    lengths: str = typer.Option("8k,16k,32k,64k,128k", "--lengths", help="Comma-separated input lengths in tokens "
+                                "(HELMET's input_max_length; k = 1024): each picks the task's file for that length "
+                                "and is the prompt + answer budget (json_kv, RAG and re-ranking have files for 4k-128k only)."),
+    samples: int = integer(100, "--samples", min=1, help="Rows per task and length, drawn as HELMET draws "
+                           "max_test_samples (shuffle with seed 42) (HELMET: 100)."),
+    shots: int = integer(2, "--shots", min=0, help="In-context demonstrations: json_kv's from the row itself, RAG's "
+                         "and re-ranking's drawn per question from the task's demonstration file (HELMET: 2)."),
+    batch_size: int = batch_size_option(1, "Prompts decoded together"),
+    out: str | None = out_option("RUN/eval-helmet/<checkpoint name>; several models share one folder, "
+                                 "./eval-helmet-comparison"),
+    dtype: str = DTYPE_OPTION,
+    device: str = DEVICE_OPTION,
+    pe_arg: list[str] | None = PE_ARG_OPTION,
+) -> None:
+    """HELMET: its synthetic recall, RAG and re-ranking categories at 4K-128K tokens.
+
+    HELMET's released files, prompts and base-model demonstrations (no chat template); a prompt over the length less the tokens to generate has its context cut at the end, as HELMET's tokenize() does; greedy answers up to each task's generation length (RAG, re-ranking: stopping at a new line), scored by HELMET's metrics (SubEM for json_kv and RAG, RULER recall for the RULER tasks, NDCG@10 for re-ranking). Not run yet: HELMET's many-shot ICL, long-document QA, summarisation and citation categories.
+
+    results.json: the score (x100) per task and length, each category's (the mean of its tasks) per length; helmet.png: category score vs length.
+
+    Interrupted? Run the same command again: finished samples are kept.
+
+    Example: tape eval helmet --model runs/rope --data HELMET/data --lengths 8k,16k --samples 20 --out eval/helmet
+    """
+    from tapecli.eval.helmet import Helmet
+
+    evaluation = Helmet(data, [t.strip() for t in tasks.split(",") if t.strip()], _lengths(lengths), samples, shots)
+    run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)
