@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 # The keys that shape attention beyond the PE (their defaults: what every model was before they existed).
-ATTENTION_KEYS = ("window", "temperature", "length_scale", "length_scale_args", "schedule", "qk_norm", "qkv_bias")
+ATTENTION_KEYS = ("window", "temperature", "length_scale", "length_scale_args", "schedule", "qk_norm", "qkv_bias",
+                  "block")
 
 
 @dataclass
@@ -27,7 +28,8 @@ class ModelConfig:
     layer's attention; `schedule` changes any of these per layer (tapecli.model.schedule). Their defaults are what
     a model without these keys always was, so older configs mean what they meant. `qk_norm` (Qwen3's per-head
     RMSNorm of queries and keys before the PE, tapecli.model.norm) and `qkv_bias` (biases on the query, key and
-    value projections, as Qwen2) add weights to every layer.
+    value projections, as Qwen2) add weights to every layer. `block` places the block's norms and says what the
+    q/k norm spans (tapecli.model.block; {} is the Llama block).
     """
 
     vocab_size: int
@@ -57,8 +59,10 @@ class ModelConfig:
     schedule: dict[str, Any] = field(default_factory=dict)  # per-layer PE / window / temperature / length scale
     qk_norm: bool = False  # RMSNorm of each head's query and key before the PE (Qwen3)
     qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
+    block: dict[str, Any] = field(default_factory=dict)  # norm placement and q/k norm span (tapecli.model.block)
 
     def __post_init__(self) -> None:
+        from tapecli.model.block import BlockLayout
         from tapecli.model.pe import resolve_pe
         from tapecli.model.schedule import layer_specs, record_resolved_args
 
@@ -86,6 +90,8 @@ class ModelConfig:
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
         self.pe_args = dict(self.pe_args)
+        BlockLayout.of(self.block)
+        self.block = dict(self.block)
         self.pe_plugin = resolve_pe(self.pe, self.pe_plugin).record
         # Validates pe_args and the layer keys now (names, types, choices), not at the first forward; then records
         # the defaults the PEs resolved (CoPE's npos_max), so that what is saved keeps its meaning when a later

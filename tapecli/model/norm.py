@@ -1,13 +1,14 @@
 """RMSNorm, and the per-head query/key norm some models apply before the PE (`model.qk_norm`).
 
     norm = RMSNorm(dim, eps)                 # x / rms(x) * weight, normalised in fp32 (fp64 stays fp64)
-    q_norm, k_norm = head_norms(config)      # RMSNorm over head_dim each with model.qk_norm, else nn.Identity
+    q_norm, k_norm = head_norms(config)      # with model.qk_norm: per head or over the projection, else nn.Identity
 
 `model.qk_norm` is Qwen3's "QK-norm" (Qwen3Attention's `q_norm` / `k_norm`): each head's query and key are
 RMS-normalised over the head dimension, with one learned weight [head_dim] shared by all heads, right after the
-projections and before the PE rotates them. (OLMo 2 normalises the whole projection instead, over all heads at
-once: a different operation, not this one.) Without it the norms are nn.Identity: no parameters, so the names and
-shapes of every existing model's weights stay what they were.
+projections and before the PE rotates them. With `model.block.qk_norm: projection` (tapecli.model.block) it is OLMo
+2's instead: the whole query (and key) projection, all heads at once, is RMS-normalised over n_heads * head_dim
+with a weight of that size. Without it the norms are nn.Identity: no parameters, so the names and shapes of every
+existing model's weights stay what they were.
 """
 
 from __future__ import annotations
@@ -37,8 +38,22 @@ class HeadNorm(RMSNorm):
         return super().forward(x).to(x.dtype)
 
 
+class ProjectionNorm(HeadNorm):
+    """RMSNorm over all heads of a projection at once: takes [..., heads, head_dim], normalises over heads * head_dim
+    (its weight has that size), returns the input's shape and dtype."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return super().forward(x.flatten(-2)).view_as(x)
+
+
 def head_norms(config) -> tuple[nn.Module, nn.Module]:
-    """(q_norm, k_norm) of one attention layer: HeadNorms over head_dim with `config.qk_norm`, else identities."""
+    """(q_norm, k_norm) of one attention layer with `config.qk_norm`: HeadNorms over head_dim, or ProjectionNorms
+    over the whole projections (`model.block.qk_norm: projection`); identities without it."""
+    from tapecli.model.block import BlockLayout
+
     if not config.qk_norm:
         return nn.Identity(), nn.Identity()
+    if BlockLayout.of(config.block).qk_norm == "projection":
+        return (ProjectionNorm(config.n_heads * config.head_dim, config.norm_eps),
+                ProjectionNorm(config.n_kv_heads * config.head_dim, config.norm_eps))
     return HeadNorm(config.head_dim, config.norm_eps), HeadNorm(config.head_dim, config.norm_eps)

@@ -33,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 from tapecli.model.abacus import AbacusEmbedding
 from tapecli.model.attention import WideValue, attend
 from tapecli.model.attention.scaling import QueryScale
+from tapecli.model.block import BlockLayout
 from tapecli.model.cache import KVCache, LayerCache
 from tapecli.model.config import ModelConfig
 from tapecli.model.generation import generate
@@ -97,16 +98,21 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block; the positional state (if the PE carries one) is updated beside the hidden state. In a
-    model with several PEs the state holds one per PE (`group`): the block reads and updates its own PE's."""
+    """Decoder block, its norms where `model.block` places them (tapecli.model.block; pre-norm by default); the
+    positional state (if the PE carries one) is updated beside the hidden state. In a model with several PEs the
+    state holds one per PE (`group`): the block reads and updates its own PE's."""
 
     def __init__(self, config: ModelConfig, spec: LayerSpec, pe: LayerPE, group: int | None, carries_state: bool,
                  aggregation: str | None) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
-        self.self_attn = Attention(config, spec)
-        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
-        self.mlp = MLP(config.dim, config.ffn_dim)
+        self.norm_names = BlockLayout.of(config.block).norm_names  # slot -> module name, e.g. attn_in: input_layernorm
+        # Registered in the order of the computation (parameter order is what optimizer states are saved by).
+        for slot, module in (("attn_in", None), ("self_attn", Attention(config, spec)), ("attn_out", None),
+                             ("mlp_in", None), ("mlp", MLP(config.dim, config.ffn_dim)), ("mlp_out", None)):
+            if module is not None:
+                self.add_module(slot, module)
+            elif slot in self.norm_names:
+                self.add_module(self.norm_names[slot], RMSNorm(config.dim, config.norm_eps))
         self.pe = pe
         self.group = group
         self.dropout = config.dropout  # on each residual branch, in training only
@@ -116,18 +122,23 @@ class Block(nn.Module):
     def forward(self, x: Tensor, state: PositionState | HybridState, k_pos: Tensor, key_mask: Tensor | None = None,
                 cache: LayerCache | None = None) -> tuple[Tensor, PositionState | HybridState]:
         own = state if self.group is None else state.parts[self.group]
-        h, aggregated = self.self_attn(self.input_layernorm(x), self.pe, own, k_pos, key_mask, cache,
+        h, aggregated = self.self_attn(self.norm("attn_in", x), self.pe, own, k_pos, key_mask, cache,
                                        self.aggregation)
-        x = x + F.dropout(h, self.dropout, self.training)
+        x = x + F.dropout(self.norm("attn_out", h), self.dropout, self.training)
         if aggregated is not None:
             own = self.pe.after_attention(own, aggregated)
-        mlp_in = self.post_attention_layernorm(x)
-        mlp_out = self.mlp(mlp_in)
+        mlp_in = self.norm("mlp_in", x)
+        mlp_out = self.norm("mlp_out", self.mlp(mlp_in))
         x = x + F.dropout(mlp_out, self.dropout, self.training)
         if self.carries_state:
             own = self.pe.after_mlp(own, mlp_in, mlp_out, x)
             state = own if self.group is None else state.with_part(self.group, own)
         return x, state
+
+    def norm(self, slot: str, x: Tensor) -> Tensor:
+        """The norm the layout places at `slot`, or `x` as it is where it places none."""
+        name = self.norm_names.get(slot)
+        return x if name is None else getattr(self, name)(x)
 
 
 class Decoder(nn.Module):

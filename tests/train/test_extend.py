@@ -1,6 +1,6 @@
 """`tape extend-context` on a tiny Hugging Face Llama: parameter counts of the paper's 7B setting (meta device),
 every method starting at the base's logits, every method x scaling training from the CLI, checkpoints holding only
-the trained tensors, and exact resume after SIGKILL."""
+the trained tensors, and exact resume after SIGKILL; the same start and resume on a tiny OLMo 2 (post-norm block)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tapecli.train.extend import plan_extension
 from tapecli.train.freeze import apply_plan
 
 transformers = pytest.importorskip("transformers")
-from hf_helpers import make_hf_llama, sample_text  # noqa: E402
+from hf_helpers import make_hf_llama, make_hf_model, sample_text  # noqa: E402
 from train_helpers import (  # noqa: E402
     assert_same_weights,
     kill_after_first_checkpoint,
@@ -116,7 +116,7 @@ def test_memory_estimate_of_the_paper_setting():
 def reference_logits(base: Path, scaling: str, x: torch.Tensor) -> torch.Tensor:
     config = transformers.AutoConfig.from_pretrained(base)
     config.rope_parameters = dict(HF_ROPE[scaling])
-    hf = transformers.LlamaForCausalLM.from_pretrained(base, config=config).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base, config=config).eval()
     with torch.no_grad():
         return hf(x).logits
 
@@ -218,6 +218,40 @@ def test_sigkill_then_resume_matches_uninterrupted(base, tmp_path):
     assert "resuming from" in run_cli(*extend_args(base, killed, "longlora", "pi", *extra))
     assert_same_weights(weights(whole), weights(killed))
     assert {k for k in weights(killed) if "lora_" in k}  # the adapters are what was saved and resumed
+
+
+@pytest.fixture(scope="module")
+def olmo2(tmp_path_factory) -> Path:
+    """A tiny OLMo 2 (context 32; post-norms, QK-norm over the projections) and a corpus next to it."""
+    root = tmp_path_factory.mktemp("olmo2")
+    make_hf_model(root / "hf", "Olmo2ForCausalLM", max_position_embeddings=BASE_LEN)
+    (root / "corpus.txt").write_text(sample_text(300, seed=1))
+    return root / "hf"
+
+
+@pytest.mark.parametrize("scaling", ["pi", "yarn"])
+@pytest.mark.parametrize("method", ["tape", "lora"])
+def test_olmo2_extensions_start_at_the_base_logits(olmo2, method, scaling):
+    recipe = load_recipe("context-extension-smoke", [f"model.max_seq_len={TARGET}", f"extend.method={method}",
+                                                     f"extend.scaling={scaling}"])
+    model, tokenizer, _ = build_model(recipe, None, str(olmo2), torch.device("cpu"), "fp32")
+    assert model.config.block == {"norms": "post", "qk_norm": "projection"}
+    x = torch.randint(0, tokenizer.vocab_size, (2, TARGET), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), reference_logits(olmo2, scaling, x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("one_thread")
+def test_olmo2_tape_extension_resumes_exactly_after_sigkill(olmo2, tmp_path):
+    extra = ("train.max_steps=12", "train.save_every=3", "train.eval_every=0", "train.keep_last=2",
+             "train.activation_checkpointing=false", "train.lr=1e-3")
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    run_cli(*extend_args(olmo2, whole, "tape", "pi", *extra))
+    kill_after_first_checkpoint(extend_args(olmo2, killed, "tape", "pi", *extra), killed, subprocess_env(), 12)
+    assert "resuming from" in run_cli(*extend_args(olmo2, killed, "tape", "pi", *extra))
+    assert_same_weights(weights(whole), weights(killed))
+    assert {k for k in weights(killed) if ".pe." in k}  # TAPE's grown weights are what was saved and resumed
 
 
 @pytest.mark.parametrize("args, message", [

@@ -14,6 +14,9 @@ What transformers 5's modeling code does with the keys transformers itself write
     Qwen3ForCausalLM    per-head RMSNorm of q and k before RoPE (`model.qk_norm`); layers as Qwen2
     SmolLM3ForCausalLM  `no_rope_layers` (1 RoPE, 0 NoPE; without it: NoPE every `no_rope_layer_interval`-th layer)
                         and `layer_types` (without it: the NoPE layers slide when `use_sliding_window`)
+    Olmo2ForCausalLM    RoPE in every layer, every layer global; RMSNorm of the attention's and the MLP's outputs
+                        inside the residual, none before them (`model.block.norms: post`); RMSNorm of the whole q and
+                        k projections before RoPE (`model.qk_norm` with `model.block.qk_norm: projection`)
 
 A sliding layer sees `sliding_window` keys, itself included (transformers' mask: key > query - sliding_window), which
 is what tape's `window` counts. Layers that are all alike become model-level keys (`window: 4096`); otherwise a
@@ -34,14 +37,32 @@ from typing import Any
 from tapecli.errors import TapeError
 
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}  # what transformers loads them as
+               "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+               "olmo2": "Olmo2ForCausalLM"}  # what transformers loads them as
 ARCHITECTURES = tuple(MODEL_TYPES.values())
 SLIDING, FULL = "sliding_attention", "full_attention"
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # Biases the architecture's modeling code would add for a true value: refused, tape has none of these.
 _BIAS_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "MistralForCausalLM": (),
               "Qwen2ForCausalLM": (), "Qwen3ForCausalLM": ("attention_bias",),
-              "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias")}
+              "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"), "Olmo2ForCausalLM": ("attention_bias",)}
+# The block of each architecture (tapecli.model.block), where it is not Llama's.
+BLOCKS = {"Olmo2ForCausalLM": {"norms": "post", "qk_norm": "projection"}}
+# Architectures tape does not import, and the supported one nearest to each (what their refusal names).
+NEAREST = {
+    "Gemma3ForCausalLM": "Qwen3ForCausalLM (QK-norm, sliding layers); Gemma 3's sandwich norms, (1 + w) norm "
+                         "weights and per-layer-type RoPE are not mapped",
+    "Gemma3ForConditionalGeneration": "Qwen3ForCausalLM; Gemma 3's multimodal checkpoints are not mapped",
+    "Gemma3nForCausalLM": "Qwen3ForCausalLM; Gemma 3n is not mapped",
+    "Gemma3nForConditionalGeneration": "Qwen3ForCausalLM; Gemma 3n is not mapped",
+    "Olmo3ForCausalLM": "Olmo2ForCausalLM (the same block); OLMo 3's sliding layers are not mapped",
+    "OlmoForCausalLM": "Olmo2ForCausalLM; OLMo 1's non-parametric LayerNorm is not mapped",
+    "Phi3ForCausalLM": "LlamaForCausalLM; Phi-3's fused qkv / gate_up weights and LongRoPE are not mapped",
+    "Cohere2ForCausalLM": "SmolLM3ForCausalLM (NoPE and sliding layers); Cohere2's parallel block on one "
+                          "LayerNorm and logit_scale are not mapped",
+    "Exaone4ForCausalLM": "Olmo2ForCausalLM (post-norms, QK-norm); EXAONE 4's sliding and NoPE layers are not mapped",
+    "GptOssForCausalLM": "MistralForCausalLM; GPT-OSS's mixture-of-experts MLP and attention sinks are not mapped",
+}
 
 
 def architecture(hf: dict[str, Any], where: str) -> str:
@@ -58,6 +79,9 @@ def architecture(hf: dict[str, Any], where: str) -> str:
         print(f"note: {where} has no architectures; read as {assumed}, as transformers does for model_type "
               f"{model_type!r}", file=sys.stderr)
         return assumed
+    if isinstance(arch, list) and len(arch) == 1 and arch[0] in NEAREST:
+        raise TapeError(f"{where}: architectures {arch} is not supported; the nearest supported is "
+                        f"{NEAREST[arch[0]]}")
     if not isinstance(arch, list) or len(arch) != 1 or arch[0] not in ARCHITECTURES:
         raise TapeError(f"{where}: architectures {arch} is not supported; supported: {', '.join(ARCHITECTURES)}")
     return arch[0]
@@ -65,16 +89,19 @@ def architecture(hf: dict[str, Any], where: str) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    """What each layer of a model is, in Hugging Face's terms: RoPE or not, its window (None: global)."""
+    """What each layer of a model is, in Hugging Face's terms: RoPE or not, its window (None: global); and the
+    attention's biases and norms and the block's layout (`model.block`), the same in every layer."""
 
     rope: tuple[bool, ...]
     windows: tuple[int | None, ...]
     qkv_bias: bool = False
     qk_norm: bool = False
+    block: tuple[tuple[str, str], ...] = ()
 
     def model_keys(self, rope_args: dict[str, Any]) -> dict[str, Any]:
         """The ModelConfig keys of this layout, RoPE layers taking `rope_args` (module docstring)."""
-        keys: dict[str, Any] = {"qk_norm": self.qk_norm, "qkv_bias": self.qkv_bias, "window": None, "schedule": {}}
+        keys: dict[str, Any] = {"qk_norm": self.qk_norm, "qkv_bias": self.qkv_bias, "window": None, "schedule": {},
+                                "block": dict(self.block)}
         pe_args = rope_args if any(self.rope) else {}
         pairs = list(zip(self.rope, self.windows, strict=True))
         if len(set(pairs)) == 1:
@@ -143,14 +170,14 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
     types = _layer_types(hf, n, where)
     window = _window(hf, where)
     rope = [True] * n
-    if arch == "LlamaForCausalLM":
+    if arch in ("LlamaForCausalLM", "Olmo2ForCausalLM"):
         for key in ("sliding_window", "use_sliding_window"):
             if hf.get(key):
-                raise TapeError(f"{where}: {key}={hf[key]!r} is not supported for LlamaForCausalLM (transformers' "
-                                "Llama has no sliding window; a Mistral, Qwen2 or SmolLM3 config has)")
+                raise TapeError(f"{where}: {key}={hf[key]!r} is not supported for {arch} (transformers' "
+                                f"{arch.removesuffix('ForCausalLM')} has no sliding window; a Mistral, Qwen2 or "
+                                "SmolLM3 config has)")
         if types and SLIDING in types:
-            raise TapeError(f"{where}: layer_types {types!r} is not supported for LlamaForCausalLM (full_attention "
-                            "only)")
+            raise TapeError(f"{where}: layer_types {types!r} is not supported for {arch} (full_attention only)")
         windows: list[int | None] = [None] * n
     elif arch == "MistralForCausalLM":
         windows = [window] * n
@@ -179,7 +206,8 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
                             + "; transformers cannot run such a model")
         windows = [window if kind == SLIDING else None for kind in types]
     return Layout(rope=tuple(rope), windows=tuple(windows), qkv_bias=arch == "Qwen2ForCausalLM",
-                  qk_norm=arch == "Qwen3ForCausalLM")
+                  qk_norm=arch in ("Qwen3ForCausalLM", "Olmo2ForCausalLM"),
+                  block=tuple(BLOCKS.get(arch, {}).items()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -212,6 +240,12 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
     window = next(iter(sizes), None)
     types = [SLIDING if s.window is not None else FULL for s in specs]
     nope, some = not all(rope), SLIDING in types and FULL in types
+    block = _block_architecture(config)
+    if block is not None:
+        if not config.qk_norm or config.qkv_bias or nope or window is not None:
+            raise TapeError(f"model.block {config.block}: {block} runs it with QK-norm, without q/k/v biases, NoPE "
+                            "layers or windows only; keep the native checkpoint")
+        return block, {"attention_bias": False}
     if (config.qk_norm or config.qkv_bias) and nope:
         raise TapeError("model.schedule: NoPE layers with qk_norm or qkv_bias export to no supported Hugging Face "
                         "architecture (Qwen2/Qwen3 have no NoPE layers); keep the native checkpoint")
@@ -231,6 +265,20 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
     if window is not None:
         return "MistralForCausalLM", {"sliding_window": window}
     return "LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False}
+
+
+def _block_architecture(config) -> str | None:
+    """The class whose block is `model.block` (None for Llama's block), or a TapeError when no class has it."""
+    from tapecli.model.block import BlockLayout
+
+    layout = BlockLayout.of(config.block)
+    if layout == BlockLayout():
+        return None
+    for arch, block in BLOCKS.items():
+        if layout == BlockLayout.of(block):
+            return arch
+    raise TapeError(f"model.block {config.block} is the block of no supported Hugging Face architecture; keep the "
+                    "native checkpoint, which every `tape eval` opens")
 
 
 def model_type(arch: str) -> str:

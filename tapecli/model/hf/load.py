@@ -8,8 +8,8 @@
 Which directory, hub id or short name to open, and in which dtype, is decided by `tapecli.store.door`, the one door
 every command opens models through. A directory holds `config.json`, `model.safetensors` or shards listed in
 `model.safetensors.index.json`, `tokenizer.json` and/or `tokenizer.model`.
-Supported: `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and
-`SmolLM3ForCausalLM`, with their sliding windows, NoPE layers, q/k/v biases and QK-norm as
+Supported: `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `SmolLM3ForCausalLM`
+and `Olmo2ForCausalLM`, with their sliding windows, NoPE layers, q/k/v biases, QK-norm and block layouts as
 `tapecli.model.hf.arch` reads them; grouped-query attention; an explicit `head_dim`; tied or untied embeddings;
 RoPE given as `rope_parameters` (transformers 5) or as the older `rope_theta` / `rope_scaling` keys, of type default,
 linear, dynamic, yarn or llama3. Anything else (other biases, activations or architectures) is a TapeError naming
@@ -17,8 +17,9 @@ the config key.
 
 `partial_rotary_factor` is read as the architecture's transformers class reads it (`PARTIAL_ROTARY`): where the
 class rotates only the first factor x head_dim dims of a head (GPT-NeoX, Phi, ...), it becomes RoPE's
-`partial_rotary_factor`; `LlamaForCausalLM` and `MistralForCausalLM` compute rope_type default over the whole head
-and ignore the factor (so tape does too, and says so on stderr), and fail with any other rope type (a TapeError).
+`partial_rotary_factor`; `LlamaForCausalLM`, `MistralForCausalLM` and `Olmo2ForCausalLM` compute rope_type default
+over the whole head and ignore the factor (so tape does too, and says so on stderr), and fail with any other rope
+type (a TapeError).
 
 Weights are read tensor by tensor from each shard (`safetensors.safe_open`) straight into the target dtype and
 assigned to a model built on the meta device, so loading never holds a second full copy of the model.
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
 
 # Whether the architecture's transformers class rotates only the first partial_rotary_factor of each head (the
 # module docstring): neither Llama nor Mistral does; for the other classes such a config is refused.
-PARTIAL_ROTARY = {"LlamaForCausalLM": False, "MistralForCausalLM": False}
+PARTIAL_ROTARY = {"LlamaForCausalLM": False, "MistralForCausalLM": False, "Olmo2ForCausalLM": False}
 HF_CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 # RoPE types transformers writes -> our `scaling` names; the HF defaults our RoPE also uses are not repeated.
@@ -93,7 +94,7 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
     partial = float(params.get("partial_rotary_factor", 1.0))
     if partial != 1.0 and architecture not in PARTIAL_ROTARY:
         raise TapeError(f"{where}: partial_rotary_factor {partial:g} is not supported for {architecture} (tape reads "
-                        "it as transformers does for Llama and Mistral only)")
+                        "it as transformers does for Llama, Mistral and OLMo 2 only)")
     if partial != 1.0 and PARTIAL_ROTARY[architecture]:
         args["partial_rotary_factor"] = partial
     elif partial != 1.0 and kind == "default":

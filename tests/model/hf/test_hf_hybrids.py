@@ -1,5 +1,5 @@
 """Hugging Face hybrids in and out: Mistral, Qwen2 and Qwen3 with sliding windows, SmolLM3 with NoPE layers, Qwen3's
-QK-norm. Tiny models built with transformers' own classes and `save_pretrained`, opened through the door: logits
+QK-norm, OLMo 2's post-norm block with QK-norm over the whole projections. Tiny models built with transformers' own classes and `save_pretrained`, opened through the door: logits
 equal transformers' (fp32), greedy KV-cached generation past the window equals transformers' `generate`, and the
 export opens in transformers with the same logits and the same layer semantics in its config. Other architectures
 and keys transformers would run differently are refused in one line naming them."""
@@ -43,6 +43,10 @@ CASES = {
     "smollm3-layer-types": ("SmolLM3ForCausalLM", dict(use_sliding_window=True, sliding_window=WINDOW, layer_types=[
         "sliding_attention", "sliding_attention", "full_attention", "full_attention"]),
                             "rope x2 (window 6) + rope x1 + nope x1"),
+    "olmo2": ("Olmo2ForCausalLM", dict(), "rope"),
+    "olmo2-linear-tied": ("Olmo2ForCausalLM", dict(rope_parameters={"rope_type": "linear", "factor": 4.0,
+                                                                    "rope_theta": 500.0},
+                                                   tie_word_embeddings=True, num_key_value_heads=4), "rope"),
 }
 LAYER_KEYS = ("layer_types", "sliding_window", "no_rope_layers", "num_key_value_heads", "use_sliding_window",
               "tie_word_embeddings")
@@ -107,6 +111,12 @@ def test_layouts_read_as_schedules(tmp_path):
     model = open_model(str(tmp_path / "qwen3"), device="cpu").model
     assert (model.config.qk_norm, model.config.qkv_bias) == (True, False)
     assert model.model.layers[0].self_attn.q_norm.weight.shape == (16,)
+    build(tmp_path, "olmo2")
+    model = open_model(str(tmp_path / "olmo2"), device="cpu").model
+    assert (model.config.qk_norm, model.config.block) == (True, {"norms": "post", "qk_norm": "projection"})
+    layer = model.model.layers[0]
+    assert (layer.self_attn.q_norm.weight.shape, layer.self_attn.k_norm.weight.shape) == ((64,), (32,))
+    assert not hasattr(layer, "input_layernorm") and layer.post_feedforward_layernorm.weight.shape == (64,)
 
 
 def test_mistral_without_window_exports_as_llama(tmp_path):
@@ -131,7 +141,10 @@ def test_prefill_in_chunks_past_the_window_equals_transformers(tmp_path):
 @pytest.mark.parametrize("arch, config, edit, message", [
     ("Gemma3ForCausalLM", dict(head_dim=16, sliding_window=WINDOW), {}, "architectures ['Gemma3ForCausalLM'] is not "
                                                                            "supported"),
-    ("Olmo2ForCausalLM", dict(), {}, "architectures ['Olmo2ForCausalLM'] is not supported"),
+    ("Olmo3ForCausalLM", dict(), {}, "architectures ['Olmo3ForCausalLM'] is not supported; the nearest supported is "
+                                     "Olmo2ForCausalLM"),
+    ("Olmo2ForCausalLM", dict(attention_bias=True), {}, "attention_bias=True is not supported for Olmo2ForCausalLM"),
+    ("Olmo2ForCausalLM", dict(), {"sliding_window": 4}, "sliding_window=4 is not supported for Olmo2ForCausalLM"),
     ("Qwen3ForCausalLM", dict(attention_bias=True), {}, "attention_bias=True is not supported for Qwen3ForCausalLM"),
     ("SmolLM3ForCausalLM", dict(mlp_bias=True), {}, "mlp_bias=True is not supported for SmolLM3ForCausalLM"),
     ("Qwen2ForCausalLM", dict(), {"layer_types": ["sliding_attention"] * 4},
@@ -162,6 +175,10 @@ def test_unsupported_is_one_line_naming_the_key(tmp_path, arch, config, edit, me
     (dict(schedule={"pattern": ["rope", "local"], "kinds": {"local": {"pe_args": {"theta": 100.0}}}}),
      "RoPE layers with different pe_args"),
     (dict(schedule={"pattern": ["rope", "alibi"]}), "pe 'alibi' has no Hugging Face Llama equivalent"),
+    (dict(qk_norm=True, block={"qk_norm": "projection"}), "is the block of no supported Hugging Face architecture"),
+    (dict(block={"norms": "post", "qk_norm": "projection"}), "Olmo2ForCausalLM runs it with QK-norm"),
+    (dict(qk_norm=True, window=4, block={"norms": "post", "qk_norm": "projection"}),
+     "Olmo2ForCausalLM runs it with QK-norm, without q/k/v biases, NoPE layers or windows only"),
 ])
 def test_layouts_no_class_runs_are_refused_in_one_line(tmp_path, keys, message):
     from tapecli.data.tokenizer import ByteTokenizer
@@ -222,3 +239,34 @@ def test_every_window_layout_transformers_writes_reads_as_its_modeling_code_runs
         layers = hf_model_config(written).layers()
         assert [spec.window for spec in layers] == expected_windows, keys
         assert [spec.pe == "rope" for spec in layers] == expected_rope, keys
+
+
+@pytest.mark.parametrize("arch, nearest", [
+    ("Gemma3ForCausalLM", "Qwen3ForCausalLM"), ("Olmo3ForCausalLM", "Olmo2ForCausalLM"),
+    ("Phi3ForCausalLM", "LlamaForCausalLM"), ("Cohere2ForCausalLM", "SmolLM3ForCausalLM"),
+    ("Exaone4ForCausalLM", "Olmo2ForCausalLM"), ("GptOssForCausalLM", "MistralForCausalLM"),
+])
+def test_unmapped_families_are_refused_naming_the_nearest_supported(arch, nearest):
+    """The config.json transformers writes for each family tape does not map: one line naming the nearest one."""
+    from tapecli.model.hf.load import hf_model_config
+
+    cls = getattr(transformers, arch).config_class
+    written = {**json.loads(cls(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                num_key_value_heads=2).to_json_string()), "architectures": [arch]}
+    with pytest.raises(TapeError) as info:
+        hf_model_config(written)
+    message = str(info.value)
+    assert f"architectures ['{arch}'] is not supported; the nearest supported is {nearest}" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("block, message", [
+    ({"norm": "post"}, "model.block.norm: unknown key; allowed: norms, qk_norm"),
+    ({"norms": "sandwich"}, "model.block.norms: 'sandwich' is not one of pre, post"),
+    ({"qk_norm": "heads"}, "model.block.qk_norm: 'heads' is not one of head, projection"),
+])
+def test_block_keys_are_checked(block, message):
+    from tapecli.model import ModelConfig
+
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=2, block=block)
