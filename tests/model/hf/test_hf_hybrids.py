@@ -1,8 +1,9 @@
 """Hugging Face hybrids in and out: Mistral, Qwen2 and Qwen3 with sliding windows, SmolLM3 with NoPE layers, Qwen3's
-QK-norm, OLMo 2's post-norm block with QK-norm over the whole projections. Tiny models built with transformers' own classes and `save_pretrained`, opened through the door: logits
-equal transformers' (fp32), greedy KV-cached generation past the window equals transformers' `generate`, and the
-export opens in transformers with the same logits and the same layer semantics in its config. Other architectures
-and keys transformers would run differently are refused in one line naming them."""
+QK-norm, OLMo 2's post-norm block with QK-norm over the whole projections. Tiny models built with transformers' own
+classes and `save_pretrained`, opened through the door: logits equal transformers' (fp32), greedy KV-cached
+generation past the window equals transformers' `generate`, and the export opens in transformers with the same
+logits and the same layer semantics in its config. Other architectures (each naming the nearest supported one) and
+keys transformers would run differently are refused in one line naming them."""
 
 from __future__ import annotations
 
