@@ -1,6 +1,6 @@
 """RMSNorm, and the per-head query/key norm some models apply before the PE (`model.qk_norm`).
 
-    norm = RMSNorm(dim, eps)                 # x / rms(x) * weight, normalised in fp32 (fp64 stays fp64)
+    norm = RMSNorm(dim, eps, offset=False)   # x / rms(x) * weight (offset: * (1 + weight)), in fp32 (fp64 stays)
     q_norm, k_norm = head_norms(config)      # with model.qk_norm: per head or over the projection, else nn.Identity
 
 `model.qk_norm` is Qwen3's "QK-norm" (Qwen3Attention's `q_norm` / `k_norm`): each head's query and key are
@@ -18,15 +18,25 @@ from torch import Tensor, nn
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """Llama's RMSNorm; with `offset` Gemma's, whose stored weight w multiplies as (1 + w), in fp32 before the cast
+    back (`model.block.norm_weight: 1+w`, tapecli.model.block)."""
+
+    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.offset = offset
+        self.weight = nn.Parameter(torch.zeros(dim) if offset else torch.ones(dim))
         self.eps = eps
+
+    def reset_parameters(self) -> None:
+        """The neutral weight: 1, or 0 with an offset."""
+        nn.init.constant_(self.weight, 0.0 if self.offset else 1.0)
 
     def forward(self, x: Tensor) -> Tensor:
         # Normalise in fp32 like Llama (fp64 stays fp64), then return to the input dtype.
         h = x.to(torch.promote_types(x.dtype, torch.float32))
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:  # as Gemma: (x * (1 + w)) in fp32, then the input dtype
+            return (h * (1.0 + self.weight.to(h.dtype))).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
 
@@ -53,7 +63,9 @@ def head_norms(config) -> tuple[nn.Module, nn.Module]:
 
     if not config.qk_norm:
         return nn.Identity(), nn.Identity()
-    if BlockLayout.of(config.block).qk_norm == "projection":
-        return (ProjectionNorm(config.n_heads * config.head_dim, config.norm_eps),
-                ProjectionNorm(config.n_kv_heads * config.head_dim, config.norm_eps))
-    return HeadNorm(config.head_dim, config.norm_eps), HeadNorm(config.head_dim, config.norm_eps)
+    layout = BlockLayout.of(config.block)
+    offset = layout.norm_weight == "1+w"
+    if layout.qk_norm == "projection":
+        return (ProjectionNorm(config.n_heads * config.head_dim, config.norm_eps, offset),
+                ProjectionNorm(config.n_kv_heads * config.head_dim, config.norm_eps, offset))
+    return HeadNorm(config.head_dim, config.norm_eps, offset), HeadNorm(config.head_dim, config.norm_eps, offset)

@@ -44,16 +44,19 @@ from tapecli.model.schedule import LayerSpec
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(SiLU(gate(x)) * up(x))."""
+    """SwiGLU: down(SiLU(gate(x)) * up(x)); GeGLU with GeLU-tanh for `activation` gelu_tanh (model.block)."""
 
-    def __init__(self, dim: int, ffn_dim: int) -> None:
+    def __init__(self, dim: int, ffn_dim: int, activation: str = "silu") -> None:
         super().__init__()
         self.gate_proj = nn.Linear(dim, ffn_dim, bias=False)
         self.up_proj = nn.Linear(dim, ffn_dim, bias=False)
         self.down_proj = nn.Linear(ffn_dim, dim, bias=False)
+        self.tanh_gelu = activation == "gelu_tanh"
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = F.gelu(gate, approximate="tanh") if self.tanh_gelu else F.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
 
 
 class Attention(nn.Module):
@@ -61,7 +64,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.causal = config.causal
-        self.window, self.temperature = spec.window, spec.temperature
+        self.window = spec.window
+        self.temperature = spec.temperature * BlockLayout.of(config.block).temperature(config.head_dim)
         self.query_scale = QueryScale.of(spec.length_scale, spec.length_scale_args, config.max_seq_len)
         self.q_proj = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)
@@ -105,14 +109,17 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, spec: LayerSpec, pe: LayerPE, group: int | None, carries_state: bool,
                  aggregation: str | None) -> None:
         super().__init__()
-        self.norm_names = BlockLayout.of(config.block).norm_names  # slot -> module name, e.g. attn_in: input_layernorm
+        layout = BlockLayout.of(config.block)
+        self.norm_names = layout.norm_names  # slot -> module name, e.g. attn_in: input_layernorm
+        mlp = MLP(config.dim, config.ffn_dim, layout.activation)
         # Registered in the order of the computation (parameter order is what optimizer states are saved by).
         for slot, module in (("attn_in", None), ("self_attn", Attention(config, spec)), ("attn_out", None),
-                             ("mlp_in", None), ("mlp", MLP(config.dim, config.ffn_dim)), ("mlp_out", None)):
+                             ("mlp_in", None), ("mlp", mlp), ("mlp_out", None)):
             if module is not None:
                 self.add_module(slot, module)
             elif slot in self.norm_names:
-                self.add_module(self.norm_names[slot], RMSNorm(config.dim, config.norm_eps))
+                self.add_module(self.norm_names[slot], RMSNorm(config.dim, config.norm_eps,
+                                                               layout.norm_weight == "1+w"))
         self.pe = pe
         self.group = group
         self.dropout = config.dropout  # on each residual branch, in training only
@@ -159,7 +166,8 @@ class Decoder(nn.Module):
             last = [layer for layer, (g, _) in zip(self.layers, groups, strict=True) if g == group][-1]
             last.carries_state, last.aggregation = False, None
             last.pe.requires_grad_(False)
-        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.norm = RMSNorm(config.dim, config.norm_eps, BlockLayout.of(config.block).norm_weight == "1+w")
+        self.embed_scale = BlockLayout.of(config.block).embed_scale  # embeddings times sqrt(dim) (Gemma)
         self.abacus = AbacusEmbedding(config) if config.abacus else None
 
 
@@ -177,8 +185,8 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Llama's init: N(0, init_std) for every linear and embedding weight, ones for norms, zeros for the
-        attention's biases (model.qkv_bias); then each PE's own."""
+        """Llama's init: N(0, init_std) for every linear and embedding weight, ones for norms (zeros for (1 + w)
+        norms), zeros for the attention's biases (model.qkv_bias); then each PE's own."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
@@ -186,7 +194,7 @@ class Transformer(nn.Module):
                 for projection in (module.q_proj, module.k_proj, module.v_proj):
                     nn.init.zeros_(projection.bias)
             elif isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
+                module.reset_parameters()
         for module in self.modules():
             if isinstance(module, LayerPE):
                 module.init_weights()
@@ -213,6 +221,8 @@ class Transformer(nn.Module):
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # nothing is padded: keep SDPA's fused causal path
         x = self.model.embed_tokens(input_ids)
+        if self.model.embed_scale:
+            x = x * torch.tensor(self.config.dim ** 0.5, dtype=x.dtype)
         if self.model.abacus is not None:
             x = x + self.model.abacus(input_ids, cache, attention_mask)
         x = F.dropout(x, self.config.dropout, self.training)

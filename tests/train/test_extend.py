@@ -254,6 +254,17 @@ def test_olmo2_tape_extension_resumes_exactly_after_sigkill(olmo2, tmp_path):
     assert {k for k in weights(killed) if ".pe." in k}  # TAPE's grown weights are what was saved and resumed
 
 
+def test_a_base_with_a_rope_per_layer_type_is_refused_in_one_line(tmp_path):
+    """Gemma 3's global layers carry their own RoPE (a schedule kind's pe_args), which --scaling would not touch."""
+    make_hf_model(tmp_path / "gemma3", "Gemma3ForCausalLM", num_hidden_layers=2, head_dim=16, sliding_window=4,
+                  max_position_embeddings=BASE_LEN, layer_types=["sliding_attention", "full_attention"])
+    (tmp_path / "corpus.txt").write_text(sample_text(10))
+    result = runner.invoke(app, extend_args(tmp_path / "gemma3", tmp_path / "out", "tape", "pi"))
+    assert result.exit_code == 2
+    assert "model.schedule: " in result.output and "gives its global layers a RoPE of their own" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args, message", [
     (["--method", "bogus"], "extend.method: expected one of tape, lora, longlora, full"),
     (["--scaling", "yarn", "--compat", "official"], "extend.scaling: yarn does not exist in the official protocol"),

@@ -17,6 +17,10 @@ What transformers 5's modeling code does with the keys transformers itself write
     Olmo2ForCausalLM    RoPE in every layer, every layer global; RMSNorm of the attention's and the MLP's outputs
                         inside the residual, none before them (`model.block.norms: post`); RMSNorm of the whole q and
                         k projections before RoPE (`model.qk_norm` with `model.block.qk_norm: projection`)
+    Gemma3ForCausalLM   `layer_types` (sliding layers: `sliding_window`); `rope_parameters` per layer type (local
+                        RoPE for sliding layers, global for full ones); per-head QK-norm; norms before and after
+                        attention and the MLP (`sandwich`), stored as (1 + w); embeddings times sqrt(hidden_size);
+                        logits q.k / sqrt(`query_pre_attn_scalar`); GeLU-tanh MLP (`hidden_activation`)
 
 A sliding layer sees `sliding_window` keys, itself included (transformers' mask: key > query - sliding_window), which
 is what tape's `window` counts. Layers that are all alike become model-level keys (`window: 4096`); otherwise a
@@ -35,26 +39,29 @@ from dataclasses import dataclass
 from typing import Any
 
 from tapecli.errors import TapeError
+from tapecli.model.block import BlockLayout
 
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-               "olmo2": "Olmo2ForCausalLM"}  # what transformers loads them as
+               "olmo2": "Olmo2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}  # what transformers loads them as
 ARCHITECTURES = tuple(MODEL_TYPES.values())
 SLIDING, FULL = "sliding_attention", "full_attention"
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # Biases the architecture's modeling code would add for a true value: refused, tape has none of these.
 _BIAS_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "MistralForCausalLM": (),
               "Qwen2ForCausalLM": (), "Qwen3ForCausalLM": ("attention_bias",),
-              "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"), "Olmo2ForCausalLM": ("attention_bias",)}
+              "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"), "Olmo2ForCausalLM": ("attention_bias",),
+              "Gemma3ForCausalLM": ("attention_bias", "use_bidirectional_attention")}
 # The block of each architecture (tapecli.model.block), where it is not Llama's.
-BLOCKS = {"Olmo2ForCausalLM": {"norms": "post", "qk_norm": "projection"}}
+BLOCKS = {"Olmo2ForCausalLM": {"norms": "post", "qk_norm": "projection"},
+          "Gemma3ForCausalLM": {"norms": "sandwich", "norm_weight": "1+w", "activation": "gelu_tanh",
+                                "embed_scale": True}}  # and query_pre_attn_scalar, from config.json
 # Architectures tape does not import, and the supported one nearest to each (what their refusal names).
 NEAREST = {
-    "Gemma3ForCausalLM": "Qwen3ForCausalLM (QK-norm, sliding layers); Gemma 3's sandwich norms, (1 + w) norm "
-                         "weights and per-layer-type RoPE are not mapped",
-    "Gemma3ForConditionalGeneration": "Qwen3ForCausalLM; Gemma 3's multimodal checkpoints are not mapped",
-    "Gemma3nForCausalLM": "Qwen3ForCausalLM; Gemma 3n is not mapped",
-    "Gemma3nForConditionalGeneration": "Qwen3ForCausalLM; Gemma 3n is not mapped",
+    "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM (the text model alone); Gemma 3's multimodal checkpoints "
+                                      "are not mapped",
+    "Gemma3nForCausalLM": "Gemma3ForCausalLM; Gemma 3n's per-layer embeddings and AltUp are not mapped",
+    "Gemma3nForConditionalGeneration": "Gemma3ForCausalLM; Gemma 3n is not mapped",
     "Olmo3ForCausalLM": "Olmo2ForCausalLM (the same block); OLMo 3's sliding layers are not mapped",
     "OlmoForCausalLM": "Olmo2ForCausalLM; OLMo 1's non-parametric LayerNorm is not mapped",
     "Phi3ForCausalLM": "LlamaForCausalLM; Phi-3's fused qkv / gate_up weights and LongRoPE are not mapped",
@@ -62,6 +69,9 @@ NEAREST = {
                           "LayerNorm and logit_scale are not mapped",
     "Exaone4ForCausalLM": "Olmo2ForCausalLM (post-norms, QK-norm); EXAONE 4's sliding and NoPE layers are not mapped",
     "GptOssForCausalLM": "MistralForCausalLM; GPT-OSS's mixture-of-experts MLP and attention sinks are not mapped",
+    "Llama4ForCausalLM": "LlamaForCausalLM; Llama 4's mixture-of-experts MLP and chunked attention are not mapped",
+    "MixtralForCausalLM": "MistralForCausalLM; Mixtral's mixture-of-experts MLP is not mapped",
+    "Qwen3MoeForCausalLM": "Qwen3ForCausalLM; its mixture-of-experts MLP is not mapped",
 }
 
 
@@ -96,10 +106,16 @@ class Layout:
     windows: tuple[int | None, ...]
     qkv_bias: bool = False
     qk_norm: bool = False
-    block: tuple[tuple[str, str], ...] = ()
+    block: tuple[tuple[str, Any], ...] = ()
 
-    def model_keys(self, rope_args: dict[str, Any]) -> dict[str, Any]:
-        """The ModelConfig keys of this layout, RoPE layers taking `rope_args` (module docstring)."""
+    def model_keys(self, rope_args: dict[str, Any], local_rope_args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ModelConfig keys of this layout, RoPE layers taking `rope_args`, or sliding RoPE layers
+        `local_rope_args` where those differ (Gemma 3's rope_parameters per layer type; module docstring)."""
+        if local_rope_args is not None and local_rope_args != rope_args and any(
+                w is not None for w in self.windows) and any(w is None for w in self.windows):
+            return self._per_type_keys(rope_args, local_rope_args)
+        if local_rope_args is not None and all(w is not None for w in self.windows):
+            rope_args = local_rope_args
         keys: dict[str, Any] = {"qk_norm": self.qk_norm, "qkv_bias": self.qkv_bias, "window": None, "schedule": {},
                                 "block": dict(self.block)}
         pe_args = rope_args if any(self.rope) else {}
@@ -112,6 +128,20 @@ class Layout:
         kinds = {"global": {}, "local": {"window": window}, "nope_local": {"pe": "nope", "window": window}}
         schedule = {"layers": names, "kinds": {name: body for name, body in kinds.items() if name in names}}
         return {**keys, "pe": "rope" if any(self.rope) else "nope", "pe_args": pe_args, "schedule": schedule}
+
+    def _per_type_keys(self, global_args: dict[str, Any], local_args: dict[str, Any]) -> dict[str, Any]:
+        """Sliding RoPE layers with their own RoPE: the model's pe_args are the local ones (most layers), and the
+        `global` kind's pe_args, merged over them, the global ones."""
+        if not all(self.rope) or set(local_args) - set(global_args):
+            raise TapeError("rope_parameters: the sliding layers' RoPE sets "
+                            f"{', '.join(sorted(set(local_args) - set(global_args))) or 'NoPE layers'} where the "
+                            "full layers' does not; tape maps per-layer-type RoPE only when the full layers' "
+                            "parameters name every key the sliding layers' do")
+        window = next(w for w in self.windows if w is not None)
+        names = ["local" if w is not None else "global" for w in self.windows]
+        schedule = {"layers": names, "kinds": {"local": {"window": window}, "global": {"pe_args": global_args}}}
+        return {"qk_norm": self.qk_norm, "qkv_bias": self.qkv_bias, "window": None, "block": dict(self.block),
+                "pe": "rope", "pe_args": local_args, "schedule": schedule}
 
 
 def _layer_name(rope: bool, window: int | None) -> str:
@@ -170,6 +200,22 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
     types = _layer_types(hf, n, where)
     window = _window(hf, where)
     rope = [True] * n
+    block = dict(BLOCKS.get(arch, {}))
+    if arch == "Gemma3ForCausalLM":
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if hf.get(key) is not None:
+                raise TapeError(f"{where}: {key}={hf[key]!r} is not supported for {arch} (tape has no logit "
+                                "soft-capping; Gemma 3 checkpoints leave it null)")
+        if hf.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+            raise TapeError(f"{where}: hidden_activation={hf['hidden_activation']!r} is not supported for {arch} "
+                            "(only gelu_pytorch_tanh)")
+        scalar = hf.get("query_pre_attn_scalar", 256)
+        if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or scalar <= 0:
+            raise TapeError(f"{where}: query_pre_attn_scalar must be a positive number, got {scalar!r}")
+        block["query_pre_attn_scalar"] = scalar
+        if types is None:
+            raise TapeError(f"{where}: layer_types is missing; save the model again with transformers >= 5, which "
+                            "writes it")
     if arch in ("LlamaForCausalLM", "Olmo2ForCausalLM"):
         for key in ("sliding_window", "use_sliding_window"):
             if hf.get(key):
@@ -179,6 +225,11 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
         if types and SLIDING in types:
             raise TapeError(f"{where}: layer_types {types!r} is not supported for {arch} (full_attention only)")
         windows: list[int | None] = [None] * n
+    elif arch == "Gemma3ForCausalLM":
+        if SLIDING in types and window is None:
+            raise TapeError(f"{where}: layer_types names {SLIDING} layers but sliding_window is null; transformers "
+                            "cannot run such a model")
+        windows = [window if kind == SLIDING else None for kind in types]
     elif arch == "MistralForCausalLM":
         windows = [window] * n
         if types is not None and types != [SLIDING if window else FULL] * n:
@@ -206,8 +257,8 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
                             + "; transformers cannot run such a model")
         windows = [window if kind == SLIDING else None for kind in types]
     return Layout(rope=tuple(rope), windows=tuple(windows), qkv_bias=arch == "Qwen2ForCausalLM",
-                  qk_norm=arch in ("Qwen3ForCausalLM", "Olmo2ForCausalLM"),
-                  block=tuple(BLOCKS.get(arch, {}).items()))
+                  qk_norm=arch in ("Qwen3ForCausalLM", "Olmo2ForCausalLM", "Gemma3ForCausalLM"),
+                  block=tuple(block.items()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -229,7 +280,10 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
             raise TapeError(f"model.{key}: attention temperatures and length scales do not export to Hugging Face "
                             "(no supported architecture has them); keep the native checkpoint, which every "
                             "`tape eval` opens")
-    if len({json.dumps(s.pe_args, sort_keys=True) for s in specs if s.pe == "rope"}) > 1:
+    block = block_architecture(config)
+    per_type = block == "Gemma3ForCausalLM"  # its rope_parameters hold one entry per layer type
+    if len({(s.window is not None and per_type, json.dumps(s.pe_args, sort_keys=True))
+            for s in specs if s.pe == "rope"}) > 1 + per_type:
         raise TapeError("model.schedule: RoPE layers with different pe_args (e.g. local and global theta) do not "
                         "export to a supported Hugging Face architecture; keep the native checkpoint")
     sizes = {s.window for s in specs if s.window is not None}
@@ -240,7 +294,13 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
     window = next(iter(sizes), None)
     types = [SLIDING if s.window is not None else FULL for s in specs]
     nope, some = not all(rope), SLIDING in types and FULL in types
-    block = _block_architecture(config)
+    if block == "Gemma3ForCausalLM":
+        if not config.qk_norm or config.qkv_bias or nope:
+            raise TapeError(f"model.block {config.block}: {block} runs it with QK-norm, without q/k/v biases or "
+                            "NoPE layers only; keep the native checkpoint")
+        return block, {"layer_types": types, "sliding_window": window, "attention_bias": False,
+                       "hidden_activation": "gelu_pytorch_tanh", "use_bidirectional_attention": False,
+                       "query_pre_attn_scalar": BlockLayout.of(config.block).query_pre_attn_scalar}
     if block is not None:
         if not config.qk_norm or config.qkv_bias or nope or window is not None:
             raise TapeError(f"model.block {config.block}: {block} runs it with QK-norm, without q/k/v biases, NoPE "
@@ -267,15 +327,14 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
     return "LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False}
 
 
-def _block_architecture(config) -> str | None:
+def block_architecture(config) -> str | None:
     """The class whose block is `model.block` (None for Llama's block), or a TapeError when no class has it."""
-    from tapecli.model.block import BlockLayout
-
     layout = BlockLayout.of(config.block)
     if layout == BlockLayout():
         return None
     for arch, block in BLOCKS.items():
-        if layout == BlockLayout.of(block):
+        scalar = {"query_pre_attn_scalar": layout.query_pre_attn_scalar} if arch == "Gemma3ForCausalLM" else {}
+        if layout == BlockLayout.of({**block, **scalar}):
             return arch
     raise TapeError(f"model.block {config.block} is the block of no supported Hugging Face architecture; keep the "
                     "native checkpoint, which every `tape eval` opens")

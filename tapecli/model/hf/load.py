@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 
 # Whether the architecture's transformers class rotates only the first partial_rotary_factor of each head (the
 # module docstring): neither Llama nor Mistral does; for the other classes such a config is refused.
-PARTIAL_ROTARY = {"LlamaForCausalLM": False, "MistralForCausalLM": False, "Olmo2ForCausalLM": False}
+PARTIAL_ROTARY = {"LlamaForCausalLM": False, "MistralForCausalLM": False, "Olmo2ForCausalLM": False,
+                  "Gemma3ForCausalLM": False}
 HF_CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 # RoPE types transformers writes -> our `scaling` names; the HF defaults our RoPE also uses are not repeated.
@@ -138,6 +139,20 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
     return args
 
 
+def _layer_type_pe_args(hf: dict[str, Any], where: str, arch: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the RoPE pe_args of full-attention layers, those of sliding layers or None where they are the same): Gemma
+    3's `rope_parameters` hold one entry per layer type, every other class's one for all layers."""
+    if arch != "Gemma3ForCausalLM":
+        return _pe_args(hf, where, arch), None
+    params = hf.get("rope_parameters")
+    if not isinstance(params, dict) or not all(isinstance(params.get(t), dict)
+                                               for t in ("full_attention", "sliding_attention")):
+        raise TapeError(f"{where}: rope_parameters must hold full_attention and sliding_attention entries for "
+                        f"{arch}, got {params!r}; save the model again with transformers >= 5, which writes them")
+    return tuple(_pe_args({**hf, "rope_parameters": params[t]}, f"{where} ({t})", arch)
+                 for t in ("full_attention", "sliding_attention"))
+
+
 def read_hf_config(directory: Path) -> dict[str, Any]:
     """config.json as a dict; a corrupt, truncated or non-object file is one line naming it."""
     return read_json_object(directory / HF_CONFIG)
@@ -163,13 +178,13 @@ def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise TapeError(f"{where}: {key} must be a positive integer, got {value!r}")
     try:
-        pe_args = _pe_args(hf, where, arch)
+        pe_args, local_pe_args = _layer_type_pe_args(hf, where, arch)
         norm_eps, init_std = float(hf.get("rms_norm_eps", 1e-6)), float(hf.get("initializer_range", 0.02))
     except KeyError as e:
         raise TapeError(f"{where}: missing key {e.args[0]}") from None
     except (TypeError, ValueError) as e:  # a number written as text, a list or null
         raise TapeError(f"{where}: a RoPE or norm setting is not a number ({e})") from None
-    layers = read_layout(hf, arch, where).model_keys(pe_args)
+    layers = read_layout(hf, arch, where).model_keys(pe_args, local_pe_args)
     try:
         return ModelConfig(
             vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"],

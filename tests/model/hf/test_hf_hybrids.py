@@ -1,5 +1,6 @@
 """Hugging Face hybrids in and out: Mistral, Qwen2 and Qwen3 with sliding windows, SmolLM3 with NoPE layers, Qwen3's
-QK-norm, OLMo 2's post-norm block with QK-norm over the whole projections. Tiny models built with transformers' own
+QK-norm, OLMo 2's post-norm block with QK-norm over the whole projections, Gemma 3's sandwich block with local and
+global RoPE per layer type. Tiny models built with transformers' own
 classes and `save_pretrained`, opened through the door: logits equal transformers' (fp32), greedy KV-cached
 generation past the window equals transformers' `generate`, and the export opens in transformers with the same
 logits and the same layer semantics in its config. Other architectures (each naming the nearest supported one) and
@@ -22,6 +23,8 @@ transformers = pytest.importorskip("transformers")
 from hf_helpers import VOCAB, make_hf_model  # noqa: E402
 
 WINDOW = 6
+GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},  # as Gemma 3 4B's
+               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
 # name: (class, config keys, what tape makes of it: describe(layers))
 CASES = {
     "mistral-window": ("MistralForCausalLM", dict(sliding_window=WINDOW), "rope (window 6)"),
@@ -48,6 +51,11 @@ CASES = {
     "olmo2-linear-tied": ("Olmo2ForCausalLM", dict(rope_parameters={"rope_type": "linear", "factor": 4.0,
                                                                     "rope_theta": 500.0},
                                                    tie_word_embeddings=True, num_key_value_heads=4), "rope"),
+    "gemma3": ("Gemma3ForCausalLM", dict(num_hidden_layers=6, head_dim=16, sliding_window=WINDOW,
+                                         query_pre_attn_scalar=24, rope_parameters=GEMMA3_ROPE),
+               "rope x5 (window 6) + rope x1"),
+    "gemma3-tied-all-sliding": ("Gemma3ForCausalLM", dict(head_dim=32, sliding_window=WINDOW,
+                                                          tie_word_embeddings=True), "rope (window 6)"),
 }
 LAYER_KEYS = ("layer_types", "sliding_window", "no_rope_layers", "num_key_value_heads", "use_sliding_window",
               "tie_word_embeddings")
@@ -118,6 +126,14 @@ def test_layouts_read_as_schedules(tmp_path):
     layer = model.model.layers[0]
     assert (layer.self_attn.q_norm.weight.shape, layer.self_attn.k_norm.weight.shape) == ((64,), (32,))
     assert not hasattr(layer, "input_layernorm") and layer.post_feedforward_layernorm.weight.shape == (64,)
+    build(tmp_path, "gemma3")
+    config = open_model(str(tmp_path / "gemma3"), device="cpu").model.config
+    assert (config.pe_args, config.qk_norm) == ({"theta": 1e4}, True)
+    assert config.schedule == {"layers": ["local"] * 5 + ["global"], "kinds": {
+        "local": {"window": WINDOW},
+        "global": {"pe_args": {"theta": 1e6, "scaling": "linear", "factor": 8.0, "original_max_len": 64}}}}
+    assert config.block == {"norms": "sandwich", "norm_weight": "1+w", "activation": "gelu_tanh", "embed_scale": True,
+                            "query_pre_attn_scalar": 24}
 
 
 def test_mistral_without_window_exports_as_llama(tmp_path):
@@ -140,8 +156,10 @@ def test_prefill_in_chunks_past_the_window_equals_transformers(tmp_path):
 
 
 @pytest.mark.parametrize("arch, config, edit, message", [
-    ("Gemma3ForCausalLM", dict(head_dim=16, sliding_window=WINDOW), {}, "architectures ['Gemma3ForCausalLM'] is not "
-                                                                           "supported"),
+    ("Gemma3ForCausalLM", dict(head_dim=16, sliding_window=WINDOW, final_logit_softcapping=30.0), {},
+     "final_logit_softcapping=30.0 is not supported for Gemma3ForCausalLM"),
+    ("Gemma3ForCausalLM", dict(head_dim=16, sliding_window=WINDOW), {"hidden_activation": "gelu"},
+     "hidden_activation='gelu' is not supported for Gemma3ForCausalLM"),
     ("Olmo3ForCausalLM", dict(), {}, "architectures ['Olmo3ForCausalLM'] is not supported; the nearest supported is "
                                      "Olmo2ForCausalLM"),
     ("Olmo2ForCausalLM", dict(attention_bias=True), {}, "attention_bias=True is not supported for Olmo2ForCausalLM"),
@@ -243,7 +261,7 @@ def test_every_window_layout_transformers_writes_reads_as_its_modeling_code_runs
 
 
 @pytest.mark.parametrize("arch, nearest", [
-    ("Gemma3ForCausalLM", "Qwen3ForCausalLM"), ("Olmo3ForCausalLM", "Olmo2ForCausalLM"),
+    ("Gemma3nForCausalLM", "Gemma3ForCausalLM"), ("Olmo3ForCausalLM", "Olmo2ForCausalLM"),
     ("Phi3ForCausalLM", "LlamaForCausalLM"), ("Cohere2ForCausalLM", "SmolLM3ForCausalLM"),
     ("Exaone4ForCausalLM", "Olmo2ForCausalLM"), ("GptOssForCausalLM", "MistralForCausalLM"),
 ])
@@ -262,8 +280,10 @@ def test_unmapped_families_are_refused_naming_the_nearest_supported(arch, neares
 
 
 @pytest.mark.parametrize("block, message", [
-    ({"norm": "post"}, "model.block.norm: unknown key; allowed: norms, qk_norm"),
-    ({"norms": "sandwich"}, "model.block.norms: 'sandwich' is not one of pre, post"),
+    ({"norm": "post"}, "model.block.norm: unknown key; allowed: norms, qk_norm, norm_weight, activation"),
+    ({"norms": "parallel"}, "model.block.norms: 'parallel' is not one of pre, post, sandwich"),
+    ({"embed_scale": 1}, "model.block.embed_scale: expected true or false, got 1"),
+    ({"query_pre_attn_scalar": 0}, "model.block.query_pre_attn_scalar: expected a positive number or null, got 0"),
     ({"qk_norm": "heads"}, "model.block.qk_norm: 'heads' is not one of head, projection"),
 ])
 def test_block_keys_are_checked(block, message):
