@@ -9,6 +9,9 @@ Keys (each default is the Llama block, what every model was before the key exist
     norms                  pre       x += attn(norm(x)); x += mlp(norm(x))     (Llama, Mistral, Qwen, SmolLM3)
                            post      x += norm(attn(x)); x += norm(mlp(x))     (OLMo 2: no norm before either)
                            sandwich  x += norm(attn(norm(x))); x += norm(mlp(norm(x)))                   (Gemma 3)
+                           parallel  h = norm(x); x += attn(h) + mlp(h): one norm, both branches on it  (Cohere2)
+    norm                   rms       RMSNorm: x / rms(x) * weight
+                           layernorm LayerNorm without a bias: (x - mean) / std * weight (Cohere)
     qk_norm                head      model.qk_norm: one RMSNorm over each head's head_dim, shared by the heads (Qwen3)
                            projection  model.qk_norm: one RMSNorm over the whole q (and k) projection (OLMo 2)
     norm_weight            w         every RMSNorm (block, final, q/k) multiplies by its weight, initialised to 1
@@ -18,6 +21,7 @@ Keys (each default is the Llama block, what every model was before the key exist
     embed_scale            false     true: the embeddings are multiplied by sqrt(model.dim) (Gemma)
     query_pre_attn_scalar  null      a number s: attention logits are q.k / sqrt(s) instead of q.k / sqrt(head_dim)
                                      (Gemma 3; done as a temperature sqrt(s / head_dim) on top of the layer's own)
+    logit_scale            1.0       the output logits are multiplied by it (Cohere's logit_scale)
 
 The norm slots are `attn_in`, `attn_out`, `mlp_in`, `mlp_out`; each layout names its norms as transformers' classes
 do (Llama's `post_attention_layernorm` is the norm before the MLP, OLMo 2's and Gemma 3's the norm of the attention's
@@ -35,8 +39,10 @@ NORMS = {
     "post": {"attn_out": "post_attention_layernorm", "mlp_out": "post_feedforward_layernorm"},
     "sandwich": {"attn_in": "input_layernorm", "attn_out": "post_attention_layernorm",
                  "mlp_in": "pre_feedforward_layernorm", "mlp_out": "post_feedforward_layernorm"},
+    "parallel": {"attn_in": "input_layernorm"},  # the MLP reads the same normed input
 }
-CHOICES = {"norms": tuple(NORMS), "qk_norm": ("head", "projection"), "norm_weight": ("w", "1+w"),
+CHOICES = {"norms": tuple(NORMS), "qk_norm": ("head", "projection"), "norm": ("rms", "layernorm"),
+           "norm_weight": ("w", "1+w"),
            "activation": ("silu", "gelu_tanh")}
 
 
@@ -44,10 +50,12 @@ CHOICES = {"norms": tuple(NORMS), "qk_norm": ("head", "projection"), "norm_weigh
 class BlockLayout:
     norms: str = "pre"
     qk_norm: str = "head"
+    norm: str = "rms"
     norm_weight: str = "w"
     activation: str = "silu"
     embed_scale: bool = False
     query_pre_attn_scalar: float | None = None
+    logit_scale: float = 1.0
 
     @classmethod
     def of(cls, block: dict[str, Any]) -> BlockLayout:
@@ -65,6 +73,9 @@ class BlockLayout:
         scalar = block.get("query_pre_attn_scalar")
         if scalar is not None and (isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or scalar <= 0):
             raise ValueError(f"model.block.query_pre_attn_scalar: expected a positive number or null, got {scalar!r}")
+        scale = block.get("logit_scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise ValueError(f"model.block.logit_scale: expected a positive number, got {scale!r}")
         return cls(**block)
 
     @property

@@ -1,6 +1,8 @@
 """RMSNorm, and the per-head query/key norm some models apply before the PE (`model.qk_norm`).
 
     norm = RMSNorm(dim, eps, offset=False)   # x / rms(x) * weight (offset: * (1 + weight)), in fp32 (fp64 stays)
+    norm = LayerNorm(dim, eps)               # (x - mean) / std * weight, no bias (Cohere), in fp32
+    norm = block_norm(config, dim)           # the one model.block.norm / norm_weight ask for
     q_norm, k_norm = head_norms(config)      # with model.qk_norm: per head or over the projection, else nn.Identity
 
 `model.qk_norm` is Qwen3's "QK-norm" (Qwen3Attention's `q_norm` / `k_norm`): each head's query and key are
@@ -38,6 +40,26 @@ class RMSNorm(nn.Module):
         if self.offset:  # as Gemma: (x * (1 + w)) in fp32, then the input dtype
             return (h * (1.0 + self.weight.to(h.dtype))).to(x.dtype)
         return self.weight * h.to(x.dtype)
+
+
+class LayerNorm(RMSNorm):
+    """LayerNorm without a bias, as Cohere's: the mean subtracted, then RMSNorm's scaling (`model.block.norm:
+    layernorm`, tapecli.model.block); normalised and weighted in fp32, then the input dtype."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.to(torch.promote_types(x.dtype, torch.float32))
+        h = h - h.mean(-1, keepdim=True)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        weight = 1.0 + self.weight.to(h.dtype) if self.offset else self.weight.to(h.dtype)
+        return (weight * h).to(x.dtype)
+
+
+def block_norm(config, dim: int) -> RMSNorm:
+    """The norm of `dim` features `model.block` asks for: RMSNorm or LayerNorm, weight w or (1 + w)."""
+    from tapecli.model.block import BlockLayout
+
+    layout = BlockLayout.of(config.block)
+    return (LayerNorm if layout.norm == "layernorm" else RMSNorm)(dim, config.norm_eps, layout.norm_weight == "1+w")
 
 
 class HeadNorm(RMSNorm):

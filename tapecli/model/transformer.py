@@ -38,7 +38,7 @@ from tapecli.model.cache import KVCache, LayerCache
 from tapecli.model.config import ModelConfig
 from tapecli.model.generation import generate
 from tapecli.model.hybrid import HybridState, layer_groups, model_pe
-from tapecli.model.norm import RMSNorm, head_norms
+from tapecli.model.norm import RMSNorm, block_norm, head_norms
 from tapecli.model.pe import LayerPE, PositionState
 from tapecli.model.schedule import LayerSpec
 
@@ -118,8 +118,8 @@ class Block(nn.Module):
             if module is not None:
                 self.add_module(slot, module)
             elif slot in self.norm_names:
-                self.add_module(self.norm_names[slot], RMSNorm(config.dim, config.norm_eps,
-                                                               layout.norm_weight == "1+w"))
+                self.add_module(self.norm_names[slot], block_norm(config, config.dim))
+        self.parallel = layout.norms == "parallel"  # attention and the MLP both read the one normed input
         self.pe = pe
         self.group = group
         self.dropout = config.dropout  # on each residual branch, in training only
@@ -129,12 +129,12 @@ class Block(nn.Module):
     def forward(self, x: Tensor, state: PositionState | HybridState, k_pos: Tensor, key_mask: Tensor | None = None,
                 cache: LayerCache | None = None) -> tuple[Tensor, PositionState | HybridState]:
         own = state if self.group is None else state.parts[self.group]
-        h, aggregated = self.self_attn(self.norm("attn_in", x), self.pe, own, k_pos, key_mask, cache,
-                                       self.aggregation)
+        attn_in = self.norm("attn_in", x)
+        h, aggregated = self.self_attn(attn_in, self.pe, own, k_pos, key_mask, cache, self.aggregation)
         x = x + F.dropout(self.norm("attn_out", h), self.dropout, self.training)
         if aggregated is not None:
             own = self.pe.after_attention(own, aggregated)
-        mlp_in = self.norm("mlp_in", x)
+        mlp_in = attn_in if self.parallel else self.norm("mlp_in", x)
         mlp_out = self.norm("mlp_out", self.mlp(mlp_in))
         x = x + F.dropout(mlp_out, self.dropout, self.training)
         if self.carries_state:
@@ -146,6 +146,18 @@ class Block(nn.Module):
         """The norm the layout places at `slot`, or `x` as it is where it places none."""
         name = self.norm_names.get(slot)
         return x if name is None else getattr(self, name)(x)
+
+
+class Head(nn.Linear):
+    """The output projection (`lm_head.weight`), its logits times `model.block.logit_scale` (Cohere) where set."""
+
+    def __init__(self, dim: int, vocab_size: int, scale: float = 1.0) -> None:
+        super().__init__(dim, vocab_size, bias=False)
+        self.scale = scale
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = super().forward(x)
+        return logits if self.scale == 1.0 else logits * self.scale
 
 
 class Decoder(nn.Module):
@@ -166,7 +178,7 @@ class Decoder(nn.Module):
             last = [layer for layer, (g, _) in zip(self.layers, groups, strict=True) if g == group][-1]
             last.carries_state, last.aggregation = False, None
             last.pe.requires_grad_(False)
-        self.norm = RMSNorm(config.dim, config.norm_eps, BlockLayout.of(config.block).norm_weight == "1+w")
+        self.norm = block_norm(config, config.dim)
         self.embed_scale = BlockLayout.of(config.block).embed_scale  # embeddings times sqrt(dim) (Gemma)
         self.abacus = AbacusEmbedding(config) if config.abacus else None
 
@@ -176,7 +188,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.model = Decoder(config)
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.lm_head = Head(config.dim, config.vocab_size, BlockLayout.of(config.block).logit_scale)
         if config.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.gradient_checkpointing = False

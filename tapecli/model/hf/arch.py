@@ -21,6 +21,10 @@ What transformers 5's modeling code does with the keys transformers itself write
                         RoPE for sliding layers, global for full ones); per-head QK-norm; norms before and after
                         attention and the MLP (`sandwich`), stored as (1 + w); embeddings times sqrt(hidden_size);
                         logits q.k / sqrt(`query_pre_attn_scalar`); GeLU-tanh MLP (`hidden_activation`)
+    Cohere2ForCausalLM  `layer_types`: sliding layers RoPE in their window, full layers NoPE; attention and the MLP
+                        in parallel on one LayerNorm without bias (`layer_norm_eps`); logits times `logit_scale`;
+                        RoPE on interleaved pairs (2i, 2i+1), which tape's half layout (i, i + d/2) computes exactly
+                        once the rows of q_proj and k_proj are permuted (`interleaved_rows`, on import and export)
 
 A sliding layer sees `sliding_window` keys, itself included (transformers' mask: key > query - sliding_window), which
 is what tape's `window` counts. Layers that are all alike become model-level keys (`window: 4096`); otherwise a
@@ -43,7 +47,8 @@ from tapecli.model.block import BlockLayout
 
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-               "olmo2": "Olmo2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}  # what transformers loads them as
+               "olmo2": "Olmo2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+               "cohere2": "Cohere2ForCausalLM"}  # what transformers loads them as
 ARCHITECTURES = tuple(MODEL_TYPES.values())
 SLIDING, FULL = "sliding_attention", "full_attention"
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -51,11 +56,15 @@ _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _BIAS_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "MistralForCausalLM": (),
               "Qwen2ForCausalLM": (), "Qwen3ForCausalLM": ("attention_bias",),
               "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"), "Olmo2ForCausalLM": ("attention_bias",),
-              "Gemma3ForCausalLM": ("attention_bias", "use_bidirectional_attention")}
+              "Gemma3ForCausalLM": ("attention_bias", "use_bidirectional_attention"),
+              "Cohere2ForCausalLM": ("attention_bias",)}
+# Classes whose RoPE rotates interleaved pairs (2i, 2i+1) of each head instead of (i, i + d/2).
+INTERLEAVED_ROPE = ("Cohere2ForCausalLM",)
 # The block of each architecture (tapecli.model.block), where it is not Llama's.
 BLOCKS = {"Olmo2ForCausalLM": {"norms": "post", "qk_norm": "projection"},
           "Gemma3ForCausalLM": {"norms": "sandwich", "norm_weight": "1+w", "activation": "gelu_tanh",
-                                "embed_scale": True}}  # and query_pre_attn_scalar, from config.json
+                                "embed_scale": True},  # and query_pre_attn_scalar, from config.json
+          "Cohere2ForCausalLM": {"norms": "parallel", "norm": "layernorm"}}  # and logit_scale
 # Architectures tape does not import, and the supported one nearest to each (what their refusal names).
 NEAREST = {
     "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM (the text model alone); Gemma 3's multimodal checkpoints "
@@ -65,8 +74,6 @@ NEAREST = {
     "Olmo3ForCausalLM": "Olmo2ForCausalLM (the same block); OLMo 3's sliding layers are not mapped",
     "OlmoForCausalLM": "Olmo2ForCausalLM; OLMo 1's non-parametric LayerNorm is not mapped",
     "Phi3ForCausalLM": "LlamaForCausalLM; Phi-3's fused qkv / gate_up weights and LongRoPE are not mapped",
-    "Cohere2ForCausalLM": "SmolLM3ForCausalLM (NoPE and sliding layers); Cohere2's parallel block on one "
-                          "LayerNorm and logit_scale are not mapped",
     "Exaone4ForCausalLM": "Olmo2ForCausalLM (post-norms, QK-norm); EXAONE 4's sliding and NoPE layers are not mapped",
     "GptOssForCausalLM": "MistralForCausalLM; GPT-OSS's mixture-of-experts MLP and attention sinks are not mapped",
     "Llama4ForCausalLM": "LlamaForCausalLM; Llama 4's mixture-of-experts MLP and chunked attention are not mapped",
@@ -213,9 +220,14 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
         if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or scalar <= 0:
             raise TapeError(f"{where}: query_pre_attn_scalar must be a positive number, got {scalar!r}")
         block["query_pre_attn_scalar"] = scalar
-        if types is None:
-            raise TapeError(f"{where}: layer_types is missing; save the model again with transformers >= 5, which "
-                            "writes it")
+    if arch == "Cohere2ForCausalLM":
+        scale = hf.get("logit_scale", 0.0625)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise TapeError(f"{where}: logit_scale must be a positive number, got {scale!r}")
+        block["logit_scale"] = scale
+    if arch in ("Gemma3ForCausalLM", "Cohere2ForCausalLM") and types is None:
+        raise TapeError(f"{where}: layer_types is missing; save the model again with transformers >= 5, which "
+                        "writes it")
     if arch in ("LlamaForCausalLM", "Olmo2ForCausalLM"):
         for key in ("sliding_window", "use_sliding_window"):
             if hf.get(key):
@@ -225,7 +237,9 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
         if types and SLIDING in types:
             raise TapeError(f"{where}: layer_types {types!r} is not supported for {arch} (full_attention only)")
         windows: list[int | None] = [None] * n
-    elif arch == "Gemma3ForCausalLM":
+    elif arch in ("Gemma3ForCausalLM", "Cohere2ForCausalLM"):
+        if arch == "Cohere2ForCausalLM":
+            rope = [kind == SLIDING for kind in types]  # its full-attention layers have no PE
         if SLIDING in types and window is None:
             raise TapeError(f"{where}: layer_types names {SLIDING} layers but sliding_window is null; transformers "
                             "cannot run such a model")
@@ -301,6 +315,12 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
         return block, {"layer_types": types, "sliding_window": window, "attention_bias": False,
                        "hidden_activation": "gelu_pytorch_tanh", "use_bidirectional_attention": False,
                        "query_pre_attn_scalar": BlockLayout.of(config.block).query_pre_attn_scalar}
+    if block == "Cohere2ForCausalLM":
+        if config.qk_norm or config.qkv_bias or any(r != (t == SLIDING) for r, t in zip(rope, types, strict=True)):
+            raise TapeError(f"model.block {config.block}: {block} runs it with RoPE in the sliding layers and NoPE "
+                            "in the full ones, without QK-norm or q/k/v biases only; keep the native checkpoint")
+        return block, {"layer_types": types, "sliding_window": window, "attention_bias": False,
+                       "logit_scale": BlockLayout.of(config.block).logit_scale, "layer_norm_eps": config.norm_eps}
     if block is not None:
         if not config.qk_norm or config.qkv_bias or nope or window is not None:
             raise TapeError(f"model.block {config.block}: {block} runs it with QK-norm, without q/k/v biases, NoPE "
@@ -333,11 +353,25 @@ def block_architecture(config) -> str | None:
     if layout == BlockLayout():
         return None
     for arch, block in BLOCKS.items():
-        scalar = {"query_pre_attn_scalar": layout.query_pre_attn_scalar} if arch == "Gemma3ForCausalLM" else {}
-        if layout == BlockLayout.of({**block, **scalar}):
+        own = {"query_pre_attn_scalar": layout.query_pre_attn_scalar} if arch == "Gemma3ForCausalLM" else {}
+        own = {"logit_scale": layout.logit_scale} if arch == "Cohere2ForCausalLM" else own
+        if layout == BlockLayout.of({**block, **own}):
             return arch
     raise TapeError(f"model.block {config.block} is the block of no supported Hugging Face architecture; keep the "
                     "native checkpoint, which every `tape eval` opens")
+
+
+def interleaved_rows(weight, head_dim: int, inverse: bool = False):
+    """A q_proj / k_proj weight [heads * head_dim, dim] of an INTERLEAVED_ROPE class with each head's rows in tape's
+    order (the even rows, then the odd ones), or back with `inverse`: q.k is unchanged, and tape's rotation of pairs
+    (i, i + d/2) is the class's rotation of pairs (2i, 2i+1)."""
+    import torch
+
+    heads = weight.view(-1, head_dim, weight.shape[-1])
+    if inverse:
+        half = head_dim // 2
+        return torch.stack((heads[:, :half], heads[:, half:]), dim=2).reshape(weight.shape)
+    return torch.cat((heads[:, 0::2], heads[:, 1::2]), dim=1).reshape(weight.shape)
 
 
 def model_type(arch: str) -> str:

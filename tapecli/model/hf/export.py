@@ -127,7 +127,12 @@ def _config(model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype)
 def _write_weights(model: Transformer, directory: Path, dtype: torch.dtype) -> None:
     from safetensors.torch import save_file
 
+    from tapecli.model.hf.arch import INTERLEAVED_ROPE, interleaved_rows
+
     state = {name: t.detach().to("cpu", dtype) for name, t in model.state_dict().items()}
+    if check_exportable(model)[0] in INTERLEAVED_ROPE:  # the class's row order of q_proj and k_proj
+        state = {name: interleaved_rows(t, model.config.head_dim, inverse=True)
+                 if name.endswith(("q_proj.weight", "k_proj.weight")) else t for name, t in state.items()}
     if model.config.tie_embeddings:
         state.pop("lm_head.weight")
     shards: list[dict[str, Any]] = [{}]

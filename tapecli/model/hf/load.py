@@ -179,7 +179,8 @@ def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
             raise TapeError(f"{where}: {key} must be a positive integer, got {value!r}")
     try:
         pe_args, local_pe_args = _layer_type_pe_args(hf, where, arch)
-        norm_eps, init_std = float(hf.get("rms_norm_eps", 1e-6)), float(hf.get("initializer_range", 0.02))
+        eps_key = "layer_norm_eps" if arch == "Cohere2ForCausalLM" else "rms_norm_eps"
+        norm_eps, init_std = float(hf.get(eps_key, 1e-6)), float(hf.get("initializer_range", 0.02))
     except KeyError as e:
         raise TapeError(f"{where}: missing key {e.args[0]}") from None
     except (TypeError, ValueError) as e:  # a number written as text, a list or null
@@ -238,7 +239,13 @@ def assign_weights(model: Transformer, tensors, origin: str) -> set[str]:
 
 def load_hf_weights(model: Transformer, directory: Path, dtype: torch.dtype, device: torch.device | str) -> set[str]:
     """Fill a meta-built model from a HF directory's safetensors; returns the parameters the files did not hold."""
+    from tapecli.model.hf.arch import INTERLEAVED_ROPE, interleaved_rows
+
     tensors = read_weights(weight_files(directory), dtype, device)
+    if architecture(read_hf_config(directory), str(directory / HF_CONFIG)) in INTERLEAVED_ROPE:
+        d = model.config.head_dim
+        tensors = ((name, interleaved_rows(t, d) if name.endswith(("q_proj.weight", "k_proj.weight")) else t, file)
+                   for name, t, file in tensors)
     return assign_weights(model, tensors, str(directory / HF_CONFIG))
 
 

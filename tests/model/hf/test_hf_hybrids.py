@@ -1,6 +1,7 @@
 """Hugging Face hybrids in and out: Mistral, Qwen2 and Qwen3 with sliding windows, SmolLM3 with NoPE layers, Qwen3's
 QK-norm, OLMo 2's post-norm block with QK-norm over the whole projections, Gemma 3's sandwich block with local and
-global RoPE per layer type. Tiny models built with transformers' own
+global RoPE per layer type, Cohere2's parallel block on one LayerNorm with sliding RoPE and full NoPE layers,
+interleaved RoPE pairs and a logit scale. Tiny models built with transformers' own
 classes and `save_pretrained`, opened through the door: logits equal transformers' (fp32), greedy KV-cached
 generation past the window equals transformers' `generate`, and the export opens in transformers with the same
 logits and the same layer semantics in its config. Other architectures (each naming the nearest supported one) and
@@ -56,6 +57,11 @@ CASES = {
                "rope x5 (window 6) + rope x1"),
     "gemma3-tied-all-sliding": ("Gemma3ForCausalLM", dict(head_dim=32, sliding_window=WINDOW,
                                                           tie_word_embeddings=True), "rope (window 6)"),
+    "cohere2": ("Cohere2ForCausalLM", dict(sliding_window=WINDOW, logit_scale=0.25), "rope x3 (window 6) + nope x1"),
+    "cohere2-tied-theta": ("Cohere2ForCausalLM", dict(sliding_window=WINDOW, tie_word_embeddings=True,
+                                                      num_hidden_layers=8, rope_parameters={"rope_type": "default",
+                                                                                            "rope_theta": 500.0}),
+                           "rope x6 (window 6) + nope x2"),
 }
 LAYER_KEYS = ("layer_types", "sliding_window", "no_rope_layers", "num_key_value_heads", "use_sliding_window",
               "tie_word_embeddings")
@@ -164,6 +170,8 @@ def test_prefill_in_chunks_past_the_window_equals_transformers(tmp_path):
                                      "Olmo2ForCausalLM"),
     ("Olmo2ForCausalLM", dict(attention_bias=True), {}, "attention_bias=True is not supported for Olmo2ForCausalLM"),
     ("Olmo2ForCausalLM", dict(), {"sliding_window": 4}, "sliding_window=4 is not supported for Olmo2ForCausalLM"),
+    ("Cohere2ForCausalLM", dict(sliding_window=WINDOW, attention_bias=True), {},
+     "attention_bias=True is not supported for Cohere2ForCausalLM"),
     ("Qwen3ForCausalLM", dict(attention_bias=True), {}, "attention_bias=True is not supported for Qwen3ForCausalLM"),
     ("SmolLM3ForCausalLM", dict(mlp_bias=True), {}, "mlp_bias=True is not supported for SmolLM3ForCausalLM"),
     ("Qwen2ForCausalLM", dict(), {"layer_types": ["sliding_attention"] * 4},
@@ -196,6 +204,8 @@ def test_unsupported_is_one_line_naming_the_key(tmp_path, arch, config, edit, me
     (dict(schedule={"pattern": ["rope", "alibi"]}), "pe 'alibi' has no Hugging Face Llama equivalent"),
     (dict(qk_norm=True, block={"qk_norm": "projection"}), "is the block of no supported Hugging Face architecture"),
     (dict(block={"norms": "post", "qk_norm": "projection"}), "Olmo2ForCausalLM runs it with QK-norm"),
+    (dict(block={"norms": "parallel", "norm": "layernorm"}, schedule={"pattern": ["rope", "nope"]}),
+     "Cohere2ForCausalLM runs it with RoPE in the sliding layers and NoPE in the full ones"),
     (dict(qk_norm=True, window=4, block={"norms": "post", "qk_norm": "projection"}),
      "Olmo2ForCausalLM runs it with QK-norm, without q/k/v biases, NoPE layers or windows only"),
 ])
@@ -262,8 +272,9 @@ def test_every_window_layout_transformers_writes_reads_as_its_modeling_code_runs
 
 @pytest.mark.parametrize("arch, nearest", [
     ("Gemma3nForCausalLM", "Gemma3ForCausalLM"), ("Olmo3ForCausalLM", "Olmo2ForCausalLM"),
-    ("Phi3ForCausalLM", "LlamaForCausalLM"), ("Cohere2ForCausalLM", "SmolLM3ForCausalLM"),
+    ("Phi3ForCausalLM", "LlamaForCausalLM"),
     ("Exaone4ForCausalLM", "Olmo2ForCausalLM"), ("GptOssForCausalLM", "MistralForCausalLM"),
+    ("Llama4ForCausalLM", "LlamaForCausalLM"),
 ])
 def test_unmapped_families_are_refused_naming_the_nearest_supported(arch, nearest):
     """The config.json transformers writes for each family tape does not map: one line naming the nearest one."""
@@ -280,10 +291,12 @@ def test_unmapped_families_are_refused_naming_the_nearest_supported(arch, neares
 
 
 @pytest.mark.parametrize("block, message", [
-    ({"norm": "post"}, "model.block.norm: unknown key; allowed: norms, qk_norm, norm_weight, activation"),
-    ({"norms": "parallel"}, "model.block.norms: 'parallel' is not one of pre, post, sandwich"),
+    ({"norm_kind": "post"}, "model.block.norm_kind: unknown key; allowed: norms, qk_norm, norm, norm_weight"),
+    ({"norms": "serial"}, "model.block.norms: 'serial' is not one of pre, post, sandwich, parallel"),
     ({"embed_scale": 1}, "model.block.embed_scale: expected true or false, got 1"),
     ({"query_pre_attn_scalar": 0}, "model.block.query_pre_attn_scalar: expected a positive number or null, got 0"),
+    ({"norm": "rms_norm"}, "model.block.norm: 'rms_norm' is not one of rms, layernorm"),
+    ({"logit_scale": -1}, "model.block.logit_scale: expected a positive number, got -1"),
     ({"qk_norm": "heads"}, "model.block.qk_norm: 'heads' is not one of head, projection"),
 ])
 def test_block_keys_are_checked(block, message):
