@@ -17,10 +17,15 @@ What transformers 5's modeling code does with the keys transformers itself write
     Olmo2ForCausalLM    RoPE in every layer, every layer global; RMSNorm of the attention's and the MLP's outputs
                         inside the residual, none before them (`model.block.norms: post`); RMSNorm of the whole q and
                         k projections before RoPE (`model.qk_norm` with `model.block.qk_norm: projection`)
+    Olmo3ForCausalLM    OLMo 2's block; `layer_types` (sliding layers: `sliding_window`) and `rope_parameters` per
+                        layer type, as Gemma 3
     Gemma3ForCausalLM   `layer_types` (sliding layers: `sliding_window`); `rope_parameters` per layer type (local
                         RoPE for sliding layers, global for full ones); per-head QK-norm; norms before and after
                         attention and the MLP (`sandwich`), stored as (1 + w); embeddings times sqrt(hidden_size);
                         logits q.k / sqrt(`query_pre_attn_scalar`); GeLU-tanh MLP (`hidden_activation`)
+    Exaone4ForCausalLM  OLMo 2's post-norms with per-head QK-norm (`model.block.norms: post`); `layer_types`: with a
+                        `sliding_window`, sliding layers RoPE in their window and full layers NoPE, without one RoPE
+                        in every layer
     Cohere2ForCausalLM  `layer_types`: sliding layers RoPE in their window, full layers NoPE; attention and the MLP
                         in parallel on one LayerNorm without bias (`layer_norm_eps`); logits times `logit_scale`;
                         RoPE on interleaved pairs (2i, 2i+1), which tape's half layout (i, i + d/2) computes exactly
@@ -48,7 +53,8 @@ from tapecli.model.block import BlockLayout
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                "olmo2": "Olmo2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
-               "cohere2": "Cohere2ForCausalLM"}  # what transformers loads them as
+               "cohere2": "Cohere2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
+               "exaone4": "Exaone4ForCausalLM"}  # what transformers loads them as
 ARCHITECTURES = tuple(MODEL_TYPES.values())
 SLIDING, FULL = "sliding_attention", "full_attention"
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -57,24 +63,27 @@ _BIAS_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "MistralForCau
               "Qwen2ForCausalLM": (), "Qwen3ForCausalLM": ("attention_bias",),
               "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"), "Olmo2ForCausalLM": ("attention_bias",),
               "Gemma3ForCausalLM": ("attention_bias", "use_bidirectional_attention"),
-              "Cohere2ForCausalLM": ("attention_bias",)}
+              "Cohere2ForCausalLM": ("attention_bias",), "Olmo3ForCausalLM": ("attention_bias",),
+              "Exaone4ForCausalLM": ()}
+# Classes whose `rope_parameters` hold one entry per layer type (full_attention, sliding_attention).
+PER_TYPE_ROPE = ("Gemma3ForCausalLM", "Olmo3ForCausalLM")
 # Classes whose RoPE rotates interleaved pairs (2i, 2i+1) of each head instead of (i, i + d/2).
 INTERLEAVED_ROPE = ("Cohere2ForCausalLM",)
 # The block of each architecture (tapecli.model.block), where it is not Llama's.
 BLOCKS = {"Olmo2ForCausalLM": {"norms": "post", "qk_norm": "projection"},
+          "Olmo3ForCausalLM": {"norms": "post", "qk_norm": "projection"},
           "Gemma3ForCausalLM": {"norms": "sandwich", "norm_weight": "1+w", "activation": "gelu_tanh",
                                 "embed_scale": True},  # and query_pre_attn_scalar, from config.json
-          "Cohere2ForCausalLM": {"norms": "parallel", "norm": "layernorm"}}  # and logit_scale
+          "Cohere2ForCausalLM": {"norms": "parallel", "norm": "layernorm"},  # and logit_scale
+          "Exaone4ForCausalLM": {"norms": "post"}}
 # Architectures tape does not import, and the supported one nearest to each (what their refusal names).
 NEAREST = {
     "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM (the text model alone); Gemma 3's multimodal checkpoints "
                                       "are not mapped",
     "Gemma3nForCausalLM": "Gemma3ForCausalLM; Gemma 3n's per-layer embeddings and AltUp are not mapped",
     "Gemma3nForConditionalGeneration": "Gemma3ForCausalLM; Gemma 3n is not mapped",
-    "Olmo3ForCausalLM": "Olmo2ForCausalLM (the same block); OLMo 3's sliding layers are not mapped",
     "OlmoForCausalLM": "Olmo2ForCausalLM; OLMo 1's non-parametric LayerNorm is not mapped",
     "Phi3ForCausalLM": "LlamaForCausalLM; Phi-3's fused qkv / gate_up weights and LongRoPE are not mapped",
-    "Exaone4ForCausalLM": "Olmo2ForCausalLM (post-norms, QK-norm); EXAONE 4's sliding and NoPE layers are not mapped",
     "GptOssForCausalLM": "MistralForCausalLM; GPT-OSS's mixture-of-experts MLP and attention sinks are not mapped",
     "Llama4ForCausalLM": "LlamaForCausalLM; Llama 4's mixture-of-experts MLP and chunked attention are not mapped",
     "MixtralForCausalLM": "MistralForCausalLM; Mixtral's mixture-of-experts MLP is not mapped",
@@ -225,7 +234,7 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
         if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
             raise TapeError(f"{where}: logit_scale must be a positive number, got {scale!r}")
         block["logit_scale"] = scale
-    if arch in ("Gemma3ForCausalLM", "Cohere2ForCausalLM") and types is None:
+    if arch in (*PER_TYPE_ROPE, "Cohere2ForCausalLM", "Exaone4ForCausalLM") and types is None:
         raise TapeError(f"{where}: layer_types is missing; save the model again with transformers >= 5, which "
                         "writes it")
     if arch in ("LlamaForCausalLM", "Olmo2ForCausalLM"):
@@ -237,8 +246,8 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
         if types and SLIDING in types:
             raise TapeError(f"{where}: layer_types {types!r} is not supported for {arch} (full_attention only)")
         windows: list[int | None] = [None] * n
-    elif arch in ("Gemma3ForCausalLM", "Cohere2ForCausalLM"):
-        if arch == "Cohere2ForCausalLM":
+    elif arch in (*PER_TYPE_ROPE, "Cohere2ForCausalLM", "Exaone4ForCausalLM"):
+        if arch == "Cohere2ForCausalLM" or (arch == "Exaone4ForCausalLM" and window is not None):
             rope = [kind == SLIDING for kind in types]  # its full-attention layers have no PE
         if SLIDING in types and window is None:
             raise TapeError(f"{where}: layer_types names {SLIDING} layers but sliding_window is null; transformers "
@@ -271,7 +280,8 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
                             + "; transformers cannot run such a model")
         windows = [window if kind == SLIDING else None for kind in types]
     return Layout(rope=tuple(rope), windows=tuple(windows), qkv_bias=arch == "Qwen2ForCausalLM",
-                  qk_norm=arch in ("Qwen3ForCausalLM", "Olmo2ForCausalLM", "Gemma3ForCausalLM"),
+                  qk_norm=arch in ("Qwen3ForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "Gemma3ForCausalLM",
+                                   "Exaone4ForCausalLM"),
                   block=tuple(block.items()))
 
 
@@ -282,8 +292,10 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
 def export_layout(config) -> tuple[str, dict[str, Any]]:
     """(the class that runs a ModelConfig in transformers, the config.json keys for its layers and attention).
 
-    The class: Qwen3 with QK-norm, Qwen2 with q/k/v biases, SmolLM3 with NoPE layers or windows in some layers only,
-    Mistral with one window in every layer, else Llama. A model no class runs exactly is a TapeError naming why."""
+    The class: the one whose block `model.block` is (OLMo 2's block: Olmo2 without windows or per-layer-type RoPE,
+    else Olmo3); Qwen3 with QK-norm, Qwen2 with q/k/v biases, SmolLM3 with NoPE layers or windows in some layers
+    only, Mistral with one window in every layer, else Llama. A model no class runs exactly is a TapeError naming
+    why."""
     specs = config.layers()
     for spec in specs:
         if spec.pe not in ("rope", "nope"):
@@ -295,7 +307,11 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
                             "(no supported architecture has them); keep the native checkpoint, which every "
                             "`tape eval` opens")
     block = block_architecture(config)
-    per_type = block == "Gemma3ForCausalLM"  # its rope_parameters hold one entry per layer type
+    if block == "Olmo2ForCausalLM" and (any(s.window is not None for s in specs)
+                                        or len({json.dumps(s.pe_args, sort_keys=True)
+                                                for s in specs if s.pe == "rope"}) > 1):
+        block = "Olmo3ForCausalLM"  # OLMo 2's block with sliding layers or a RoPE per layer type
+    per_type = block in PER_TYPE_ROPE  # its rope_parameters hold one entry per layer type
     if len({(s.window is not None and per_type, json.dumps(s.pe_args, sort_keys=True))
             for s in specs if s.pe == "rope"}) > 1 + per_type:
         raise TapeError("model.schedule: RoPE layers with different pe_args (e.g. local and global theta) do not "
@@ -315,6 +331,18 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
         return block, {"layer_types": types, "sliding_window": window, "attention_bias": False,
                        "hidden_activation": "gelu_pytorch_tanh", "use_bidirectional_attention": False,
                        "query_pre_attn_scalar": BlockLayout.of(config.block).query_pre_attn_scalar}
+    if block == "Olmo3ForCausalLM":
+        if not config.qk_norm or config.qkv_bias or nope:
+            raise TapeError(f"model.block {config.block}: {block} runs it with QK-norm, without q/k/v biases or "
+                            "NoPE layers only; keep the native checkpoint")
+        return block, {"layer_types": types, "sliding_window": window, "attention_bias": False}
+    if block == "Exaone4ForCausalLM":
+        expected = [True] * len(specs) if window is None else [t == SLIDING for t in types]
+        if not config.qk_norm or config.qkv_bias or rope != expected:
+            raise TapeError(f"model.block {config.block}: {block} runs it with QK-norm and RoPE in every layer, or "
+                            "with a window RoPE in the windowed layers and NoPE in the others, without q/k/v biases "
+                            "only; keep the native checkpoint")
+        return block, {"layer_types": types, "sliding_window": window}
     if block == "Cohere2ForCausalLM":
         if config.qk_norm or config.qkv_bias or any(r != (t == SLIDING) for r, t in zip(rope, types, strict=True)):
             raise TapeError(f"model.block {config.block}: {block} runs it with RoPE in the sliding layers and NoPE "

@@ -36,11 +36,11 @@ def pe_entries(model: Transformer) -> dict[str, Any] | None:
     and NoPE, the first RoPE layer's `RoPE.hf_export` (transformers' defaults when every layer is NoPE: its NoPE
     layers ignore them); for a plugin PE whose class defines `hf_export` (tapecli.pe), its own; None when the
     model's PE has no export (a subclass of RoPE is not RoPE)."""
-    from tapecli.model.hf.arch import block_architecture
+    from tapecli.model.hf.arch import PER_TYPE_ROPE, export_layout
     from tapecli.model.hybrid import layer_groups
 
     specs = model.config.layers()
-    if block_architecture(model.config) == "Gemma3ForCausalLM" and all(spec.pe == "rope" for spec in specs):
+    if all(spec.pe == "rope" for spec in specs) and export_layout(model.config)[0] in PER_TYPE_ROPE:
         return _per_layer_type_entries(model)
     if all(spec.pe in ("rope", "nope") for spec in specs):
         first = next((i for i, spec in enumerate(specs) if spec.pe == "rope"), None)
@@ -54,8 +54,8 @@ def pe_entries(model: Transformer) -> dict[str, Any] | None:
 
 
 def _per_layer_type_entries(model: Transformer) -> dict[str, Any]:
-    """Gemma 3's `rope_parameters`, one entry per layer type: the RoPE of its first full-attention layer and of its
-    first sliding layer (transformers' default local RoPE, theta 1e4, where it has none)."""
+    """Gemma 3's and OLMo 3's `rope_parameters`, one entry per layer type: the RoPE of the first full-attention
+    layer and of the first sliding layer (transformers' default local RoPE, theta 1e4, where there is none)."""
     from tapecli.model.hf.arch import FULL, SLIDING
     from tapecli.model.hybrid import layer_groups
 

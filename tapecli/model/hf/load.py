@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 # Whether the architecture's transformers class rotates only the first partial_rotary_factor of each head (the
 # module docstring): neither Llama nor Mistral does; for the other classes such a config is refused.
 PARTIAL_ROTARY = {"LlamaForCausalLM": False, "MistralForCausalLM": False, "Olmo2ForCausalLM": False,
-                  "Gemma3ForCausalLM": False}
+                  "Gemma3ForCausalLM": False, "Olmo3ForCausalLM": False}
 HF_CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 # RoPE types transformers writes -> our `scaling` names; the HF defaults our RoPE also uses are not repeated.
@@ -141,8 +141,10 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
 
 def _layer_type_pe_args(hf: dict[str, Any], where: str, arch: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """(the RoPE pe_args of full-attention layers, those of sliding layers or None where they are the same): Gemma
-    3's `rope_parameters` hold one entry per layer type, every other class's one for all layers."""
-    if arch != "Gemma3ForCausalLM":
+    3's and OLMo 3's `rope_parameters` hold one entry per layer type, every other class's one for all layers."""
+    from tapecli.model.hf.arch import PER_TYPE_ROPE
+
+    if arch not in PER_TYPE_ROPE:
         return _pe_args(hf, where, arch), None
     params = hf.get("rope_parameters")
     if not isinstance(params, dict) or not all(isinstance(params.get(t), dict)

@@ -1,7 +1,8 @@
 """Hugging Face hybrids in and out: Mistral, Qwen2 and Qwen3 with sliding windows, SmolLM3 with NoPE layers, Qwen3's
-QK-norm, OLMo 2's post-norm block with QK-norm over the whole projections, Gemma 3's sandwich block with local and
-global RoPE per layer type, Cohere2's parallel block on one LayerNorm with sliding RoPE and full NoPE layers,
-interleaved RoPE pairs and a logit scale. Tiny models built with transformers' own
+QK-norm, OLMo 2's post-norm block with QK-norm over the whole projections, OLMo 3's with sliding layers and YaRN on
+its full layers only, Gemma 3's sandwich block with local and global RoPE per layer type, Cohere2's parallel block
+on one LayerNorm with sliding RoPE and full NoPE layers, interleaved RoPE pairs and a logit scale, EXAONE 4's
+post-norms with per-head QK-norm and sliding RoPE : full NoPE layers. Tiny models built with transformers' own
 classes and `save_pretrained`, opened through the door: logits equal transformers' (fp32), greedy KV-cached
 generation past the window equals transformers' `generate`, and the export opens in transformers with the same
 logits and the same layer semantics in its config. Other architectures (each naming the nearest supported one) and
@@ -57,6 +58,15 @@ CASES = {
                "rope x5 (window 6) + rope x1"),
     "gemma3-tied-all-sliding": ("Gemma3ForCausalLM", dict(head_dim=32, sliding_window=WINDOW,
                                                           tie_word_embeddings=True), "rope (window 6)"),
+    "olmo3": ("Olmo3ForCausalLM", dict(sliding_window=WINDOW), "rope x3 (window 6) + rope x1"),
+    "olmo3-yarn-on-full-layers": ("Olmo3ForCausalLM", dict(sliding_window=WINDOW, rope_parameters={
+        "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5, "attention_factor": 1.2,
+                           "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                           "truncate": True},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}}), "rope x3 (window 6) + rope x1"),
+    "exaone4": ("Exaone4ForCausalLM", dict(sliding_window=WINDOW), "rope x3 (window 6) + nope x1"),
+    "exaone4-no-window": ("Exaone4ForCausalLM", dict(sliding_window=None, layer_types=["full_attention"] * 4,
+                                                     tie_word_embeddings=True), "rope"),
     "cohere2": ("Cohere2ForCausalLM", dict(sliding_window=WINDOW, logit_scale=0.25), "rope x3 (window 6) + nope x1"),
     "cohere2-tied-theta": ("Cohere2ForCausalLM", dict(sliding_window=WINDOW, tie_word_embeddings=True,
                                                       num_hidden_layers=8, rope_parameters={"rope_type": "default",
@@ -166,8 +176,8 @@ def test_prefill_in_chunks_past_the_window_equals_transformers(tmp_path):
      "final_logit_softcapping=30.0 is not supported for Gemma3ForCausalLM"),
     ("Gemma3ForCausalLM", dict(head_dim=16, sliding_window=WINDOW), {"hidden_activation": "gelu"},
      "hidden_activation='gelu' is not supported for Gemma3ForCausalLM"),
-    ("Olmo3ForCausalLM", dict(), {}, "architectures ['Olmo3ForCausalLM'] is not supported; the nearest supported is "
-                                     "Olmo2ForCausalLM"),
+    ("Olmo3ForCausalLM", dict(sliding_window=WINDOW, attention_bias=True), {},
+     "attention_bias=True is not supported for Olmo3ForCausalLM"),
     ("Olmo2ForCausalLM", dict(attention_bias=True), {}, "attention_bias=True is not supported for Olmo2ForCausalLM"),
     ("Olmo2ForCausalLM", dict(), {"sliding_window": 4}, "sliding_window=4 is not supported for Olmo2ForCausalLM"),
     ("Cohere2ForCausalLM", dict(sliding_window=WINDOW, attention_bias=True), {},
@@ -206,8 +216,11 @@ def test_unsupported_is_one_line_naming_the_key(tmp_path, arch, config, edit, me
     (dict(block={"norms": "post", "qk_norm": "projection"}), "Olmo2ForCausalLM runs it with QK-norm"),
     (dict(block={"norms": "parallel", "norm": "layernorm"}, schedule={"pattern": ["rope", "nope"]}),
      "Cohere2ForCausalLM runs it with RoPE in the sliding layers and NoPE in the full ones"),
-    (dict(qk_norm=True, window=4, block={"norms": "post", "qk_norm": "projection"}),
+    (dict(qk_norm=True, schedule={"pattern": ["rope", "nope"]}, block={"norms": "post", "qk_norm": "projection"}),
      "Olmo2ForCausalLM runs it with QK-norm, without q/k/v biases, NoPE layers or windows only"),
+    (dict(qk_norm=True, schedule={"pattern": ["local", "nope"], "kinds": {"local": {"window": 4}}},
+          block={"norms": "post", "qk_norm": "projection"}),
+     "Olmo3ForCausalLM runs it with QK-norm, without q/k/v biases or NoPE layers only"),
 ])
 def test_layouts_no_class_runs_are_refused_in_one_line(tmp_path, keys, message):
     from tapecli.data.tokenizer import ByteTokenizer
@@ -271,9 +284,9 @@ def test_every_window_layout_transformers_writes_reads_as_its_modeling_code_runs
 
 
 @pytest.mark.parametrize("arch, nearest", [
-    ("Gemma3nForCausalLM", "Gemma3ForCausalLM"), ("Olmo3ForCausalLM", "Olmo2ForCausalLM"),
+    ("Gemma3nForCausalLM", "Gemma3ForCausalLM"), ("OlmoForCausalLM", "Olmo2ForCausalLM"),
     ("Phi3ForCausalLM", "LlamaForCausalLM"),
-    ("Exaone4ForCausalLM", "Olmo2ForCausalLM"), ("GptOssForCausalLM", "MistralForCausalLM"),
+    ("Qwen3MoeForCausalLM", "Qwen3ForCausalLM"), ("GptOssForCausalLM", "MistralForCausalLM"),
     ("Llama4ForCausalLM", "LlamaForCausalLM"),
 ])
 def test_unmapped_families_are_refused_naming_the_nearest_supported(arch, nearest):
