@@ -207,17 +207,20 @@ def test_checkpoints_hold_only_trained_tensors_and_open_like_any_other(base, tmp
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")  # in this process as in the killed one (OMP_NUM_THREADS=1): the same floats
-def test_sigkill_then_resume_matches_uninterrupted(base, tmp_path):
+@pytest.mark.parametrize("which, method, steps, every, saved", [("base", "longlora", 30, 5, "lora_"),
+                                                                ("olmo2", "tape", 12, 3, ".pe.")])
+def test_sigkill_then_resume_matches_uninterrupted(request, tmp_path, which, method, steps, every, saved):
     """A real `tape extend-context` process killed at some step after its first checkpoint; the same command (here,
-    in this process) resumes it to the weights of an uninterrupted run."""
-    extra = ("train.max_steps=30", "train.save_every=5", "train.eval_every=0", "train.keep_last=2",
+    in this process) resumes it to the weights of an uninterrupted run (LongLoRA on the Llama, TAPE on OLMo 2)."""
+    base = request.getfixturevalue(which)
+    extra = (f"train.max_steps={steps}", f"train.save_every={every}", "train.eval_every=0", "train.keep_last=2",
              "train.activation_checkpointing=false", "train.lr=1e-3")
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    run_cli(*extend_args(base, whole, "longlora", "pi", *extra))
-    kill_after_first_checkpoint(extend_args(base, killed, "longlora", "pi", *extra), killed, subprocess_env(), 30)
-    assert "resuming from" in run_cli(*extend_args(base, killed, "longlora", "pi", *extra))
+    run_cli(*extend_args(base, whole, method, "pi", *extra))
+    kill_after_first_checkpoint(extend_args(base, killed, method, "pi", *extra), killed, subprocess_env(), steps)
+    assert "resuming from" in run_cli(*extend_args(base, killed, method, "pi", *extra))
     assert_same_weights(weights(whole), weights(killed))
-    assert {k for k in weights(killed) if "lora_" in k}  # the adapters are what was saved and resumed
+    assert {k for k in weights(killed) if saved in k}  # the adapters or TAPE's grown weights were saved and resumed
 
 
 @pytest.fixture(scope="module")
@@ -239,19 +242,6 @@ def test_olmo2_extensions_start_at_the_base_logits(olmo2, method, scaling):
     x = torch.randint(0, tokenizer.vocab_size, (2, TARGET), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(x), reference_logits(olmo2, scaling, x), rtol=0, atol=1e-5)
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("one_thread")
-def test_olmo2_tape_extension_resumes_exactly_after_sigkill(olmo2, tmp_path):
-    extra = ("train.max_steps=12", "train.save_every=3", "train.eval_every=0", "train.keep_last=2",
-             "train.activation_checkpointing=false", "train.lr=1e-3")
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    run_cli(*extend_args(olmo2, whole, "tape", "pi", *extra))
-    kill_after_first_checkpoint(extend_args(olmo2, killed, "tape", "pi", *extra), killed, subprocess_env(), 12)
-    assert "resuming from" in run_cli(*extend_args(olmo2, killed, "tape", "pi", *extra))
-    assert_same_weights(weights(whole), weights(killed))
-    assert {k for k in weights(killed) if ".pe." in k}  # TAPE's grown weights are what was saved and resumed
 
 
 def test_a_base_with_a_rope_per_layer_type_is_refused_in_one_line(tmp_path):
