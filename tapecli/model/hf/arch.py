@@ -307,10 +307,6 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
                             "(no supported architecture has them); keep the native checkpoint, which every "
                             "`tape eval` opens")
     block = block_architecture(config)
-    if block == "Olmo2ForCausalLM" and (any(s.window is not None for s in specs)
-                                        or len({json.dumps(s.pe_args, sort_keys=True)
-                                                for s in specs if s.pe == "rope"}) > 1):
-        block = "Olmo3ForCausalLM"  # OLMo 2's block with sliding layers or a RoPE per layer type
     per_type = block in PER_TYPE_ROPE  # its rope_parameters hold one entry per layer type
     if len({(s.window is not None and per_type, json.dumps(s.pe_args, sort_keys=True))
             for s in specs if s.pe == "rope"}) > 1 + per_type:
@@ -376,7 +372,17 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
 
 
 def block_architecture(config) -> str | None:
-    """The class whose block is `model.block` (None for Llama's block), or a TapeError when no class has it."""
+    """The class whose block is `model.block` (None for Llama's block; OLMo 2's block is Olmo3 with windows or a
+    RoPE per layer type), or a TapeError when no class has it."""
+    arch = _block_class(config)
+    specs = config.layers()
+    if arch == "Olmo2ForCausalLM" and (any(s.window is not None for s in specs) or len(
+            {json.dumps(s.pe_args, sort_keys=True) for s in specs if s.pe == "rope"}) > 1):
+        return "Olmo3ForCausalLM"
+    return arch
+
+
+def _block_class(config) -> str | None:
     layout = BlockLayout.of(config.block)
     if layout == BlockLayout():
         return None

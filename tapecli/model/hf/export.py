@@ -36,11 +36,11 @@ def pe_entries(model: Transformer) -> dict[str, Any] | None:
     and NoPE, the first RoPE layer's `RoPE.hf_export` (transformers' defaults when every layer is NoPE: its NoPE
     layers ignore them); for a plugin PE whose class defines `hf_export` (tapecli.pe), its own; None when the
     model's PE has no export (a subclass of RoPE is not RoPE)."""
-    from tapecli.model.hf.arch import PER_TYPE_ROPE, export_layout
+    from tapecli.model.hf.arch import PER_TYPE_ROPE, block_architecture
     from tapecli.model.hybrid import layer_groups
 
     specs = model.config.layers()
-    if all(spec.pe == "rope" for spec in specs) and export_layout(model.config)[0] in PER_TYPE_ROPE:
+    if all(spec.pe == "rope" for spec in specs) and block_architecture(model.config) in PER_TYPE_ROPE:
         return _per_layer_type_entries(model)
     if all(spec.pe in ("rope", "nope") for spec in specs):
         first = next((i for i, spec in enumerate(specs) if spec.pe == "rope"), None)
