@@ -9,7 +9,7 @@ from typing import Any
 
 # The keys that shape attention beyond the PE (their defaults: what every model was before they existed).
 ATTENTION_KEYS = ("window", "temperature", "length_scale", "length_scale_args", "schedule", "qk_norm", "qkv_bias",
-                  "output_gate")
+                  "output_gate", "block")
 
 
 @dataclass
@@ -30,6 +30,8 @@ class ModelConfig:
     RMSNorm of queries and keys before the PE, tapecli.model.norm) and `qkv_bias` (biases on the query, key and
     value projections, as Qwen2) add weights to every layer, as does `output_gate` (elementwise | headwise: a
     sigmoid gate on each head's attention output, tapecli.model.attention.gate; none, the default: no gate).
+    `block` places the block's norms and says what the q/k norm spans (tapecli.model.block; {} is the Llama
+    block).
     """
 
     vocab_size: int
@@ -60,9 +62,11 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm of each head's query and key before the PE (Qwen3)
     qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
     output_gate: str = "none"  # none | elementwise | headwise: a sigmoid gate on each head's attention output
+    block: dict[str, Any] = field(default_factory=dict)  # norm placement and q/k norm span (tapecli.model.block)
 
     def __post_init__(self) -> None:
         from tapecli.model.attention.gate import check_output_gate
+        from tapecli.model.block import BlockLayout
         from tapecli.model.pe import resolve_pe
         from tapecli.model.schedule import layer_specs, record_resolved_args
 
@@ -91,6 +95,8 @@ class ModelConfig:
         if not 0 <= self.dropout < 1:
             raise ValueError(f"model.dropout: must be in [0, 1), got {self.dropout!r}")
         self.pe_args = dict(self.pe_args)
+        BlockLayout.of(self.block)
+        self.block = dict(self.block)
         self.pe_plugin = resolve_pe(self.pe, self.pe_plugin).record
         # Validates pe_args and the layer keys now (names, types, choices), not at the first forward; then records
         # the defaults the PEs resolved (CoPE's npos_max), so that what is saved keeps its meaning when a later

@@ -34,26 +34,30 @@ from tapecli.model.abacus import AbacusEmbedding
 from tapecli.model.attention import WideValue, attend
 from tapecli.model.attention.gate import output_gate
 from tapecli.model.attention.scaling import QueryScale
+from tapecli.model.block import BlockLayout
 from tapecli.model.cache import KVCache, LayerCache
 from tapecli.model.config import ModelConfig
 from tapecli.model.generation import generate
 from tapecli.model.hybrid import HybridState, layer_groups, model_pe
-from tapecli.model.norm import RMSNorm, head_norms
+from tapecli.model.norm import RMSNorm, block_norm, head_norms
 from tapecli.model.pe import LayerPE, PositionState
 from tapecli.model.schedule import LayerSpec
 
 
 class MLP(nn.Module):
-    """SwiGLU: down(SiLU(gate(x)) * up(x))."""
+    """SwiGLU: down(SiLU(gate(x)) * up(x)); GeGLU with GeLU-tanh for `activation` gelu_tanh (model.block)."""
 
-    def __init__(self, dim: int, ffn_dim: int) -> None:
+    def __init__(self, dim: int, ffn_dim: int, activation: str = "silu") -> None:
         super().__init__()
         self.gate_proj = nn.Linear(dim, ffn_dim, bias=False)
         self.up_proj = nn.Linear(dim, ffn_dim, bias=False)
         self.down_proj = nn.Linear(ffn_dim, dim, bias=False)
+        self.tanh_gelu = activation == "gelu_tanh"
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        gate = F.gelu(gate, approximate="tanh") if self.tanh_gelu else F.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
 
 
 class Attention(nn.Module):
@@ -61,7 +65,8 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
         self.causal = config.causal
-        self.window, self.temperature = spec.window, spec.temperature
+        self.window = spec.window
+        self.temperature = spec.temperature * BlockLayout.of(config.block).temperature(config.head_dim)
         self.query_scale = QueryScale.of(spec.length_scale, spec.length_scale_args, config.max_seq_len)
         self.q_proj = nn.Linear(config.dim, config.n_heads * config.head_dim, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.dim, config.n_kv_heads * config.head_dim, bias=config.qkv_bias)
@@ -101,16 +106,24 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block; the positional state (if the PE carries one) is updated beside the hidden state. In a
-    model with several PEs the state holds one per PE (`group`): the block reads and updates its own PE's."""
+    """Decoder block, its norms where `model.block` places them (tapecli.model.block; pre-norm by default); the
+    positional state (if the PE carries one) is updated beside the hidden state. In a model with several PEs the
+    state holds one per PE (`group`): the block reads and updates its own PE's."""
 
     def __init__(self, config: ModelConfig, spec: LayerSpec, pe: LayerPE, group: int | None, carries_state: bool,
                  aggregation: str | None) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.dim, config.norm_eps)
-        self.self_attn = Attention(config, spec)
-        self.post_attention_layernorm = RMSNorm(config.dim, config.norm_eps)
-        self.mlp = MLP(config.dim, config.ffn_dim)
+        layout = BlockLayout.of(config.block)
+        self.norm_names = layout.norm_names  # slot -> module name, e.g. attn_in: input_layernorm
+        mlp = MLP(config.dim, config.ffn_dim, layout.activation)
+        # Registered in the order of the computation (parameter order is what optimizer states are saved by).
+        for slot, module in (("attn_in", None), ("self_attn", Attention(config, spec)), ("attn_out", None),
+                             ("mlp_in", None), ("mlp", mlp), ("mlp_out", None)):
+            if module is not None:
+                self.add_module(slot, module)
+            elif slot in self.norm_names:
+                self.add_module(self.norm_names[slot], block_norm(config, config.dim))
+        self.parallel = layout.norms == "parallel"  # attention and the MLP both read the one normed input
         self.pe = pe
         self.group = group
         self.dropout = config.dropout  # on each residual branch, in training only
@@ -120,18 +133,35 @@ class Block(nn.Module):
     def forward(self, x: Tensor, state: PositionState | HybridState, k_pos: Tensor, key_mask: Tensor | None = None,
                 cache: LayerCache | None = None) -> tuple[Tensor, PositionState | HybridState]:
         own = state if self.group is None else state.parts[self.group]
-        h, aggregated = self.self_attn(self.input_layernorm(x), self.pe, own, k_pos, key_mask, cache,
-                                       self.aggregation)
-        x = x + F.dropout(h, self.dropout, self.training)
+        attn_in = self.norm("attn_in", x)
+        h, aggregated = self.self_attn(attn_in, self.pe, own, k_pos, key_mask, cache, self.aggregation)
+        x = x + F.dropout(self.norm("attn_out", h), self.dropout, self.training)
         if aggregated is not None:
             own = self.pe.after_attention(own, aggregated)
-        mlp_in = self.post_attention_layernorm(x)
-        mlp_out = self.mlp(mlp_in)
+        mlp_in = attn_in if self.parallel else self.norm("mlp_in", x)
+        mlp_out = self.norm("mlp_out", self.mlp(mlp_in))
         x = x + F.dropout(mlp_out, self.dropout, self.training)
         if self.carries_state:
             own = self.pe.after_mlp(own, mlp_in, mlp_out, x)
             state = own if self.group is None else state.with_part(self.group, own)
         return x, state
+
+    def norm(self, slot: str, x: Tensor) -> Tensor:
+        """The norm the layout places at `slot`, or `x` as it is where it places none."""
+        name = self.norm_names.get(slot)
+        return x if name is None else getattr(self, name)(x)
+
+
+class Head(nn.Linear):
+    """The output projection (`lm_head.weight`), its logits times `model.block.logit_scale` (Cohere) where set."""
+
+    def __init__(self, dim: int, vocab_size: int, scale: float = 1.0) -> None:
+        super().__init__(dim, vocab_size, bias=False)
+        self.scale = scale
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = super().forward(x)
+        return logits if self.scale == 1.0 else logits * self.scale
 
 
 class Decoder(nn.Module):
@@ -152,7 +182,8 @@ class Decoder(nn.Module):
             last = [layer for layer, (g, _) in zip(self.layers, groups, strict=True) if g == group][-1]
             last.carries_state, last.aggregation = False, None
             last.pe.requires_grad_(False)
-        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.norm = block_norm(config, config.dim)
+        self.embed_scale = BlockLayout.of(config.block).embed_scale  # embeddings times sqrt(dim) (Gemma)
         self.abacus = AbacusEmbedding(config) if config.abacus else None
 
 
@@ -161,7 +192,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.config = config
         self.model = Decoder(config)
-        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.lm_head = Head(config.dim, config.vocab_size, BlockLayout.of(config.block).logit_scale)
         if config.tie_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.gradient_checkpointing = False
@@ -170,8 +201,8 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Llama's init: N(0, init_std) for every linear and embedding weight, ones for norms, zeros for the
-        attention's biases (model.qkv_bias); then each PE's own."""
+        """Llama's init: N(0, init_std) for every linear and embedding weight, ones for norms (zeros for (1 + w)
+        norms), zeros for the attention's biases (model.qkv_bias); then each PE's own."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
@@ -179,7 +210,7 @@ class Transformer(nn.Module):
                 for projection in (module.q_proj, module.k_proj, module.v_proj):
                     nn.init.zeros_(projection.bias)
             elif isinstance(module, RMSNorm):
-                nn.init.ones_(module.weight)
+                module.reset_parameters()
         for module in self.modules():
             if isinstance(module, LayerPE):
                 module.init_weights()
@@ -206,6 +237,8 @@ class Transformer(nn.Module):
         if attention_mask is not None and bool(attention_mask.all()):
             attention_mask = None  # nothing is padded: keep SDPA's fused causal path
         x = self.model.embed_tokens(input_ids)
+        if self.model.embed_scale:
+            x = x * torch.tensor(self.config.dim ** 0.5, dtype=x.dtype)
         if self.model.abacus is not None:
             x = x + self.model.abacus(input_ids, cache, attention_mask)
         x = F.dropout(x, self.config.dropout, self.training)

@@ -129,6 +129,11 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
                         "interpolation (its fine-tune.py scales RoPE linearly by ceil(N/L) whenever N > L; S²-Attn "
                         "only makes training at length N cheaper); pass --scaling pi (or yarn, dynamic, theta), or "
                         "--method lora --scaling none for LoRA without interpolation")
+    own = sorted(name for name, kind in (base.get("schedule") or {}).get("kinds", {}).items() if "pe_args" in kind)
+    if own and "model.schedule" not in recipe.set_keys:
+        raise TapeError(f"model.schedule: {origin} gives its {', '.join(own)} layers a RoPE of their own (as Gemma "
+                        "3's global layers), which --scaling leaves as it is; restate the schedule with those "
+                        "kinds' pe_args scaled (model.schedule=...)")
     factor = target / base_len
     requested = recipe.set_values("model")
     requested["pe_args"] = {**requested.get("pe_args", {}),

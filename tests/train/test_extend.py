@@ -1,6 +1,6 @@
 """`tape extend-context` on a tiny Hugging Face Llama: parameter counts of the paper's 7B setting (meta device),
 every method starting at the base's logits, every method x scaling training from the CLI, checkpoints holding only
-the trained tensors, and exact resume after SIGKILL."""
+the trained tensors, and exact resume after SIGKILL; the same start and resume on a tiny OLMo 2 (post-norm block)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from tapecli.train.extend import plan_extension
 from tapecli.train.freeze import apply_plan
 
 transformers = pytest.importorskip("transformers")
-from hf_helpers import make_hf_llama, sample_text  # noqa: E402
+from hf_helpers import make_hf_llama, make_hf_model, sample_text  # noqa: E402
 from train_helpers import (  # noqa: E402
     assert_same_weights,
     kill_after_first_checkpoint,
@@ -116,7 +116,7 @@ def test_memory_estimate_of_the_paper_setting():
 def reference_logits(base: Path, scaling: str, x: torch.Tensor) -> torch.Tensor:
     config = transformers.AutoConfig.from_pretrained(base)
     config.rope_parameters = dict(HF_ROPE[scaling])
-    hf = transformers.LlamaForCausalLM.from_pretrained(base, config=config).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base, config=config).eval()
     with torch.no_grad():
         return hf(x).logits
 
@@ -207,17 +207,81 @@ def test_checkpoints_hold_only_trained_tensors_and_open_like_any_other(base, tmp
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("one_thread")  # in this process as in the killed one (OMP_NUM_THREADS=1): the same floats
-def test_sigkill_then_resume_matches_uninterrupted(base, tmp_path):
+@pytest.mark.parametrize("which, method, scaling, steps, every, saved", [
+    ("base", "longlora", "pi", 30, 5, "lora_"), ("olmo2", "tape", "pi", 12, 3, ".pe."),
+    ("gemma3", "tape", "none", 12, 3, ".pe.")])
+def test_sigkill_then_resume_matches_uninterrupted(request, tmp_path, which, method, scaling, steps, every, saved):
     """A real `tape extend-context` process killed at some step after its first checkpoint; the same command (here,
-    in this process) resumes it to the weights of an uninterrupted run."""
-    extra = ("train.max_steps=30", "train.save_every=5", "train.eval_every=0", "train.keep_last=2",
-             "train.activation_checkpointing=false", "train.lr=1e-3")
+    in this process) resumes it to the weights of an uninterrupted run (LongLoRA on the Llama, TAPE on OLMo 2, TAPE
+    on Gemma 3's global layers only)."""
+    base = request.getfixturevalue(which)
+    extra = (f"train.max_steps={steps}", f"train.save_every={every}", "train.eval_every=0", "train.keep_last=2",
+             "train.activation_checkpointing=false", "train.lr=1e-3", *(GEMMA3_GLOBAL_TAPE * (which == "gemma3")))
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    run_cli(*extend_args(base, whole, "longlora", "pi", *extra))
-    kill_after_first_checkpoint(extend_args(base, killed, "longlora", "pi", *extra), killed, subprocess_env(), 30)
-    assert "resuming from" in run_cli(*extend_args(base, killed, "longlora", "pi", *extra))
+    run_cli(*extend_args(base, whole, method, scaling, *extra))
+    kill_after_first_checkpoint(extend_args(base, killed, method, scaling, *extra), killed, subprocess_env(), steps)
+    assert "resuming from" in run_cli(*extend_args(base, killed, method, scaling, *extra))
     assert_same_weights(weights(whole), weights(killed))
-    assert {k for k in weights(killed) if "lora_" in k}  # the adapters are what was saved and resumed
+    assert {k for k in weights(killed) if saved in k}  # the adapters or TAPE's grown weights were saved and resumed
+
+
+@pytest.fixture(scope="module")
+def olmo2(tmp_path_factory) -> Path:
+    """A tiny OLMo 2 (context 32; post-norms, QK-norm over the projections) and a corpus next to it."""
+    root = tmp_path_factory.mktemp("olmo2")
+    make_hf_model(root / "hf", "Olmo2ForCausalLM", max_position_embeddings=BASE_LEN)
+    (root / "corpus.txt").write_text(sample_text(300, seed=1))
+    return root / "hf"
+
+
+@pytest.mark.parametrize("scaling", ["pi", "yarn"])
+@pytest.mark.parametrize("method", ["tape", "lora"])
+def test_olmo2_extensions_start_at_the_base_logits(olmo2, method, scaling):
+    recipe = load_recipe("context-extension-smoke", [f"model.max_seq_len={TARGET}", f"extend.method={method}",
+                                                     f"extend.scaling={scaling}"])
+    model, tokenizer, _ = build_model(recipe, None, str(olmo2), torch.device("cpu"), "fp32")
+    assert model.config.block == {"norms": "post", "qk_norm": "projection"}
+    x = torch.randint(0, tokenizer.vocab_size, (2, TARGET), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), reference_logits(olmo2, scaling, x), rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory) -> Path:
+    """A tiny Gemma 3 (context 32): a sliding layer (local RoPE, theta 1e4) and a global one (theta 1e6)."""
+    root = tmp_path_factory.mktemp("gemma3")
+    make_hf_model(root / "hf", "Gemma3ForCausalLM", num_hidden_layers=2, head_dim=16, sliding_window=4,
+                  max_position_embeddings=BASE_LEN, layer_types=["sliding_attention", "full_attention"])
+    (root / "corpus.txt").write_text(sample_text(300, seed=1))
+    return root / "hf"
+
+
+# With --scaling none: TAPE on Gemma 3's global layer only, its RoPE interpolated linearly to TARGET; the local
+# layer keeps its RoPE.
+GEMMA3_GLOBAL_TAPE = ("model.n_layers=2",
+                      "model.schedule={layers: [local, global], kinds: {local: {pe: rope, window: 4}, "
+                      "global: {pe_args: {theta: 1000000.0, scaling: linear, factor: 2.0, original_max_len: 32}}}}")
+
+
+def test_a_base_with_a_rope_per_layer_type_is_refused_in_one_line(gemma3, tmp_path):
+    """Gemma 3's global layers carry their own RoPE (a schedule kind's pe_args), which --scaling would not touch."""
+    result = runner.invoke(app, extend_args(gemma3, tmp_path / "out", "tape", "pi"))
+    assert result.exit_code == 2
+    assert "model.schedule: " in result.output and "gives its global layers a RoPE of their own" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_tape_on_gemma3_global_layers_starts_at_transformers_with_that_rope(gemma3):
+    recipe = load_recipe("context-extension-smoke", [f"model.max_seq_len={TARGET}", "extend.method=tape",
+                                                     "extend.scaling=none", *GEMMA3_GLOBAL_TAPE])
+    model, tokenizer, _ = build_model(recipe, None, str(gemma3), torch.device("cpu"), "fp32")
+    assert [spec.pe for spec in model.config.layers()] == ["rope", "tape"]
+    config = transformers.AutoConfig.from_pretrained(gemma3)
+    config.rope_parameters["full_attention"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
+    hf = transformers.AutoModelForCausalLM.from_pretrained(gemma3, config=config).eval()
+    x = torch.randint(3, tokenizer.vocab_size, (2, TARGET), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), hf(x).logits, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,7 +1,8 @@
 """`tape extend-context` on imported hybrids (SmolLM3 with windowed NoPE layers, Qwen2 with windowed layers and q/k/v
-biases, Qwen3 with QK-norm): every method starts at the base's logits under the same RoPE scaling (transformers with
-the same `rope_parameters` is the reference), keeps the base's NoPE layers and windows (TAPE grows in the RoPE
-layers only), trains from the CLI with checkpoints holding only the trained tensors, and the run evaluates."""
+biases, Qwen3 with QK-norm, Cohere2 with sliding RoPE and full NoPE layers on a parallel block, EXAONE 4 with them on
+post-norms): every method starts at the base's logits under the same RoPE scaling (transformers with the same
+`rope_parameters` is the reference), keeps the base's NoPE layers and windows (TAPE grows in the RoPE layers only),
+trains from the CLI with checkpoints holding only the trained tensors, and the run evaluates."""
 
 from __future__ import annotations
 
@@ -28,11 +29,15 @@ BASES = {
     "smollm3": ("SmolLM3ForCausalLM", dict(use_sliding_window=True, sliding_window=WINDOW, no_rope_layer_interval=2)),
     "qwen2": ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=2)),
     "qwen3": ("Qwen3ForCausalLM", dict(head_dim=16)),
+    "cohere2": ("Cohere2ForCausalLM", dict(sliding_window=WINDOW, logit_scale=0.5)),
+    "exaone4": ("Exaone4ForCausalLM", dict(sliding_window=WINDOW)),
 }
 # What the extended model's layers are (tapecli.model.schedule.describe), per base and method.
 LAYERS = {("smollm3", "tape"): "tape x2 + nope x2 (window 8)", ("smollm3", "lora"): "rope x2 + nope x2 (window 8)",
           ("qwen2", "tape"): "tape x2 + tape x2 (window 8)", ("qwen2", "full"): "rope x2 + rope x2 (window 8)",
-          ("qwen3", "tape"): "tape", ("qwen3", "longlora"): "rope"}
+          ("qwen3", "tape"): "tape", ("qwen3", "longlora"): "rope",
+          ("cohere2", "tape"): "tape x3 (window 8) + nope x1", ("cohere2", "lora"): "rope x3 (window 8) + nope x1",
+          ("exaone4", "tape"): "tape x3 (window 8) + nope x1", ("exaone4", "full"): "rope x3 (window 8) + nope x1"}
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +71,8 @@ def test_methods_start_at_the_base_and_keep_its_layers(bases, name, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, method", [("smollm3", "tape"), ("qwen2", "lora"), ("qwen3", "longlora")])
+@pytest.mark.parametrize("name, method", [("smollm3", "tape"), ("qwen2", "lora"), ("qwen3", "longlora"),
+                                          ("cohere2", "tape")])
 def test_extend_then_evaluate_from_the_cli(bases, tmp_path, name, method):
     out = tmp_path / "run"
     result = runner.invoke(app, ["extend-context", "--base", str(bases / name), "--method", method, "--scaling",

@@ -14,6 +14,22 @@ What transformers 5's modeling code does with the keys transformers itself write
     Qwen3ForCausalLM    per-head RMSNorm of q and k before RoPE (`model.qk_norm`); layers as Qwen2
     SmolLM3ForCausalLM  `no_rope_layers` (1 RoPE, 0 NoPE; without it: NoPE every `no_rope_layer_interval`-th layer)
                         and `layer_types` (without it: the NoPE layers slide when `use_sliding_window`)
+    Olmo2ForCausalLM    RoPE in every layer, every layer global; RMSNorm of the attention's and the MLP's outputs
+                        inside the residual, none before them (`model.block.norms: post`); RMSNorm of the whole q and
+                        k projections before RoPE (`model.qk_norm` with `model.block.qk_norm: projection`)
+    Olmo3ForCausalLM    OLMo 2's block; `layer_types` (sliding layers: `sliding_window`) and `rope_parameters` per
+                        layer type, as Gemma 3
+    Gemma3ForCausalLM   `layer_types` (sliding layers: `sliding_window`); `rope_parameters` per layer type (local
+                        RoPE for sliding layers, global for full ones); per-head QK-norm; norms before and after
+                        attention and the MLP (`sandwich`), stored as (1 + w); embeddings times sqrt(hidden_size);
+                        logits q.k / sqrt(`query_pre_attn_scalar`); GeLU-tanh MLP (`hidden_activation`)
+    Exaone4ForCausalLM  OLMo 2's post-norms with per-head QK-norm (`model.block.norms: post`); `layer_types`: with a
+                        `sliding_window`, sliding layers RoPE in their window and full layers NoPE, without one RoPE
+                        in every layer
+    Cohere2ForCausalLM  `layer_types`: sliding layers RoPE in their window, full layers NoPE; attention and the MLP
+                        in parallel on one LayerNorm without bias (`layer_norm_eps`); logits times `logit_scale`;
+                        RoPE on interleaved pairs (2i, 2i+1), which tape's half layout (i, i + d/2) computes exactly
+                        once the rows of q_proj and k_proj are permuted (`interleaved_rows`, on import and export)
 
 A sliding layer sees `sliding_window` keys, itself included (transformers' mask: key > query - sliding_window), which
 is what tape's `window` counts. Layers that are all alike become model-level keys (`window: 4096`); otherwise a
@@ -32,16 +48,47 @@ from dataclasses import dataclass
 from typing import Any
 
 from tapecli.errors import TapeError
+from tapecli.model.block import BlockLayout
 
 MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-               "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}  # what transformers loads them as
+               "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+               "olmo2": "Olmo2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
+               "cohere2": "Cohere2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
+               "exaone4": "Exaone4ForCausalLM"}  # what transformers loads them as
 ARCHITECTURES = tuple(MODEL_TYPES.values())
 SLIDING, FULL = "sliding_attention", "full_attention"
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 # Biases the architecture's modeling code would add for a true value: refused, tape has none of these.
 _BIAS_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "MistralForCausalLM": (),
               "Qwen2ForCausalLM": (), "Qwen3ForCausalLM": ("attention_bias",),
-              "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias")}
+              "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"), "Olmo2ForCausalLM": ("attention_bias",),
+              "Gemma3ForCausalLM": ("attention_bias", "use_bidirectional_attention"),
+              "Cohere2ForCausalLM": ("attention_bias",), "Olmo3ForCausalLM": ("attention_bias",),
+              "Exaone4ForCausalLM": ()}
+# Classes whose `rope_parameters` hold one entry per layer type (full_attention, sliding_attention).
+PER_TYPE_ROPE = ("Gemma3ForCausalLM", "Olmo3ForCausalLM")
+# Classes whose RoPE rotates interleaved pairs (2i, 2i+1) of each head instead of (i, i + d/2).
+INTERLEAVED_ROPE = ("Cohere2ForCausalLM",)
+# The block of each architecture (tapecli.model.block), where it is not Llama's.
+BLOCKS = {"Olmo2ForCausalLM": {"norms": "post", "qk_norm": "projection"},
+          "Olmo3ForCausalLM": {"norms": "post", "qk_norm": "projection"},
+          "Gemma3ForCausalLM": {"norms": "sandwich", "norm_weight": "1+w", "activation": "gelu_tanh",
+                                "embed_scale": True},  # and query_pre_attn_scalar, from config.json
+          "Cohere2ForCausalLM": {"norms": "parallel", "norm": "layernorm"},  # and logit_scale
+          "Exaone4ForCausalLM": {"norms": "post"}}
+# Architectures tape does not import, and the supported one nearest to each (what their refusal names).
+NEAREST = {
+    "Gemma3ForConditionalGeneration": "Gemma3ForCausalLM (the text model alone); Gemma 3's multimodal checkpoints "
+                                      "are not mapped",
+    "Gemma3nForCausalLM": "Gemma3ForCausalLM; Gemma 3n's per-layer embeddings and AltUp are not mapped",
+    "Gemma3nForConditionalGeneration": "Gemma3ForCausalLM; Gemma 3n is not mapped",
+    "OlmoForCausalLM": "Olmo2ForCausalLM; OLMo 1's non-parametric LayerNorm is not mapped",
+    "Phi3ForCausalLM": "LlamaForCausalLM; Phi-3's fused qkv / gate_up weights and LongRoPE are not mapped",
+    "GptOssForCausalLM": "MistralForCausalLM; GPT-OSS's mixture-of-experts MLP and attention sinks are not mapped",
+    "Llama4ForCausalLM": "LlamaForCausalLM; Llama 4's mixture-of-experts MLP and chunked attention are not mapped",
+    "MixtralForCausalLM": "MistralForCausalLM; Mixtral's mixture-of-experts MLP is not mapped",
+    "Qwen3MoeForCausalLM": "Qwen3ForCausalLM; its mixture-of-experts MLP is not mapped",
+}
 
 
 def architecture(hf: dict[str, Any], where: str) -> str:
@@ -58,6 +105,9 @@ def architecture(hf: dict[str, Any], where: str) -> str:
         print(f"note: {where} has no architectures; read as {assumed}, as transformers does for model_type "
               f"{model_type!r}", file=sys.stderr)
         return assumed
+    if isinstance(arch, list) and len(arch) == 1 and arch[0] in NEAREST:
+        raise TapeError(f"{where}: architectures {arch} is not supported; the nearest supported is "
+                        f"{NEAREST[arch[0]]}")
     if not isinstance(arch, list) or len(arch) != 1 or arch[0] not in ARCHITECTURES:
         raise TapeError(f"{where}: architectures {arch} is not supported; supported: {', '.join(ARCHITECTURES)}")
     return arch[0]
@@ -65,16 +115,25 @@ def architecture(hf: dict[str, Any], where: str) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    """What each layer of a model is, in Hugging Face's terms: RoPE or not, its window (None: global)."""
+    """What each layer of a model is, in Hugging Face's terms: RoPE or not, its window (None: global); and the
+    attention's biases and norms and the block's layout (`model.block`), the same in every layer."""
 
     rope: tuple[bool, ...]
     windows: tuple[int | None, ...]
     qkv_bias: bool = False
     qk_norm: bool = False
+    block: tuple[tuple[str, Any], ...] = ()
 
-    def model_keys(self, rope_args: dict[str, Any]) -> dict[str, Any]:
-        """The ModelConfig keys of this layout, RoPE layers taking `rope_args` (module docstring)."""
-        keys: dict[str, Any] = {"qk_norm": self.qk_norm, "qkv_bias": self.qkv_bias, "window": None, "schedule": {}}
+    def model_keys(self, rope_args: dict[str, Any], local_rope_args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The ModelConfig keys of this layout, RoPE layers taking `rope_args`, or sliding RoPE layers
+        `local_rope_args` where those differ (Gemma 3's rope_parameters per layer type; module docstring)."""
+        if local_rope_args is not None and local_rope_args != rope_args and any(
+                w is not None for w in self.windows) and any(w is None for w in self.windows):
+            return self._per_type_keys(rope_args, local_rope_args)
+        if local_rope_args is not None and all(w is not None for w in self.windows):
+            rope_args = local_rope_args
+        keys: dict[str, Any] = {"qk_norm": self.qk_norm, "qkv_bias": self.qkv_bias, "window": None, "schedule": {},
+                                "block": dict(self.block)}
         pe_args = rope_args if any(self.rope) else {}
         pairs = list(zip(self.rope, self.windows, strict=True))
         if len(set(pairs)) == 1:
@@ -85,6 +144,20 @@ class Layout:
         kinds = {"global": {}, "local": {"window": window}, "nope_local": {"pe": "nope", "window": window}}
         schedule = {"layers": names, "kinds": {name: body for name, body in kinds.items() if name in names}}
         return {**keys, "pe": "rope" if any(self.rope) else "nope", "pe_args": pe_args, "schedule": schedule}
+
+    def _per_type_keys(self, global_args: dict[str, Any], local_args: dict[str, Any]) -> dict[str, Any]:
+        """Sliding RoPE layers with their own RoPE: the model's pe_args are the local ones (most layers), and the
+        `global` kind's pe_args, merged over them, the global ones."""
+        if not all(self.rope) or set(local_args) - set(global_args):
+            raise TapeError("rope_parameters: the sliding layers' RoPE sets "
+                            f"{', '.join(sorted(set(local_args) - set(global_args))) or 'NoPE layers'} where the "
+                            "full layers' does not; tape maps per-layer-type RoPE only when the full layers' "
+                            "parameters name every key the sliding layers' do")
+        window = next(w for w in self.windows if w is not None)
+        names = ["local" if w is not None else "global" for w in self.windows]
+        schedule = {"layers": names, "kinds": {"local": {"window": window}, "global": {"pe_args": global_args}}}
+        return {"qk_norm": self.qk_norm, "qkv_bias": self.qkv_bias, "window": None, "block": dict(self.block),
+                "pe": "rope", "pe_args": local_args, "schedule": schedule}
 
 
 def _layer_name(rope: bool, window: int | None) -> str:
@@ -143,15 +216,43 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
     types = _layer_types(hf, n, where)
     window = _window(hf, where)
     rope = [True] * n
-    if arch == "LlamaForCausalLM":
+    block = dict(BLOCKS.get(arch, {}))
+    if arch == "Gemma3ForCausalLM":
+        for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+            if hf.get(key) is not None:
+                raise TapeError(f"{where}: {key}={hf[key]!r} is not supported for {arch} (tape has no logit "
+                                "soft-capping; Gemma 3 checkpoints leave it null)")
+        if hf.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+            raise TapeError(f"{where}: hidden_activation={hf['hidden_activation']!r} is not supported for {arch} "
+                            "(only gelu_pytorch_tanh)")
+        scalar = hf.get("query_pre_attn_scalar", 256)
+        if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or scalar <= 0:
+            raise TapeError(f"{where}: query_pre_attn_scalar must be a positive number, got {scalar!r}")
+        block["query_pre_attn_scalar"] = scalar
+    if arch == "Cohere2ForCausalLM":
+        scale = hf.get("logit_scale", 0.0625)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise TapeError(f"{where}: logit_scale must be a positive number, got {scale!r}")
+        block["logit_scale"] = scale
+    if arch in (*PER_TYPE_ROPE, "Cohere2ForCausalLM", "Exaone4ForCausalLM") and types is None:
+        raise TapeError(f"{where}: layer_types is missing; save the model again with transformers >= 5, which "
+                        "writes it")
+    if arch in ("LlamaForCausalLM", "Olmo2ForCausalLM"):
         for key in ("sliding_window", "use_sliding_window"):
             if hf.get(key):
-                raise TapeError(f"{where}: {key}={hf[key]!r} is not supported for LlamaForCausalLM (transformers' "
-                                "Llama has no sliding window; a Mistral, Qwen2 or SmolLM3 config has)")
+                raise TapeError(f"{where}: {key}={hf[key]!r} is not supported for {arch} (transformers' "
+                                f"{arch.removesuffix('ForCausalLM')} has no sliding window; a Mistral, Qwen2 or "
+                                "SmolLM3 config has)")
         if types and SLIDING in types:
-            raise TapeError(f"{where}: layer_types {types!r} is not supported for LlamaForCausalLM (full_attention "
-                            "only)")
+            raise TapeError(f"{where}: layer_types {types!r} is not supported for {arch} (full_attention only)")
         windows: list[int | None] = [None] * n
+    elif arch in (*PER_TYPE_ROPE, "Cohere2ForCausalLM", "Exaone4ForCausalLM"):
+        if arch == "Cohere2ForCausalLM" or (arch == "Exaone4ForCausalLM" and window is not None):
+            rope = [kind == SLIDING for kind in types]  # its full-attention layers have no PE
+        if SLIDING in types and window is None:
+            raise TapeError(f"{where}: layer_types names {SLIDING} layers but sliding_window is null; transformers "
+                            "cannot run such a model")
+        windows = [window if kind == SLIDING else None for kind in types]
     elif arch == "MistralForCausalLM":
         windows = [window] * n
         if types is not None and types != [SLIDING if window else FULL] * n:
@@ -179,7 +280,9 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
                             + "; transformers cannot run such a model")
         windows = [window if kind == SLIDING else None for kind in types]
     return Layout(rope=tuple(rope), windows=tuple(windows), qkv_bias=arch == "Qwen2ForCausalLM",
-                  qk_norm=arch == "Qwen3ForCausalLM")
+                  qk_norm=arch in ("Qwen3ForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "Gemma3ForCausalLM",
+                                   "Exaone4ForCausalLM"),
+                  block=tuple(block.items()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -189,8 +292,10 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
 def export_layout(config) -> tuple[str, dict[str, Any]]:
     """(the class that runs a ModelConfig in transformers, the config.json keys for its layers and attention).
 
-    The class: Qwen3 with QK-norm, Qwen2 with q/k/v biases, SmolLM3 with NoPE layers or windows in some layers only,
-    Mistral with one window in every layer, else Llama. A model no class runs exactly is a TapeError naming why."""
+    The class: the one whose block `model.block` is (OLMo 2's block: Olmo2 without windows or per-layer-type RoPE,
+    else Olmo3); Qwen3 with QK-norm, Qwen2 with q/k/v biases, SmolLM3 with NoPE layers or windows in some layers
+    only, Mistral with one window in every layer, else Llama. A model no class runs exactly is a TapeError naming
+    why."""
     if config.output_gate != "none":
         raise TapeError(f"model.output_gate: {config.output_gate!r} gates attention's output, which no supported "
                         "Hugging Face architecture does; keep the native checkpoint, which every `tape eval` opens")
@@ -204,7 +309,10 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
             raise TapeError(f"model.{key}: attention temperatures and length scales do not export to Hugging Face "
                             "(no supported architecture has them); keep the native checkpoint, which every "
                             "`tape eval` opens")
-    if len({json.dumps(s.pe_args, sort_keys=True) for s in specs if s.pe == "rope"}) > 1:
+    block = block_architecture(config)
+    per_type = block in PER_TYPE_ROPE  # its rope_parameters hold one entry per layer type
+    if len({(s.window is not None and per_type, json.dumps(s.pe_args, sort_keys=True))
+            for s in specs if s.pe == "rope"}) > 1 + per_type:
         raise TapeError("model.schedule: RoPE layers with different pe_args (e.g. local and global theta) do not "
                         "export to a supported Hugging Face architecture; keep the native checkpoint")
     sizes = {s.window for s in specs if s.window is not None}
@@ -215,6 +323,36 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
     window = next(iter(sizes), None)
     types = [SLIDING if s.window is not None else FULL for s in specs]
     nope, some = not all(rope), SLIDING in types and FULL in types
+    if block == "Gemma3ForCausalLM":
+        if not config.qk_norm or config.qkv_bias or nope:
+            raise TapeError(f"model.block {config.block}: {block} runs it with QK-norm, without q/k/v biases or "
+                            "NoPE layers only; keep the native checkpoint")
+        return block, {"layer_types": types, "sliding_window": window, "attention_bias": False,
+                       "hidden_activation": "gelu_pytorch_tanh", "use_bidirectional_attention": False,
+                       "query_pre_attn_scalar": BlockLayout.of(config.block).query_pre_attn_scalar}
+    if block == "Olmo3ForCausalLM":
+        if not config.qk_norm or config.qkv_bias or nope:
+            raise TapeError(f"model.block {config.block}: {block} runs it with QK-norm, without q/k/v biases or "
+                            "NoPE layers only; keep the native checkpoint")
+        return block, {"layer_types": types, "sliding_window": window, "attention_bias": False}
+    if block == "Exaone4ForCausalLM":
+        expected = [True] * len(specs) if window is None else [t == SLIDING for t in types]
+        if not config.qk_norm or config.qkv_bias or rope != expected:
+            raise TapeError(f"model.block {config.block}: {block} runs it with QK-norm and RoPE in every layer, or "
+                            "with a window RoPE in the windowed layers and NoPE in the others, without q/k/v biases "
+                            "only; keep the native checkpoint")
+        return block, {"layer_types": types, "sliding_window": window}
+    if block == "Cohere2ForCausalLM":
+        if config.qk_norm or config.qkv_bias or any(r != (t == SLIDING) for r, t in zip(rope, types, strict=True)):
+            raise TapeError(f"model.block {config.block}: {block} runs it with RoPE in the sliding layers and NoPE "
+                            "in the full ones, without QK-norm or q/k/v biases only; keep the native checkpoint")
+        return block, {"layer_types": types, "sliding_window": window, "attention_bias": False,
+                       "logit_scale": BlockLayout.of(config.block).logit_scale, "layer_norm_eps": config.norm_eps}
+    if block is not None:
+        if not config.qk_norm or config.qkv_bias or nope or window is not None:
+            raise TapeError(f"model.block {config.block}: {block} runs it with QK-norm, without q/k/v biases, NoPE "
+                            "layers or windows only; keep the native checkpoint")
+        return block, {"attention_bias": False}
     if (config.qk_norm or config.qkv_bias) and nope:
         raise TapeError("model.schedule: NoPE layers with qk_norm or qkv_bias export to no supported Hugging Face "
                         "architecture (Qwen2/Qwen3 have no NoPE layers); keep the native checkpoint")
@@ -234,6 +372,43 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
     if window is not None:
         return "MistralForCausalLM", {"sliding_window": window}
     return "LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False}
+
+
+def block_architecture(config) -> str | None:
+    """The class whose block is `model.block` (None for Llama's block; OLMo 2's block is Olmo3 with windows or a
+    RoPE per layer type), or a TapeError when no class has it."""
+    arch = _block_class(config)
+    specs = config.layers()
+    if arch == "Olmo2ForCausalLM" and (any(s.window is not None for s in specs) or len(
+            {json.dumps(s.pe_args, sort_keys=True) for s in specs if s.pe == "rope"}) > 1):
+        return "Olmo3ForCausalLM"
+    return arch
+
+
+def _block_class(config) -> str | None:
+    layout = BlockLayout.of(config.block)
+    if layout == BlockLayout():
+        return None
+    for arch, block in BLOCKS.items():
+        own = {"query_pre_attn_scalar": layout.query_pre_attn_scalar} if arch == "Gemma3ForCausalLM" else {}
+        own = {"logit_scale": layout.logit_scale} if arch == "Cohere2ForCausalLM" else own
+        if layout == BlockLayout.of({**block, **own}):
+            return arch
+    raise TapeError(f"model.block {config.block} is the block of no supported Hugging Face architecture; keep the "
+                    "native checkpoint, which every `tape eval` opens")
+
+
+def interleaved_rows(weight, head_dim: int, inverse: bool = False):
+    """A q_proj / k_proj weight [heads * head_dim, dim] of an INTERLEAVED_ROPE class with each head's rows in tape's
+    order (the even rows, then the odd ones), or back with `inverse`: q.k is unchanged, and tape's rotation of pairs
+    (i, i + d/2) is the class's rotation of pairs (2i, 2i+1)."""
+    import torch
+
+    heads = weight.view(-1, head_dim, weight.shape[-1])
+    if inverse:
+        half = head_dim // 2
+        return torch.stack((heads[:, :half], heads[:, half:]), dim=2).reshape(weight.shape)
+    return torch.cat((heads[:, 0::2], heads[:, 1::2]), dim=1).reshape(weight.shape)
 
 
 def model_type(arch: str) -> str:

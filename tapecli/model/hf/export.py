@@ -36,9 +36,12 @@ def pe_entries(model: Transformer) -> dict[str, Any] | None:
     and NoPE, the first RoPE layer's `RoPE.hf_export` (transformers' defaults when every layer is NoPE: its NoPE
     layers ignore them); for a plugin PE whose class defines `hf_export` (tapecli.pe), its own; None when the
     model's PE has no export (a subclass of RoPE is not RoPE)."""
+    from tapecli.model.hf.arch import PER_TYPE_ROPE, block_architecture
     from tapecli.model.hybrid import layer_groups
 
     specs = model.config.layers()
+    if all(spec.pe == "rope" for spec in specs) and block_architecture(model.config) in PER_TYPE_ROPE:
+        return _per_layer_type_entries(model)
     if all(spec.pe in ("rope", "nope") for spec in specs):
         first = next((i for i, spec in enumerate(specs) if spec.pe == "rope"), None)
         if first is None:
@@ -48,6 +51,27 @@ def pe_entries(model: Transformer) -> dict[str, Any] | None:
     pe = model.model.pe
     export = type(pe).__dict__.get("hf_export")
     return None if export is None else export(pe)
+
+
+def _per_layer_type_entries(model: Transformer) -> dict[str, Any]:
+    """Gemma 3's and OLMo 3's `rope_parameters`, one entry per layer type: the RoPE of the first full-attention
+    layer and of the first sliding layer (transformers' default local RoPE, theta 1e4, where there is none)."""
+    from tapecli.model.hf.arch import FULL, SLIDING
+    from tapecli.model.hybrid import layer_groups
+
+    specs = model.config.layers()
+    groups = layer_groups(model.model.pe, len(specs))
+    entries: dict[str, Any] = {}
+    for spec, (_, pe) in zip(specs, groups, strict=True):
+        entries.setdefault(SLIDING if spec.window is not None else FULL, pe.hf_export())
+    entries.setdefault(SLIDING, {"rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}})
+    lengths = {entry["max_position_embeddings"] for entry in entries.values() if "max_position_embeddings" in entry}
+    if len(lengths) > 1:
+        raise ValueError(f"the local and global RoPE imply max_position_embeddings {sorted(lengths)} (dynamic NTK "
+                         "in one of them); a Hugging Face config has one")
+    full = entries.get(FULL, entries.get(SLIDING))
+    return {"rope_parameters": {kind: entries.get(kind, full)["rope_parameters"] for kind in (FULL, SLIDING)},
+            "max_position_embeddings": lengths.pop() if lengths else model.config.max_seq_len}
 
 
 def check_exportable(model: Transformer) -> tuple[str, dict[str, Any]]:
@@ -92,7 +116,7 @@ def _config(model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype)
         "hidden_size": c.dim, "intermediate_size": c.ffn_dim, "num_hidden_layers": c.n_layers,
         "num_attention_heads": c.n_heads, "num_key_value_heads": c.n_kv_heads, "head_dim": c.head_dim,
         "max_position_embeddings": c.max_seq_len, "rms_norm_eps": c.norm_eps, "tie_word_embeddings": c.tie_embeddings,
-        "hidden_act": "silu", "initializer_range": c.init_std,
+        **({} if arch == "Gemma3ForCausalLM" else {"hidden_act": "silu"}), "initializer_range": c.init_std,
         "dtype": str(dtype).removeprefix("torch."), **entries, **layers,
     }
     if tokenizer is not None:
@@ -103,7 +127,12 @@ def _config(model: Transformer, tokenizer: Tokenizer | None, dtype: torch.dtype)
 def _write_weights(model: Transformer, directory: Path, dtype: torch.dtype) -> None:
     from safetensors.torch import save_file
 
+    from tapecli.model.hf.arch import INTERLEAVED_ROPE, interleaved_rows
+
     state = {name: t.detach().to("cpu", dtype) for name, t in model.state_dict().items()}
+    if check_exportable(model)[0] in INTERLEAVED_ROPE:  # the class's row order of q_proj and k_proj
+        state = {name: interleaved_rows(t, model.config.head_dim, inverse=True)
+                 if name.endswith(("q_proj.weight", "k_proj.weight")) else t for name, t in state.items()}
     if model.config.tie_embeddings:
         state.pop("lm_head.weight")
     shards: list[dict[str, Any]] = [{}]

@@ -8,8 +8,8 @@
 Which directory, hub id or short name to open, and in which dtype, is decided by `tapecli.store.door`, the one door
 every command opens models through. A directory holds `config.json`, `model.safetensors` or shards listed in
 `model.safetensors.index.json`, `tokenizer.json` and/or `tokenizer.model`.
-Supported: `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and
-`SmolLM3ForCausalLM`, with their sliding windows, NoPE layers, q/k/v biases and QK-norm as
+Supported: `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `SmolLM3ForCausalLM`
+and `Olmo2ForCausalLM`, with their sliding windows, NoPE layers, q/k/v biases, QK-norm and block layouts as
 `tapecli.model.hf.arch` reads them; grouped-query attention; an explicit `head_dim`; tied or untied embeddings;
 RoPE given as `rope_parameters` (transformers 5) or as the older `rope_theta` / `rope_scaling` keys, of type default,
 linear, dynamic, yarn or llama3. Anything else (other biases, activations or architectures) is a TapeError naming
@@ -17,8 +17,9 @@ the config key.
 
 `partial_rotary_factor` is read as the architecture's transformers class reads it (`PARTIAL_ROTARY`): where the
 class rotates only the first factor x head_dim dims of a head (GPT-NeoX, Phi, ...), it becomes RoPE's
-`partial_rotary_factor`; `LlamaForCausalLM` and `MistralForCausalLM` compute rope_type default over the whole head
-and ignore the factor (so tape does too, and says so on stderr), and fail with any other rope type (a TapeError).
+`partial_rotary_factor`; `LlamaForCausalLM`, `MistralForCausalLM` and `Olmo2ForCausalLM` compute rope_type default
+over the whole head and ignore the factor (so tape does too, and says so on stderr), and fail with any other rope
+type (a TapeError).
 
 Weights are read tensor by tensor from each shard (`safetensors.safe_open`) straight into the target dtype and
 assigned to a model built on the meta device, so loading never holds a second full copy of the model.
@@ -49,7 +50,8 @@ if TYPE_CHECKING:
 
 # Whether the architecture's transformers class rotates only the first partial_rotary_factor of each head (the
 # module docstring): neither Llama nor Mistral does; for the other classes such a config is refused.
-PARTIAL_ROTARY = {"LlamaForCausalLM": False, "MistralForCausalLM": False}
+PARTIAL_ROTARY = {"LlamaForCausalLM": False, "MistralForCausalLM": False, "Olmo2ForCausalLM": False,
+                  "Gemma3ForCausalLM": False, "Olmo3ForCausalLM": False}
 HF_CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 # RoPE types transformers writes -> our `scaling` names; the HF defaults our RoPE also uses are not repeated.
@@ -94,7 +96,7 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
     partial = float(params.get("partial_rotary_factor", 1.0))
     if partial != 1.0 and architecture not in PARTIAL_ROTARY:
         raise TapeError(f"{where}: partial_rotary_factor {partial:g} is not supported for {architecture} (tape reads "
-                        "it as transformers does for Llama and Mistral only)")
+                        "it as transformers does for Llama, Mistral and OLMo 2 only)")
     if partial != 1.0 and PARTIAL_ROTARY[architecture]:
         args["partial_rotary_factor"] = partial
     elif partial != 1.0 and kind == "default":
@@ -137,6 +139,22 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
     return args
 
 
+def _layer_type_pe_args(hf: dict[str, Any], where: str, arch: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the RoPE pe_args of full-attention layers, those of sliding layers or None where they are the same): Gemma
+    3's and OLMo 3's `rope_parameters` hold one entry per layer type, every other class's one for all layers."""
+    from tapecli.model.hf.arch import PER_TYPE_ROPE
+
+    if arch not in PER_TYPE_ROPE:
+        return _pe_args(hf, where, arch), None
+    params = hf.get("rope_parameters")
+    if not isinstance(params, dict) or not all(isinstance(params.get(t), dict)
+                                               for t in ("full_attention", "sliding_attention")):
+        raise TapeError(f"{where}: rope_parameters must hold full_attention and sliding_attention entries for "
+                        f"{arch}, got {params!r}; save the model again with transformers >= 5, which writes them")
+    return tuple(_pe_args({**hf, "rope_parameters": params[t]}, f"{where} ({t})", arch)
+                 for t in ("full_attention", "sliding_attention"))
+
+
 def read_hf_config(directory: Path) -> dict[str, Any]:
     """config.json as a dict; a corrupt, truncated or non-object file is one line naming it."""
     return read_json_object(directory / HF_CONFIG)
@@ -162,13 +180,14 @@ def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
             raise TapeError(f"{where}: {key} must be a positive integer, got {value!r}")
     try:
-        pe_args = _pe_args(hf, where, arch)
-        norm_eps, init_std = float(hf.get("rms_norm_eps", 1e-6)), float(hf.get("initializer_range", 0.02))
+        pe_args, local_pe_args = _layer_type_pe_args(hf, where, arch)
+        eps_key = "layer_norm_eps" if arch == "Cohere2ForCausalLM" else "rms_norm_eps"
+        norm_eps, init_std = float(hf.get(eps_key, 1e-6)), float(hf.get("initializer_range", 0.02))
     except KeyError as e:
         raise TapeError(f"{where}: missing key {e.args[0]}") from None
     except (TypeError, ValueError) as e:  # a number written as text, a list or null
         raise TapeError(f"{where}: a RoPE or norm setting is not a number ({e})") from None
-    layers = read_layout(hf, arch, where).model_keys(pe_args)
+    layers = read_layout(hf, arch, where).model_keys(pe_args, local_pe_args)
     try:
         return ModelConfig(
             vocab_size=hf["vocab_size"], dim=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
@@ -238,7 +257,13 @@ def assign_weights(model: Transformer, tensors, origin: str) -> set[str]:
 
 def load_hf_weights(model: Transformer, directory: Path, dtype: torch.dtype, device: torch.device | str) -> set[str]:
     """Fill a meta-built model from a HF directory's safetensors; returns the parameters the files did not hold."""
+    from tapecli.model.hf.arch import INTERLEAVED_ROPE, interleaved_rows
+
     tensors = read_weights(weight_files(directory), dtype, device)
+    if architecture(read_hf_config(directory), str(directory / HF_CONFIG)) in INTERLEAVED_ROPE:
+        d = model.config.head_dim
+        tensors = ((name, interleaved_rows(t, d) if name.endswith(("q_proj.weight", "k_proj.weight")) else t, file)
+                   for name, t, file in tensors)
     return assign_weights(model, tensors, str(directory / HF_CONFIG))
 
 

@@ -1,8 +1,12 @@
 """Hugging Face hybrids in and out: Mistral, Qwen2 and Qwen3 with sliding windows, SmolLM3 with NoPE layers, Qwen3's
-QK-norm. Tiny models built with transformers' own classes and `save_pretrained`, opened through the door: logits
-equal transformers' (fp32), greedy KV-cached generation past the window equals transformers' `generate`, and the
-export opens in transformers with the same logits and the same layer semantics in its config. Other architectures
-and keys transformers would run differently are refused in one line naming them."""
+QK-norm, OLMo 2's post-norm block with QK-norm over the whole projections, OLMo 3's with sliding layers and YaRN on
+its full layers only, Gemma 3's sandwich block with local and global RoPE per layer type, Cohere2's parallel block
+on one LayerNorm with sliding RoPE and full NoPE layers, interleaved RoPE pairs and a logit scale, EXAONE 4's
+post-norms with per-head QK-norm and sliding RoPE : full NoPE layers. Tiny models built with transformers' own
+classes and `save_pretrained`, opened through the door: logits equal transformers' (fp32), greedy KV-cached
+generation past the window equals transformers' `generate`, and the export opens in transformers with the same
+logits and the same layer semantics in its config. Other architectures (each naming the nearest supported one) and
+keys transformers would run differently are refused in one line naming them."""
 
 from __future__ import annotations
 
@@ -21,6 +25,8 @@ transformers = pytest.importorskip("transformers")
 from hf_helpers import VOCAB, make_hf_model  # noqa: E402
 
 WINDOW = 6
+GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},  # as Gemma 3 4B's
+               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
 # name: (class, config keys, what tape makes of it: describe(layers))
 CASES = {
     "mistral-window": ("MistralForCausalLM", dict(sliding_window=WINDOW), "rope (window 6)"),
@@ -43,6 +49,29 @@ CASES = {
     "smollm3-layer-types": ("SmolLM3ForCausalLM", dict(use_sliding_window=True, sliding_window=WINDOW, layer_types=[
         "sliding_attention", "sliding_attention", "full_attention", "full_attention"]),
                             "rope x2 (window 6) + rope x1 + nope x1"),
+    "olmo2": ("Olmo2ForCausalLM", dict(), "rope"),
+    "olmo2-linear-tied": ("Olmo2ForCausalLM", dict(rope_parameters={"rope_type": "linear", "factor": 4.0,
+                                                                    "rope_theta": 500.0},
+                                                   tie_word_embeddings=True, num_key_value_heads=4), "rope"),
+    "gemma3": ("Gemma3ForCausalLM", dict(num_hidden_layers=6, head_dim=16, sliding_window=WINDOW,
+                                         query_pre_attn_scalar=24, rope_parameters=GEMMA3_ROPE),
+               "rope x5 (window 6) + rope x1"),
+    "gemma3-tied-all-sliding": ("Gemma3ForCausalLM", dict(head_dim=32, sliding_window=WINDOW,
+                                                          tie_word_embeddings=True), "rope (window 6)"),
+    "olmo3": ("Olmo3ForCausalLM", dict(sliding_window=WINDOW), "rope x3 (window 6) + rope x1"),
+    "olmo3-yarn-on-full-layers": ("Olmo3ForCausalLM", dict(sliding_window=WINDOW, rope_parameters={
+        "full_attention": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5, "attention_factor": 1.2,
+                           "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                           "truncate": True},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5e5}}), "rope x3 (window 6) + rope x1"),
+    "exaone4": ("Exaone4ForCausalLM", dict(sliding_window=WINDOW), "rope x3 (window 6) + nope x1"),
+    "exaone4-no-window": ("Exaone4ForCausalLM", dict(sliding_window=None, layer_types=["full_attention"] * 4,
+                                                     tie_word_embeddings=True), "rope"),
+    "cohere2": ("Cohere2ForCausalLM", dict(sliding_window=WINDOW, logit_scale=0.25), "rope x3 (window 6) + nope x1"),
+    "cohere2-tied-theta": ("Cohere2ForCausalLM", dict(sliding_window=WINDOW, tie_word_embeddings=True,
+                                                      num_hidden_layers=8, rope_parameters={"rope_type": "default",
+                                                                                            "rope_theta": 500.0}),
+                           "rope x6 (window 6) + nope x2"),
 }
 LAYER_KEYS = ("layer_types", "sliding_window", "no_rope_layers", "num_key_value_heads", "use_sliding_window",
               "tie_word_embeddings")
@@ -107,6 +136,20 @@ def test_layouts_read_as_schedules(tmp_path):
     model = open_model(str(tmp_path / "qwen3"), device="cpu").model
     assert (model.config.qk_norm, model.config.qkv_bias) == (True, False)
     assert model.model.layers[0].self_attn.q_norm.weight.shape == (16,)
+    build(tmp_path, "olmo2")
+    model = open_model(str(tmp_path / "olmo2"), device="cpu").model
+    assert (model.config.qk_norm, model.config.block) == (True, {"norms": "post", "qk_norm": "projection"})
+    layer = model.model.layers[0]
+    assert (layer.self_attn.q_norm.weight.shape, layer.self_attn.k_norm.weight.shape) == ((64,), (32,))
+    assert not hasattr(layer, "input_layernorm") and layer.post_feedforward_layernorm.weight.shape == (64,)
+    build(tmp_path, "gemma3")
+    config = open_model(str(tmp_path / "gemma3"), device="cpu").model.config
+    assert (config.pe_args, config.qk_norm) == ({"theta": 1e4}, True)
+    assert config.schedule == {"layers": ["local"] * 5 + ["global"], "kinds": {
+        "local": {"window": WINDOW},
+        "global": {"pe_args": {"theta": 1e6, "scaling": "linear", "factor": 8.0, "original_max_len": 64}}}}
+    assert config.block == {"norms": "sandwich", "norm_weight": "1+w", "activation": "gelu_tanh", "embed_scale": True,
+                            "query_pre_attn_scalar": 24}
 
 
 def test_mistral_without_window_exports_as_llama(tmp_path):
@@ -129,9 +172,16 @@ def test_prefill_in_chunks_past_the_window_equals_transformers(tmp_path):
 
 
 @pytest.mark.parametrize("arch, config, edit, message", [
-    ("Gemma3ForCausalLM", dict(head_dim=16, sliding_window=WINDOW), {}, "architectures ['Gemma3ForCausalLM'] is not "
-                                                                           "supported"),
-    ("Olmo2ForCausalLM", dict(), {}, "architectures ['Olmo2ForCausalLM'] is not supported"),
+    ("Gemma3ForCausalLM", dict(head_dim=16, sliding_window=WINDOW, final_logit_softcapping=30.0), {},
+     "final_logit_softcapping=30.0 is not supported for Gemma3ForCausalLM"),
+    ("Gemma3ForCausalLM", dict(head_dim=16, sliding_window=WINDOW), {"hidden_activation": "gelu"},
+     "hidden_activation='gelu' is not supported for Gemma3ForCausalLM"),
+    ("Olmo3ForCausalLM", dict(sliding_window=WINDOW, attention_bias=True), {},
+     "attention_bias=True is not supported for Olmo3ForCausalLM"),
+    ("Olmo2ForCausalLM", dict(attention_bias=True), {}, "attention_bias=True is not supported for Olmo2ForCausalLM"),
+    ("Olmo2ForCausalLM", dict(), {"sliding_window": 4}, "sliding_window=4 is not supported for Olmo2ForCausalLM"),
+    ("Cohere2ForCausalLM", dict(sliding_window=WINDOW, attention_bias=True), {},
+     "attention_bias=True is not supported for Cohere2ForCausalLM"),
     ("Qwen3ForCausalLM", dict(attention_bias=True), {}, "attention_bias=True is not supported for Qwen3ForCausalLM"),
     ("SmolLM3ForCausalLM", dict(mlp_bias=True), {}, "mlp_bias=True is not supported for SmolLM3ForCausalLM"),
     ("Qwen2ForCausalLM", dict(), {"layer_types": ["sliding_attention"] * 4},
@@ -162,6 +212,15 @@ def test_unsupported_is_one_line_naming_the_key(tmp_path, arch, config, edit, me
     (dict(schedule={"pattern": ["rope", "local"], "kinds": {"local": {"pe_args": {"theta": 100.0}}}}),
      "RoPE layers with different pe_args"),
     (dict(schedule={"pattern": ["rope", "alibi"]}), "pe 'alibi' has no Hugging Face Llama equivalent"),
+    (dict(qk_norm=True, block={"qk_norm": "projection"}), "is the block of no supported Hugging Face architecture"),
+    (dict(block={"norms": "post", "qk_norm": "projection"}), "Olmo2ForCausalLM runs it with QK-norm"),
+    (dict(block={"norms": "parallel", "norm": "layernorm"}, schedule={"pattern": ["rope", "nope"]}),
+     "Cohere2ForCausalLM runs it with RoPE in the sliding layers and NoPE in the full ones"),
+    (dict(qk_norm=True, schedule={"pattern": ["rope", "nope"]}, block={"norms": "post", "qk_norm": "projection"}),
+     "Olmo2ForCausalLM runs it with QK-norm, without q/k/v biases, NoPE layers or windows only"),
+    (dict(qk_norm=True, schedule={"pattern": ["local", "nope"], "kinds": {"local": {"window": 4}}},
+          block={"norms": "post", "qk_norm": "projection"}),
+     "Olmo3ForCausalLM runs it with QK-norm, without q/k/v biases or NoPE layers only"),
 ])
 def test_layouts_no_class_runs_are_refused_in_one_line(tmp_path, keys, message):
     from tapecli.data.tokenizer import ByteTokenizer
@@ -229,3 +288,39 @@ def test_every_window_layout_transformers_writes_reads_as_its_modeling_code_runs
         layers = hf_model_config(written).layers()
         assert [spec.window for spec in layers] == expected_windows, keys
         assert [spec.pe == "rope" for spec in layers] == expected_rope, keys
+
+
+@pytest.mark.parametrize("arch, nearest", [
+    ("Gemma3nForCausalLM", "Gemma3ForCausalLM"), ("OlmoForCausalLM", "Olmo2ForCausalLM"),
+    ("Phi3ForCausalLM", "LlamaForCausalLM"),
+    ("Qwen3MoeForCausalLM", "Qwen3ForCausalLM"), ("GptOssForCausalLM", "MistralForCausalLM"),
+    ("Llama4ForCausalLM", "LlamaForCausalLM"),
+])
+def test_unmapped_families_are_refused_naming_the_nearest_supported(arch, nearest):
+    """The config.json transformers writes for each family tape does not map: one line naming the nearest one."""
+    from tapecli.model.hf.load import hf_model_config
+
+    cls = getattr(transformers, arch).config_class
+    written = {**json.loads(cls(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4,
+                                num_key_value_heads=2).to_json_string()), "architectures": [arch]}
+    with pytest.raises(TapeError) as info:
+        hf_model_config(written)
+    message = str(info.value)
+    assert f"architectures ['{arch}'] is not supported; the nearest supported is {nearest}" in message
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("block, message", [
+    ({"norm_kind": "post"}, "model.block.norm_kind: unknown key; allowed: norms, qk_norm, norm, norm_weight"),
+    ({"norms": "serial"}, "model.block.norms: 'serial' is not one of pre, post, sandwich, parallel"),
+    ({"embed_scale": 1}, "model.block.embed_scale: expected true or false, got 1"),
+    ({"query_pre_attn_scalar": 0}, "model.block.query_pre_attn_scalar: expected a positive number or null, got 0"),
+    ({"norm": "rms_norm"}, "model.block.norm: 'rms_norm' is not one of rms, layernorm"),
+    ({"logit_scale": -1}, "model.block.logit_scale: expected a positive number, got -1"),
+    ({"qk_norm": "heads"}, "model.block.qk_norm: 'heads' is not one of head, projection"),
+])
+def test_block_keys_are_checked(block, message):
+    from tapecli.model import ModelConfig
+
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(vocab_size=64, dim=32, n_layers=1, n_heads=2, block=block)

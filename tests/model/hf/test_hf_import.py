@@ -86,7 +86,7 @@ def test_sentencepiece_tokenizer_and_config_ids(tmp_path):
     ({"attention_bias": True}, "attention_bias"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"sliding_window": 4096}, "sliding_window"),
-    ({"architectures": ["Gemma3ForCausalLM"]}, "architectures"),
+    ({"architectures": ["Phi3ForCausalLM"]}, "architectures"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_parameters.factor is required for "
