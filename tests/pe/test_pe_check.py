@@ -30,6 +30,11 @@ def test_every_built_in_passes(pe):
     assert len(results) == len(CHECKS) - 3 + claimed  # every check but compile (on request) and the unclaimed
 
 
+def test_a_correct_pe_passes_the_compile_check():
+    """The broken CompileOnly PE fails it (below); a correct one must pass it, or the check cannot tell them apart."""
+    assert check("alibi", compile=True, compile_backend="aot_eager")["compile"]
+
+
 def test_a_pe_without_its_claims_is_not_held_to_them():
     assert "shift-invariance" not in check("tape", pe_args={"mix": "full"})  # the ablation without equivariance
 

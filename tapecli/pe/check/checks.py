@@ -203,7 +203,7 @@ def save_load(subject: Subject) -> Outcome:
 def _training_step(model: torch.nn.Module, x: Tensor, autocast: bool, run: Callable | None = None) -> Tensor:
     torch.manual_seed(3)  # training-time randomness (RandPE's positions) is the same for every run
     with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
-        logits = (run or model)(x[:, :-1])
+        logits = (model if run is None else run)(x[:, :-1])  # not `run or model`: bool() of it calls len()
     loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
     loss.backward()
     return logits.detach()
