@@ -317,7 +317,7 @@ def _kind(data: Any, origin: str, overrides: list[str]) -> tuple[str, bool]:
     return kind, written
 
 
-def _build(data: Any, origin: str, overrides: list[str]) -> Recipe:
+def _build(data: Any, origin: str, overrides: list[str], resolved: bool = False) -> Recipe:
     data, legacy_note = upgrade(data)
     kind, kind_written = _kind(data, origin, overrides)
     if isinstance(data, dict) and isinstance(data.get("data"), dict):
@@ -341,7 +341,9 @@ def _build(data: Any, origin: str, overrides: list[str]) -> Recipe:
     recipe.validate()
     _resolve_epochs(recipe)
     notes = [f"{origin}: {legacy_note}"] if legacy_note else []
-    warmup = _fit_warmup(recipe.train, on_command_line)
+    # A run's resolved recipe: training shortened a warm-up that did not fit only when train.max_steps came from
+    # its command line, so reading the recipe back shortens it again rather than refusing what training accepted.
+    warmup = _fit_warmup(recipe.train, on_command_line | ({"train.max_steps"} if resolved else set()))
     unused = [] if legacy_note else recipe.unused_keys()  # 0.1 spelled every key: its recipes record no choice
     recipe.notes = tuple(notes + ([warmup] if warmup else []) + unused)
     return recipe
@@ -380,12 +382,13 @@ def _fit_warmup(t: TrainSection, on_command_line: set[str]) -> str | None:
             f"{t.warmup_steps}")
 
 
-def load_recipe(recipe: str, overrides: list[str] | None = None) -> Recipe:
+def load_recipe(recipe: str, overrides: list[str] | None = None, resolved: bool = False) -> Recipe:
     """Load a shipped recipe (`c4` or `c4.yaml`) or a YAML path, apply `key=value` overrides, validate.
 
     Overrides use dotted keys (`train.max_steps=200`, `model.pe_args.theta=500000`); values are read by
     `tapecli.recipe.values.parse_value` (YAML: `null`, `true`, `[0.9, 0.95]`) and type-checked against the schema.
+    `resolved`: the file is a run's RUN/recipe.yaml, read as the training that wrote it read its recipe.
     Raises TapeError on any mistake.
     """
     origin, text = locate(recipe)
-    return _build(yamlsafe.load(text, origin), origin, overrides or [])
+    return _build(yamlsafe.load(text, origin), origin, overrides or [], resolved)

@@ -120,7 +120,7 @@ def run_recipe(checkpoint: Path) -> Recipe | None:
     if not path.is_file():
         return None
     try:
-        return load_recipe(str(path))
+        return load_recipe(str(path), resolved=True)  # as the training that wrote it read it
     except TapeError:
         _explain_plugin(Path(checkpoint))
         raise

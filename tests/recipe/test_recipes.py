@@ -297,6 +297,20 @@ def test_a_warm_up_that_does_not_fit_a_shorter_run_from_the_command_line_is_shor
     assert load_recipe("c4", ["train.max_steps=4", "train.warmup=0.9"]).train.warmup_steps == 3
 
 
+def test_a_runs_recipe_with_a_shortened_warm_up_reads_back(tmp_path):
+    """RUN/recipe.yaml of `train.max_steps=1` on a recipe with `warmup: 1` (training shortened the warm-up) is read
+    back by everything that opens the run (tape analyze, babilong, sweep), as the training read it."""
+    from tapecli.store.run import run_recipe
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-00000001").mkdir(parents=True)
+    (run / "recipe.yaml").write_text(load_recipe("c4-smoke", ["train.max_steps=1"]).to_yaml())
+    with pytest.raises(TapeError, match="train.warmup"):
+        load_recipe(str(run / "recipe.yaml"))  # as a recipe of its own, the count does not fit
+    recipe = run_recipe(run / "checkpoints" / "step-00000001")
+    assert (recipe.train.max_steps, recipe.train.warmup_steps) == (1, 0)
+
+
 def test_a_warm_up_the_user_sets_too_long_is_an_error_naming_the_fix(tmp_path):
     message = error_of("c4-smoke", ["train.max_steps=1", "train.warmup=1"])
     assert message == ("train.warmup: 1 warm-up steps must be fewer than train.max_steps (1); lower it, or give a "
