@@ -375,5 +375,5 @@ def eval_helmet(
     """
     from tapecli.eval.helmet import Helmet
 
-    evaluation = Helmet(data, [t.strip() for t in tasks.split(",") if t.strip()], _lengths(lengths), samples, shots)
+    evaluation = Helmet(data, commas.split(tasks, "--tasks"), _lengths(lengths), samples, shots)
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)

@@ -69,15 +69,15 @@ class Test:
 def _fetch(filename: str) -> Path:
     from huggingface_hub import hf_hub_download
 
-    from tapecli.data.sources import _OFFLINE_MARKERS
+    from tapecli.data.sources import hub_unreachable
 
     try:
         return Path(hf_hub_download(HUB_ID, filename, repo_type="dataset"))
     except Exception as e:  # noqa: BLE001 - offline, unreachable or missing: one line
-        text = f"{type(e).__name__}: {e}"
-        if isinstance(e, ConnectionError) or any(m in text for m in (*_OFFLINE_MARKERS, "offline", "LocalEntry")):
+        if hub_unreachable(e):
             raise TapeError(f"{HUB_ID} cannot be read from the Hugging Face hub (offline or unreachable); "
                             f"{HINT}") from None
+        text = f"{type(e).__name__}: {e}"
         raise TapeError(f"{HUB_ID}/{filename} could not be downloaded: {text.splitlines()[0]}") from None
 
 

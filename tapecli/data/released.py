@@ -72,13 +72,12 @@ def parse_rows(path: Path, raw: bytes, what: str = "--data") -> list[dict[str, A
 def _hub_rows(hub_id: str, hint: str) -> list[dict[str, Any]]:
     import datasets
 
-    from tapecli.data.sources import _OFFLINE_MARKERS
+    from tapecli.data.sources import hub_unreachable
 
     try:
         return list(datasets.load_dataset(hub_id, split="train"))
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as e:
-        # huggingface_hub's OfflineModeIsEnabled is a ConnectionError; a failed lookup says so in its text
-        if isinstance(e, ConnectionError) or any(m in str(e) for m in _OFFLINE_MARKERS) or "offline" in str(e):
+        if hub_unreachable(e):
             raise TapeError(f"{hub_id} cannot be read from the Hugging Face hub (offline or unreachable); "
                             f"{hint}") from None
         raise TapeError(f"{hub_id} could not be loaded: {str(e).splitlines()[0]}") from None

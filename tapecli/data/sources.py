@@ -36,6 +36,13 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?(:[\w.-]+)?(@[\w.-]+)?$")
 _OFFLINE_MARKERS = ("Couldn't reach", "couldn't connect", "OfflineModeIsEnabled", "Name or service not known")
 
 
+def hub_unreachable(e: BaseException) -> bool:
+    """Whether a hub download failed for being offline or unreachable (huggingface_hub's OfflineModeIsEnabled is a
+    ConnectionError; a failed lookup, or a file not in the local cache offline, says so in its text)."""
+    text = f"{type(e).__name__}: {e}"
+    return isinstance(e, ConnectionError) or any(m in text for m in (*_OFFLINE_MARKERS, "offline", "LocalEntry"))
+
+
 def is_pretokenized(source: str) -> bool:
     """True for a `.bin` token file (a token stream, not documents)."""
     return source.endswith(".bin")
