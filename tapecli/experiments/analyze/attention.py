@@ -124,7 +124,6 @@ def check_probing(model: str, config: Any) -> None:
     import torch
 
     from tapecli.model import ModelConfig, Transformer
-    from tapecli.model.attention import probe
 
     data = config.to_dict()
     small = {"n_heads": 1, "n_kv_heads": 1, "head_dim": config.head_dim, "dim": config.head_dim, "ffn_dim": 8}
@@ -135,24 +134,12 @@ def check_probing(model: str, config: Any) -> None:
             mini = Transformer(ModelConfig.from_dict({**data, **small})).eval()
     except Exception:  # noqa: BLE001 - a PE that wants the real shapes: the real forward decides
         return
-    layer = [0]
-
-    def enter(k: int):
-        def hook(module, args):
-            layer[0] = k
-        return hook
-
-    handles = [block.register_forward_pre_hook(enter(k)) for k, block in enumerate(mini.model.layers)]
     try:
-        with probe.probing(lambda chunk: None), torch.inference_mode():
-            mini.run(torch.zeros(1, 2, dtype=torch.long))
-    except probe.NotReported:
-        raise refusal(model, config, layer[0]) from None
+        record(mini, torch.zeros(2, dtype=torch.long), 2, sink=1, window=1, maps=False, name=model)
+    except TapeError:
+        raise  # `refusal`
     except Exception:  # noqa: BLE001 - the miniature does not mirror this model: the real forward decides
         return
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @dataclass
