@@ -30,8 +30,6 @@ samples.jsonl, results.json, babilong.png (average vs length per model), a task 
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -207,10 +205,7 @@ class Babilong(Evaluation):
     def key(self, row: dict[str, Any]) -> Unit:
         return row["task"], row["length"], row["depth"], row["index"]
 
-    def batches(self, todo: list[Unit], batch_size: int) -> Iterator[list[Unit]]:
-        """`batch_size` samples of one (task, length) at a time."""
-        for _, cell in itertools.groupby(todo, key=lambda unit: unit[:2]):
-            yield from super().batches(list(cell), batch_size)
+    cell_fields = 2  # batches: `batch_size` samples of one (task, length) at a time
 
     def sample(self, tokenizer: Any, unit: Unit) -> Any:
         """The sample of a unit for this tokenizer."""

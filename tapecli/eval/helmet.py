@@ -28,7 +28,6 @@ one folder); the runner writes settings.json, samples.jsonl, results.json and he
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -122,10 +121,7 @@ class Helmet(Evaluation):
     def key(self, row: dict[str, Any]) -> Unit:
         return row["task"], row["length"], row["row"]
 
-    def batches(self, todo: list[Unit], batch_size: int) -> Iterator[list[Unit]]:
-        """`batch_size` rows of one (task, length) at a time."""
-        for _, cell in itertools.groupby(todo, key=lambda unit: unit[:2]):
-            yield from super().batches(list(cell), batch_size)
+    cell_fields = 2  # batches: `batch_size` rows of one (task, length) at a time
 
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         from tapecli.data import helmet

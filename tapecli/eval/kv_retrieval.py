@@ -18,8 +18,6 @@ model).
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,10 +86,7 @@ class KvRetrieval(Evaluation):
     def key(self, row: dict[str, Any]) -> Unit:
         return row["keys"], row["position"], row["index"]
 
-    def batches(self, todo: list[Unit], batch_size: int) -> Iterator[list[Unit]]:
-        """`batch_size` prompts of one k at a time (prompts of one k have about one length)."""
-        for _, cell in itertools.groupby(todo, key=lambda unit: unit[0]):
-            yield from super().batches(list(cell), batch_size)
+    cell_fields = 1  # batches: `batch_size` prompts of one k at a time (prompts of one k have about one length)
 
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         from tapecli.data import kv_retrieval as kv

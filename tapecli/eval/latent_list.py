@@ -22,8 +22,6 @@ line per model) and heatmap*.png (R x length per model).
 from __future__ import annotations
 
 import ast
-import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -112,10 +110,7 @@ class LatentList(Evaluation):
     def key(self, row: dict[str, Any]) -> Unit:
         return row["length"], row["relevant_ops"], row["index"]
 
-    def batches(self, todo: list[Unit], batch_size: int) -> Iterator[list[Unit]]:
-        """`batch_size` programs of one length at a time."""
-        for _, cell in itertools.groupby(todo, key=lambda unit: unit[0]):
-            yield from super().batches(list(cell), batch_size)
+    cell_fields = 1  # batches: `batch_size` programs of one length at a time
 
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         from tapecli.data.latent_list import Generator

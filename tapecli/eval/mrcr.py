@@ -21,8 +21,6 @@ line per model and needle count).
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from pathlib import Path
@@ -125,10 +123,7 @@ class Mrcr(Evaluation):
     def key(self, row: dict[str, Any]) -> Unit:
         return row["needles"], row["bin"], row["row"]
 
-    def batches(self, todo: list[Unit], batch_size: int) -> Iterator[list[Unit]]:
-        """`batch_size` rows of one (needles, bin) at a time (about one length)."""
-        for _, cell in itertools.groupby(todo, key=lambda unit: unit[:2]):
-            yield from super().batches(list(cell), batch_size)
+    cell_fields = 2  # batches: `batch_size` rows of one (needles, bin) at a time (about one length)
 
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         from tapecli.data import mrcr

@@ -23,8 +23,6 @@ question type).
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,10 +94,7 @@ class NoLiMa(Evaluation):
     def key(self, row: dict[str, Any]) -> Unit:
         return row["length"], row["test"], row["book"], row["depth"]
 
-    def batches(self, todo: list[Unit], batch_size: int) -> Iterator[list[Unit]]:
-        """`batch_size` trials of one length at a time."""
-        for _, cell in itertools.groupby(todo, key=lambda unit: unit[0]):
-            yield from super().batches(list(cell), batch_size)
+    cell_fields = 1  # batches: `batch_size` trials of one length at a time
 
     def trial(self, tokenizer: Any, unit: Unit) -> dict[str, Any]:
         """The prompt and gold answers of one trial for this tokenizer."""

@@ -13,7 +13,8 @@ An evaluation is a subclass of `Evaluation` (a dataclass of its options) that de
     units(opened) -> [unit]      every unit of work, in order (a cell, a window, a trial; hashable)
     key(row) -> unit             the unit a finished samples.jsonl row belongs to: what makes resuming work
     keep(rows) -> rows           which rows an interrupted run left count as finished (optional; e.g. whole cells)
-    batches(todo, batch_size)    how units are grouped for `evaluate` (optional; default batch_size at a time)
+    batches(todo, batch_size)    how units are grouped for `evaluate` (optional; default batch_size at a time,
+                                 within one cell when `cell_fields` names how many leading unit fields make one)
     evaluate(opened, units) -> rows     the work: samples.jsonl rows for a batch of units, on an opened model
     results(opened, settings, rows) -> dict     results.json (the runner appends seconds_this_session)
     plot(results, path, label), compare(results by label, folder)   its PNG; the PNG comparing several models
@@ -57,6 +58,7 @@ A minimal evaluation (a CLI command then calls `run(Echo(n=4), models, out, ...)
 from __future__ import annotations
 
 import gc
+import itertools
 import json
 import math
 import time
@@ -85,6 +87,7 @@ class Evaluation(ABC):
     name: ClassVar[str]  # its folder eval-<name>, and the label of its progress bars
     unit: ClassVar[str] = "units"  # what the progress bar counts
     plot_file: ClassVar[str | None] = None  # the PNG `plot` writes beside results.json
+    cell_fields: ClassVar[int] = 0  # batches share the first N fields of their units (`batches`); 0: any units
     files: ClassVar[tuple[str, ...]] = ()  # further files `results` writes beside results.json
     timed: ClassVar[bool] = True  # results.json ends with seconds_this_session
     together: ClassVar[bool] = False  # several models share one folder and one results.json
@@ -119,7 +122,14 @@ class Evaluation(ABC):
         return rows
 
     def batches(self, todo: list[Hashable], batch_size: int) -> Iterator[list[Hashable]]:
-        """The units still to do, grouped for `evaluate`: `batch_size` at a time."""
+        """The units still to do, grouped for `evaluate`: `batch_size` at a time, and with `cell_fields` set, only
+        units (tuples) that share their first `cell_fields` fields (one cell: prompts of about one length)."""
+        if self.cell_fields:
+            for _, cell in itertools.groupby(todo, key=lambda unit: unit[:self.cell_fields]):
+                cell = list(cell)
+                for start in range(0, len(cell), batch_size):
+                    yield cell[start : start + batch_size]
+            return
         for start in range(0, len(todo), batch_size):
             yield todo[start : start + batch_size]
 

@@ -25,8 +25,7 @@ heat-map per model (heatmap.png, or heatmap-<n>-<model>.png).
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -160,10 +159,7 @@ class Ruler(Evaluation):
     def key(self, row: dict[str, Any]) -> tuple[str, int, int]:
         return row["task"], row["length"], row["index"]
 
-    def batches(self, todo: list[tuple[str, int, int]], batch_size: int) -> Iterator[list[tuple[str, int, int]]]:
-        """`batch_size` samples of one (task, length) at a time."""
-        for _, cell in itertools.groupby(todo, key=lambda unit: unit[:2]):
-            yield from super().batches(list(cell), batch_size)
+    cell_fields = 2  # batches: `batch_size` samples of one (task, length) at a time
 
     def evaluate(self, opened: OpenedModel, units: list[tuple[str, int, int]]) -> list[dict[str, Any]]:
         task, length, _ = units[0]
