@@ -300,6 +300,10 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
         raise TapeError(f"model.output_gate: {config.output_gate!r} gates attention's output, which no supported "
                         "Hugging Face architecture does; keep the native checkpoint, which every `tape eval` opens")
     specs = config.layers()
+    if any(spec.sinks for spec in specs):
+        raise TapeError("model.sinks: the only Hugging Face architecture with attention sinks, GptOssForCausalLM, "
+                        "needs a mixture-of-experts MLP, which tape's block does not have; keep the native "
+                        "checkpoint, which every `tape eval` opens")
     for spec in specs:
         if spec.pe not in ("rope", "nope"):
             raise TapeError(f"pe {spec.pe!r} has no Hugging Face Llama equivalent (rope and nope layers export); "
