@@ -84,7 +84,8 @@ NEAREST = {
     "Gemma3nForConditionalGeneration": "Gemma3ForCausalLM; Gemma 3n is not mapped",
     "OlmoForCausalLM": "Olmo2ForCausalLM; OLMo 1's non-parametric LayerNorm is not mapped",
     "Phi3ForCausalLM": "LlamaForCausalLM; Phi-3's fused qkv / gate_up weights and LongRoPE are not mapped",
-    "GptOssForCausalLM": "MistralForCausalLM; GPT-OSS's mixture-of-experts MLP and attention sinks are not mapped",
+    "GptOssForCausalLM": "MistralForCausalLM; GPT-OSS's mixture-of-experts MLP (a router over experts) is not "
+                         "mapped: tape's block has one dense MLP (its attention sinks are model.sinks)",
     "Llama4ForCausalLM": "LlamaForCausalLM; Llama 4's mixture-of-experts MLP and chunked attention are not mapped",
     "MixtralForCausalLM": "MistralForCausalLM; Mixtral's mixture-of-experts MLP is not mapped",
     "Qwen3MoeForCausalLM": "Qwen3ForCausalLM; its mixture-of-experts MLP is not mapped",
