@@ -13,9 +13,12 @@ import math
 
 import pytest
 import torch
+from cli_helpers import one_line_error
 from test_attention import grads, layer_of, left_padding, qkv
 from test_model import tiny, tokens
+from typer.testing import CliRunner
 
+from tapecli.cli import app
 from tapecli.errors import TapeError
 from tapecli.model import ModelConfig, attention
 from tapecli.model.attention import chunked
@@ -207,6 +210,7 @@ def test_the_planner_sends_sinks_to_paths_with_a_log_sum_exp():
     assert plan(None, "cuda", torch.bfloat16, 64, 64, True, False, sinks=True) == "flex"
 
 
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
 def test_flex_path_with_sinks_equals_the_reference(monkeypatch):
     """The FlexAttention path (CUDA's for sinks) rescales by the log-sum-exp FlexAttention returns (with its
     gradient, on CUDA). Here its forward, through flex_attention's eager form (torch 2.13 has no FlexAttention
@@ -224,3 +228,15 @@ def test_flex_path_with_sinks_equals_the_reference(monkeypatch):
                         consecutive=False, sinks=SINKS)
         want = reference(q, k, v, SINKS, layer.need(None, False), positions, positions, key_mask, window=6)
     assert ((got - want) * key_mask[:, None, :, None]).abs().max() <= 1e-12
+
+
+def test_tape_pe_check_with_sinks_on_the_command_line():
+    """`tape pe check --sinks` builds every checked model with sinks; a PE that computes its own attention is refused
+    in one line."""
+    result = CliRunner().invoke(app, ["pe", "check", "alibi", "--sinks", "--no-speed"])
+    assert result.exit_code == 0, result.output
+    assert "model.sinks=True" in result.output and "all 10 checks passed" in result.output
+    assert "chunked" in result.output  # the dense check's paths: sinks take the chunked path on the CPU
+    result = CliRunner().invoke(app, ["pe", "check", "cope", "--sinks", "--no-speed"])
+    one_line_error(result, 2, "model.sinks: pe 'cope' computes attention itself and does not implement attention "
+                              "sinks")
