@@ -240,3 +240,11 @@ def test_tape_pe_check_with_sinks_on_the_command_line():
     result = CliRunner().invoke(app, ["pe", "check", "cope", "--sinks", "--no-speed"])
     one_line_error(result, 2, "model.sinks: pe 'cope' computes attention itself and does not implement attention "
                               "sinks")
+
+
+@pytest.mark.slow
+def test_a_compiled_training_step_with_sinks_equals_the_eager_one():
+    """tape pe check's compile check (aot_eager: the same tracing, no C++ build): the chunked path's autograd
+    Function, sinks among its inputs, traced into the graph."""
+    outcome = run_check("compile", Subject("t5", keys={"sinks": True}, compile_backend="aot_eager"))
+    assert outcome.ok, outcome.text
