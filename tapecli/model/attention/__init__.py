@@ -109,7 +109,7 @@ def plan(need: Need, device_type: str, dtype: torch.dtype, q_len: int, k_len: in
         return _forced[-1]
     bias, wide = isinstance(need, ScoreBias), isinstance(need, WideValue)
     offset = k_len > q_len  # queries after cached keys (chunked prefill): the causal mask is not SDPA's own
-    masked = padded or offset or windowed or sinks  # SDPA's fused kernels would need a materialised mask
+    masked = padded or offset or windowed  # SDPA's fused kernels would need a materialised mask
     if not causal or q_len == 1:
         return "dense"
     if sinks:  # the paths that return a log-sum-exp (sinks.py)
