@@ -49,12 +49,14 @@ def check(
     speed: bool = typer.Option(True, help="After the checks, time a training step and measure its peak memory vs "
                                           "RoPE (tape bench's table)."),
     speed_len: str = typer.Option("1024", help="--speed: sequence lengths, comma-separated (one table each)."),
+    sinks: bool = typer.Option(False, "--sinks", help="Check the PE with learned attention sinks in every layer "
+                                                      "(model.sinks): the models of every check have them."),
 ) -> None:
     """Check that a PE is correct: causal, the same with and without the KV cache (chunked prefill too), the same on its linear-memory attention path as with every score materialised (outputs and gradients), unchanged by padding and batching, saved and reopened intact, finite in fp32 and bf16, with gradients reaching its parameters; torch.compile with --compile; and the claims it declares (shift-invariance, rotation-equivariance). Then its speed and memory vs RoPE.
 
     Tiny models (2 layers, dim 64): exact checks run in fp64 on the CPU, in fp32 on a GPU. One line per check: its name, ok or FAILED, and the number behind it. Exits with 1 when a check fails.
 
-    Example: tape pe check kerple.py:Kerple --no-speed ; tape pe check alibi --device cuda --compile
+    Example: tape pe check kerple.py:Kerple --no-speed ; tape pe check alibi --device cuda --compile ; tape pe check alibi --sinks --no-speed
     """
     from rich.console import Console
 
@@ -67,7 +69,8 @@ def check(
     value = named_pe(pe)
     lengths = numbers(speed_len, "--speed-len", min=1) if speed else []
     pe_args, console = parse_pe_args(pe_arg), Console()
-    outcomes = run_pe_check(value, pe_args, device=device, compile=compile, console=console)
+    outcomes = run_pe_check(value, pe_args, device=device, compile=compile, console=console,
+                            keys={"sinks": True} if sinks else None)
     if lengths:
         pe_speed_rows(value, resolve_pe(value).name, pe_args, str(resolve_device(device)), lengths, console)
     if not all(o.ok for o in outcomes):

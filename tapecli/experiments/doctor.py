@@ -42,7 +42,8 @@ from tapecli.runtime import resolve_device
 
 # Hybrid layouts every `tape doctor` checks (4 layers; windows of 16 keys, shorter than the checks' sequences); two
 # gate each head's attention output (model.output_gate), over bias PEs and over PEs with wide values or their own
-# attention.
+# attention; the bias layers' ALiBi and T5 layers have attention sinks (model.sinks: the chunked path on a CPU,
+# FlexAttention with its log-sum-exp on a GPU).
 HYBRID_CHECKS: dict[str, dict] = {
     "irope": {"pe": "rope", "temperature": 0.9, "schedule": {
         "pattern": ["local", "local", "local", "global"],
@@ -50,7 +51,7 @@ HYBRID_CHECKS: dict[str, dict] = {
                                                        "length_scale_args": {"floor_scale": 8.0}}}}},
     "bias-mix": {"pe": "alibi", "output_gate": "headwise", "schedule": {
         "layers": ["alibi", "t5", "fire", "alibi"],
-        "kinds": {"alibi": {"window": 16}, "t5": {"pe": "t5", "temperature": 0.8},
+        "kinds": {"alibi": {"window": 16, "sinks": True}, "t5": {"pe": "t5", "temperature": 0.8, "sinks": True},
                   "fire": {"pe": "fire", "window": 16, "temperature": 1.2}}}},
     "state-mix": {"pe": "tape", "output_gate": "elementwise", "length_scale": "log",
                   "length_scale_args": {"length": 16}, "schedule": {

@@ -9,7 +9,7 @@ from typing import Any
 
 # The keys that shape attention beyond the PE (their defaults: what every model was before they existed).
 ATTENTION_KEYS = ("window", "temperature", "length_scale", "length_scale_args", "schedule", "qk_norm", "qkv_bias",
-                  "output_gate", "block")
+                  "output_gate", "block", "sinks")
 
 
 @dataclass
@@ -31,7 +31,8 @@ class ModelConfig:
     value projections, as Qwen2) add weights to every layer, as does `output_gate` (elementwise | headwise: a
     sigmoid gate on each head's attention output, tapecli.model.attention.gate; none, the default: no gate).
     `block` places the block's norms and says what the q/k norm spans (tapecli.model.block; {} is the Llama
-    block).
+    block). `sinks` gives every layer (a schedule: each kind that sets it) a learned sink logit per head in its
+    softmax's denominator (GPT-OSS's attention sinks, tapecli.model.attention.sinks).
     """
 
     vocab_size: int
@@ -63,6 +64,7 @@ class ModelConfig:
     qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
     output_gate: str = "none"  # none | elementwise | headwise: a sigmoid gate on each head's attention output
     block: dict[str, Any] = field(default_factory=dict)  # norm placement and q/k norm span (tapecli.model.block)
+    sinks: bool = False  # a learned sink logit per head in each softmax's denominator (attention sinks)
 
     def __post_init__(self) -> None:
         from tapecli.model.attention.gate import check_output_gate

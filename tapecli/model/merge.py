@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from tapecli.model.config import ModelConfig
 
 SHAPE_KEYS = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "pe",
-              "tie_embeddings", "abacus", "abacus_digit_ids", "qk_norm", "qkv_bias", "output_gate", "block")
+              "tie_embeddings", "abacus", "abacus_digit_ids", "qk_norm", "qkv_bias", "output_gate", "block",
+              "sinks")
 GROWTH = {("rope", "tape")}  # (saved pe, requested pe) pairs whose new parameters start as the identity
 
 

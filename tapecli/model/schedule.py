@@ -4,8 +4,9 @@
     text = describe(specs)             # "rope x3 (window 1024) + nope x1 (llama4)", for tables
 
 The model-level keys hold for every layer: `pe` and `pe_args`, `window` (null: global attention), `temperature`,
-`length_scale` and `length_scale_args`. `model.schedule` (a mapping; {} = no schedule) changes them per layer. It
-holds `kinds` (what a name means) and exactly one way to give each layer a name:
+`length_scale` and `length_scale_args`, `sinks` (learned attention sinks, tapecli.model.attention.sinks).
+`model.schedule` (a mapping; {} = no schedule) changes them per layer. It holds `kinds` (what a name means) and
+exactly one way to give each layer a name:
 
     pattern: [local, local, local, global]        repeated over the layers from layer 0: layer i is pattern[i % n]
     every: {n: 4, kind: global, others: local}    every n-th layer (layers n-1, 2n-1, ...) is `kind`, the others
@@ -13,8 +14,8 @@ holds `kinds` (what a name means) and exactly one way to give each layer a name:
                                                   sliding_window_pattern)
     layers: [local, global, local, ...]           one name per layer (Hugging Face's layer_types)
     kinds:                                        any of pe, pe_args, window, temperature, length_scale,
-      local: {window: 1024, pe_args: {theta: 10000.0}}     length_scale_args; a key a kind leaves out takes the
-      global: {pe: nope, length_scale: llama4}             model-level value
+      local: {window: 1024, pe_args: {theta: 10000.0}}     length_scale_args, sinks; a key a kind leaves out takes
+      global: {pe: nope, length_scale: llama4}             the model-level value
 
 A name that is no kind but a PE's name means {pe: <name>}, so `pattern: [rope, rope, rope, nope]` needs no kinds.
 A pattern or list may also be written as one string joined by "+" (`pattern: rope+rope+rope+nope`), which fits a
@@ -33,15 +34,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tapecli.model.attention.scaling import check_length_scale, check_temperature
+from tapecli.model.attention.sinks import check_sinks
 
-LAYER_KEYS = ("pe", "pe_args", "window", "temperature", "length_scale", "length_scale_args")
+LAYER_KEYS = ("pe", "pe_args", "window", "temperature", "length_scale", "length_scale_args", "sinks")
 FORMS = ("pattern", "every", "layers")
 
 
 @dataclass(frozen=True)
 class LayerSpec:
     """What one layer is: its PE, attention window (None: global), temperature and length scale (arguments
-    resolved), and the schedule's name for it (None without a schedule)."""
+    resolved), attention sinks or not, and the schedule's name for it (None without a schedule)."""
 
     pe: str
     pe_args: dict[str, Any] = field(default_factory=dict)
@@ -50,6 +52,7 @@ class LayerSpec:
     length_scale: str = "none"
     length_scale_args: dict[str, Any] = field(default_factory=dict)
     kind: str | None = None
+    sinks: bool = False
 
     @property
     def pe_key(self) -> tuple[str, str]:
@@ -158,13 +161,16 @@ def resolve(config, body: dict[str, Any], key: str, name: str | None) -> LayerSp
     scale_args = {**config.length_scale_args, **own_args} if scale == config.length_scale else own_args
     scale_key = f"{key}.length_scale" if {"length_scale", "length_scale_args"} & set(body) else "model.length_scale"
     scale_args = check_length_scale(scale, scale_args, config.max_seq_len, scale_key)
+    sinks = check_sinks(body.get("sinks", config.sinks), where("sinks"))
     options = pe_class(pe, config).attention_options
-    for option, value, default in (("window", window, None), ("temperature", temperature, 1.0)):
+    names = {"window": "sliding window", "temperature": "temperature", "sinks": "attention sinks"}
+    for option, value, default in (("window", window, None), ("temperature", temperature, 1.0),
+                                   ("sinks", sinks, False)):
         if value != default and option not in options:
-            raise ValueError(f"{where(option)}: pe {pe!r} computes attention itself and does not implement a "
-                             f"{'sliding window' if option == 'window' else 'temperature'}")
+            raise ValueError(f"{where(option)}: pe {pe!r} computes attention itself and does not implement "
+                             f"{'a ' if option != 'sinks' else ''}{names[option]}")
     return LayerSpec(pe=pe, pe_args=pe_args, window=window, temperature=temperature, length_scale=scale,
-                     length_scale_args=scale_args, kind=name)
+                     length_scale_args=scale_args, kind=name, sinks=sinks)
 
 
 def record_resolved_args(config, specs: list[LayerSpec]) -> None:
@@ -222,7 +228,8 @@ def is_uniform(specs: list[LayerSpec]) -> bool:
     is (and what checkpoints of tape 0.1 hold)."""
     first = specs[0]
     return all(spec.pe_key == first.pe_key for spec in specs) and all(
-        spec.window is None and spec.temperature == 1.0 and spec.length_scale == "none" for spec in specs)
+        spec.window is None and spec.temperature == 1.0 and spec.length_scale == "none" and not spec.sinks
+        for spec in specs)
 
 
 def describe(specs: list[LayerSpec]) -> str:
@@ -233,6 +240,7 @@ def describe(specs: list[LayerSpec]) -> str:
         extras = [f"window {spec.window}"] if spec.window is not None else []
         extras += [f"T {spec.temperature:g}"] if spec.temperature != 1.0 else []
         extras += [f"{spec.length_scale} scale"] if spec.length_scale != "none" else []
+        extras += ["sinks"] if spec.sinks else []
         label = (spec.pe, f" ({', '.join(extras)})" if extras else "")
         counts[label] = counts.get(label, 0) + 1
     if len(counts) == 1:

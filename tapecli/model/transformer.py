@@ -34,6 +34,7 @@ from tapecli.model.abacus import AbacusEmbedding
 from tapecli.model.attention import WideValue, attend
 from tapecli.model.attention.gate import output_gate
 from tapecli.model.attention.scaling import QueryScale
+from tapecli.model.attention.sinks import sink_logits
 from tapecli.model.block import BlockLayout
 from tapecli.model.cache import KVCache, LayerCache
 from tapecli.model.config import ModelConfig
@@ -74,6 +75,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(config.n_heads * config.head_dim, config.dim, bias=False)
         self.q_norm, self.k_norm = head_norms(config)  # per-head query/key norms (model.qk_norm), else identities
         self.output_gate = output_gate(config)  # a sigmoid gate on each head's output (model.output_gate), or None
+        self.sinks = sink_logits(spec, config.n_heads)  # a learned sink logit per head (model.sinks), or None
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries [B, H, T, d], keys and values [B, H_kv, T, d] of `x` [B, T, dim], before the PE."""
@@ -95,7 +97,7 @@ class Attention(nn.Module):
             q = self.query_scale(q, state.positions)
         need = pe.need(state, aggregation is not None)
         y = attend(q, k, v, need, x=x, q_pos=state.positions, k_pos=k_pos, key_mask=key_mask, cache=cache,
-                   causal=self.causal, window=self.window, temperature=self.temperature)
+                   causal=self.causal, window=self.window, temperature=self.temperature, sinks=self.sinks)
         aggregated = None
         if isinstance(need, WideValue):  # the need's columns come back after the value head
             y, aggregated = y[..., :self.head_dim], y[..., self.head_dim:].to(need.values.dtype)
@@ -202,8 +204,11 @@ class Transformer(nn.Module):
 
     def reset_parameters(self) -> None:
         """Llama's init: N(0, init_std) for every linear and embedding weight, ones for norms (zeros for (1 + w)
-        norms), zeros for the attention's biases (model.qkv_bias); then each PE's own."""
+        norms), zeros for the attention's biases (model.qkv_bias), N(0, init_std) for attention sinks (GPT-OSS's);
+        then each PE's own."""
         for module in self.modules():
+            if isinstance(module, Attention) and module.sinks is not None:
+                nn.init.normal_(module.sinks, mean=0.0, std=self.config.init_std)
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
             elif isinstance(module, Attention) and self.config.qkv_bias:

@@ -71,6 +71,8 @@ class ModelSection:
     qk_norm: bool = False  # RMS-normalise each head's query and key before the PE (Qwen3's q_norm / k_norm)
     qkv_bias: bool = False  # biases on the query, key and value projections (Qwen2)
     output_gate: str = "none"  # none | elementwise | headwise: a sigmoid gate on each head's attention output
+    sinks: bool = False  # a learned sink logit per head in each softmax's denominator (GPT-OSS's attention sinks)
+    block: dict[str, Any] = field(default_factory=dict)  # the block's layout: norms, norm, qk_norm, ...; {} = Llama's
 
     def check(self, pe_args: bool = True) -> None:
         """`ModelConfig` checks the section (shapes, pe and, with `pe_args`, the PE's arguments). What comes from

@@ -47,12 +47,24 @@ HYBRIDS = {
         "layers": ["cope", "path", "rope"],
         "kinds": {"cope": {"pe": "cope", "window": 5, "temperature": 0.9},
                   "path": {"pe": "path", "temperature": 1.1, "pe_args": {"chunk_size": 4}}}}),
+    "sinks": dict(pe="rope", schedule={  # attention sinks in some layers (GPT-OSS's), over a bias and wide values
+        "layers": ["local", "t5", "tape"],
+        "kinds": {"local": {"window": 4, "sinks": True},
+                  "t5": {"pe": "t5", "sinks": True, "temperature": 0.8, "pe_args": {"num_buckets": 8,
+                                                                                     "max_distance": 6}},
+                  "tape": {"pe": "tape", "sinks": True, "temperature": 1.2}}}),
 }
 
 
 def hybrid(name: str, **overrides):
     kwargs = {"n_layers": 3, "n_kv_heads": 2, **copy.deepcopy(HYBRIDS[name]), **overrides}
-    return randomize_tape(tiny(kwargs.pop("pe"), **kwargs), std=0.3).double()
+    model = randomize_tape(tiny(kwargs.pop("pe"), **kwargs), std=0.3).double()
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if layer.self_attn.sinks is not None:  # sink logits of order 1 (their init is N(0, 0.02))
+                layer.self_attn.sinks.copy_(torch.randn(layer.self_attn.sinks.shape, generator=generator))
+    return model
 
 
 @pytest.fixture
@@ -62,8 +74,9 @@ def small_chunks(monkeypatch):
     monkeypatch.setattr(recompute, "SCORE_ELEMENTS", 2 * 4 * 24 * 5)
 
 
-def naive_attend(q, k, v, need, *, x, q_pos, k_pos, key_mask, cache, causal=True, window=None, temperature=1.0):
-    """The reference attention (module docstring)."""
+def naive_attend(q, k, v, need, *, x, q_pos, k_pos, key_mask, cache, causal=True, window=None, temperature=1.0,
+                 sinks=None):
+    """The reference attention (module docstring); `sinks` [H]: GPT-OSS's sink column joins the softmax."""
     if k.shape[1] != v.shape[1]:
         v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)
     if isinstance(need, WideValue):
@@ -90,7 +103,11 @@ def naive_attend(q, k, v, need, *, x, q_pos, k_pos, key_mask, cache, causal=True
     scores = q @ k.transpose(-1, -2) / math.sqrt(d)
     if isinstance(need, ScoreBias):
         scores = scores + need.pairs(q_pos, k_pos)
-    return (scores / temperature).masked_fill(~allowed, float("-inf")).softmax(-1) @ v
+    logits = (scores / temperature).masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        column = sinks.to(logits.dtype)[None, :, None, None].expand(B, H, Tq, 1)
+        return torch.cat((logits, column), -1).softmax(-1)[..., :-1] @ v
+    return logits.softmax(-1) @ v
 
 
 def loss_of(model, x, mask):
@@ -119,6 +136,10 @@ def test_every_path_equals_the_naive_reference(small_chunks, monkeypatch, name, 
     reference = copy.deepcopy(model)
     x = torch.randint(0, VOCAB, (2, 15), generator=torch.Generator().manual_seed(3))
     mask = padding(pad, 15)
+    if name == "sinks" and path == "sdpa":  # no log-sum-exp on that path: refused, not wrong
+        with attention.forced(path), pytest.raises(ValueError, match="^attention path sdpa: returns no log-sum-exp"):
+            loss_of(model, x, mask)
+        return
     params = [p for p in model.parameters() if p.requires_grad]
     with attention.forced(path) if path else torch.enable_grad():
         logits, loss = loss_of(model, x, mask)

@@ -1,6 +1,7 @@
-"""The PEs and attention options added with the 2026 designs train, checkpoint and resume bit for bit: 4 steps in
-one go equal 2 steps, a crash right after the step-2 checkpoint, and `resume="auto"` (the recipe's model keys and
-every new parameter saved and restored). Every built-in PE also trains in test_train.py (PE_NAMES)."""
+"""The PEs and attention options added with the 2026 designs (attention sinks among them, also in a hybrid's local
+layers), and a block layout other than Llama's (`model.block`) set in the recipe, train, checkpoint and resume bit for
+bit: 4 steps in one go equal 2 steps, a crash right after the step-2 checkpoint, and `resume="auto"` (the recipe's
+model keys and every new parameter saved and restored). Every built-in PE also trains in test_train.py (PE_NAMES)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ DESIGNS = {
     "liere": {"pe": "liere", "pe_args": {"per_head": True}},
     "comrope": {"pe": "comrope", "pe_args": {"variant": "ld", "block_size": 4}},
     "dape": {"pe": "dape", "pe_args": {"base": "alibi"}},
+    "sinks": {"pe": "alibi", "sinks": True},
+    "sinks-hybrid": {"pe": "rope", "schedule": {"pattern": ["local", "global"], "kinds": {
+        "local": {"window": 8, "sinks": True}, "global": {"pe": "tape"}}}},
+    "block": {"pe": "rope", "qk_norm": True, "block": {"norms": "sandwich", "norm": "layernorm",
+                                                       "qk_norm": "projection", "activation": "gelu_tanh",
+                                                       "embed_scale": True}},
 }
 
 
@@ -40,3 +47,6 @@ def test_trains_and_resumes_exactly(design: str, tmp_path: Path, tiny_corpus: Pa
     model = open_model(whole).model
     for key, value in DESIGNS[design].items():
         assert getattr(model.config, key) == value
+    names = {name for name, _ in model.named_parameters()}
+    assert ("model.layers.0.self_attn.sinks" in names) == design.startswith("sinks")
+    assert ("model.layers.0.pre_feedforward_layernorm.weight" in names) == (design == "block")  # sandwich norms

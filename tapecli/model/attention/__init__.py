@@ -1,8 +1,8 @@
 """Attention for every positional encoding: one entry point that picks the fastest exact path.
 
     y = attend(q, k, v, need, x=x, q_pos=..., k_pos=..., key_mask=None, cache=None, causal=True, window=None,
-               temperature=1.0)
-    name = plan(need, device_type, dtype, q_len, k_len, grad, padded, causal, windowed)   # the path attend takes
+               temperature=1.0, sinks=None)
+    name = plan(need, device_type, dtype, q_len, k_len, grad, padded, causal, windowed, sinks)  # the path attend takes
 
 q [B, H, Tq, d] (position-encoded), k [B, G, Tq, d], v [B, G, Tq, dv] of the current tokens (G divides H; dv may
 differ from d: TAPE's values are wider, PoPE's queries and keys are); `need` is what the
@@ -13,7 +13,8 @@ windowed layer's cache keeps only the last keys, and attention reads the positio
 [B, H, Tq, dv], dv the value width plus the need's extra width. Query i sees key j <= past + i (causal models),
 never a padded key except itself, and with a `window` W only keys less than W positions back (itself and the W - 1
 keys before it). `temperature` T divides the logits, positional terms included: softmax((q.k / sqrt(d) + bias) /
-T), as MapFormer's code computes softmax(logits / temperature).
+T), as MapFormer's code computes softmax(logits / temperature). `sinks` [H] (a layer's learned sink logits, sinks.py)
+join each query's softmax denominator with a zero value.
 
 The path is a pure function of (need, device, dtype, shapes, gradients or not, padding, window) (`plan`); every
 path is exact (equal to the fp64 reference with the [Tq, Tk] scores materialised, in outputs and gradients), none
@@ -37,6 +38,9 @@ paths visit only the keys inside it (time and memory T x W):
                 window as part of their mask and the temperature as an option (`OwnAttention`); while probing
                 they report their own weights (`OwnAttention.reports_weights`)
 
+With sinks a layer takes chunked (CPU) or flex (CUDA) where it would take sdpa, flash-attn or sdpa-concat /
+sdpa-separate, whose public calls return no log-sum-exp (sinks.py); forcing one of those is refused in one line.
+
 `forced(name)` makes every layer take one path (tests, the fp64 reference of `tape doctor`); `recording()`
 collects the names of the paths taken, for `tape doctor` and `tape bench`; `probe.probing(observer)` hands every
 layer's attention weights to `observer`, chunk by chunk (probe.py).
@@ -55,6 +59,7 @@ from tapecli.model.attention import flex as flex_path
 from tapecli.model.attention import probe
 from tapecli.model.attention.dense import dense_mask, flash_attn_applies, sdpa
 from tapecli.model.attention.needs import Need, OwnAttention, ScoreBias, WideValue, from_outside
+from tapecli.model.attention.sinks import check_path, explicit_attention
 from tapecli.model.cache import LayerCache
 
 PATHS = ("sdpa", "flash-attn", "sdpa-concat", "sdpa-separate", "chunked", "flex", "dense")
@@ -91,20 +96,26 @@ def recording() -> Iterator[list[str]]:
 
 
 def plan(need: Need, device_type: str, dtype: torch.dtype, q_len: int, k_len: int, grad: bool, padded: bool,
-         causal: bool = True, windowed: bool = False) -> str:
+         causal: bool = True, windowed: bool = False, sinks: bool = False) -> str:
     """The path `attend` takes for these inputs (module docstring); `grad`: gradients are being recorded;
-    `windowed`: a window hides some keys of this call."""
+    `windowed`: a window hides some keys of this call; `sinks`: the layer has attention sinks."""
     if isinstance(need, OwnAttention):
         return need.plan(device_type, dtype, q_len, k_len, grad, k_len > q_len)
     if probe.active():
         return "probe"
     if _forced:
+        if sinks:
+            check_path(_forced[-1])
         return _forced[-1]
     bias, wide = isinstance(need, ScoreBias), isinstance(need, WideValue)
     offset = k_len > q_len  # queries after cached keys (chunked prefill): the causal mask is not SDPA's own
     masked = padded or offset or windowed  # SDPA's fused kernels would need a materialised mask
     if not causal or q_len == 1:
         return "dense"
+    if sinks:  # the paths that return a log-sum-exp (sinks.py)
+        if device_type == "cuda" and flex_path.flex_available() and not (bias and need.score_mod is None):
+            return "flex"
+        return "chunked" if device_type == "cpu" and chunked_path.kernel_available() else "dense"
     if device_type == "cuda":
         if flash_attn_applies(device_type, dtype) and not (bias or wide or masked):
             return "flash-attn"  # its causal mask is aligned bottom-right, as a KV cache needs
@@ -119,7 +130,7 @@ def plan(need: Need, device_type: str, dtype: torch.dtype, q_len: int, k_len: in
 
 def attend(q: Tensor, k: Tensor, v: Tensor, need: Need, *, x: Tensor, q_pos: Tensor, k_pos: Tensor,
            key_mask: Tensor | None, cache: LayerCache | None, causal: bool = True, window: int | None = None,
-           temperature: float = 1.0) -> Tensor:
+           temperature: float = 1.0, sinks: Tensor | None = None) -> Tensor:
     """Exact attention of the current tokens (module docstring); appends their keys and values to `cache`."""
     if k.shape[1] != v.shape[1]:  # the PE expanded grouped keys to one per query head (TAPE)
         v = v.repeat_interleave(k.shape[1] // v.shape[1], dim=1)
@@ -133,10 +144,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, need: Need, *, x: Tensor, q_pos: Ten
     if window is not None and window >= Tk:
         window = None  # no key of this call is that far back (positions step by at most one per key)
     name = plan(need, q.device.type, q.dtype, Tq, Tk, torch.is_grad_enabled(), key_mask is not None, causal,
-                window is not None)
+                window is not None, sinks is not None)
     for names in _recorded:
         names.append(name)
     if isinstance(need, OwnAttention):
+        if sinks is not None:  # the model refuses this when it is built (attention_options); a guard for callers
+            raise ValueError("attention sinks: this PE computes its own attention and takes no sinks")
         if not need.reports_weights and probe.active():
             raise probe.NotReported("attention probing: this PE computes its own attention and does not report its "
                                     "weights (OwnAttention.reports_weights)")
@@ -149,12 +162,14 @@ def attend(q: Tensor, k: Tensor, v: Tensor, need: Need, *, x: Tensor, q_pos: Ten
         # decoding step computes its one row of weights directly, without copying the cached values padded).
         dv = v.shape[-1]
         v = torch.nn.functional.pad(v, (0, q.shape[-1] - dv))
-        return _attend_path(name, q, k, v, need, q_pos, k_pos, key_mask, causal, window, temperature)[..., :dv]
-    return _attend_path(name, q, k, v, need, q_pos, k_pos, key_mask, causal, window, temperature)
+        return _attend_path(name, q, k, v, need, q_pos, k_pos, key_mask, causal, window, temperature,
+                            sinks)[..., :dv]
+    return _attend_path(name, q, k, v, need, q_pos, k_pos, key_mask, causal, window, temperature, sinks)
 
 
 def _attend_path(name: str, q: Tensor, k: Tensor, v: Tensor, need: Need, q_pos: Tensor, k_pos: Tensor,
-                 key_mask: Tensor | None, causal: bool, window: int | None, temperature: float) -> Tensor:
+                 key_mask: Tensor | None, causal: bool, window: int | None, temperature: float,
+                 sinks: Tensor | None) -> Tensor:
     """Attention through path `name` (not an OwnAttention's), the cache already appended to."""
     Tq, Tk = q.shape[2], k.shape[2]
     bias = need if isinstance(need, ScoreBias) else None
@@ -163,14 +178,18 @@ def _attend_path(name: str, q: Tensor, k: Tensor, v: Tensor, need: Need, q_pos: 
     scale = q.shape[-1] ** -0.5 / temperature
     if name == "flex":
         consecutive = window is None or (key_mask is None and chunked_path.consecutive(q_pos, k_pos))
-        return flex_path.flex(q, k, v, bias, q_pos, k_pos, key_mask, scale, window, 1 / temperature, consecutive)
+        return flex_path.flex(q, k, v, bias, q_pos, k_pos, key_mask, scale, window, 1 / temperature, consecutive,
+                              sinks)
     bias = None if bias is None else bias.times(1 / temperature)
     if name == "probe":
-        return probe.probed_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale, causal, window)
+        return probe.probed_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale, causal, window, sinks)
     if name == "chunked":
-        return widened(chunked_path.chunked_attention, q, k, v, need, bias, q_pos, k_pos, key_mask, scale, window)
+        return widened(chunked_path.chunked_attention, q, k, v, need, bias, q_pos, k_pos, key_mask, scale, window,
+                       sinks)
     pairs = None if bias is None else bias.pairs(q_pos, k_pos)
     mask, is_causal = dense_mask(pairs, key_mask, Tq, Tk, q.dtype, q.device, causal, window, q_pos, k_pos)
+    if sinks is not None:  # dense (the planner sends nothing else here with sinks)
+        return explicit_attention(q, k, v, mask, is_causal, scale, sinks)
     if name == "sdpa-separate":
         d = q.shape[-1]
         return torch.cat([sdpa(q, k, v[..., :d], mask, is_causal, scale),

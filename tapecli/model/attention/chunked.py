@@ -1,6 +1,6 @@
 """Exact attention on the CPU, one chunk of queries at a time through torch's fused CPU flash kernel.
 
-    out = chunked_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale, window=None)     # [B, H, Tq, dv]
+    out = chunked_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale, window=None, sinks=None)  # [B, H, Tq, dv]
 
 q [B, H, Tq, d] are the last Tq of Tk = past + Tq tokens; k, v [B, G, Tk, d] with G dividing H (the kernel groups
 query heads itself); dv == d (the kernel's rule). Query i sees key j when j <= past + i and j is not padding
@@ -27,6 +27,11 @@ gradient dS = P (dP - rowsum(dO * O)), on a band of keys per chunk; the last ent
 distance, gets minus the band's sum (each row of dS sums to zero: softmax is shift-invariant). Any other learned
 bias (FIRE) gets dS on all visible keys of the chunk, pulled back through `pairs` by autograd; those chunks take dq,
 dk and dv from the same P and dS (`input_grads`) instead of also running the kernel's backward.
+
+Attention sinks (`sinks` [H], sinks.py): each chunk's output and log-sum-exp are rescaled to the sink's in the
+forward, and everything the backward does reads those, so it is the sink attention's backward; the sinks get
+`sinks.sink_grad` per chunk. A row of dS over the real keys then sums to minus the sink's column, which the last
+entry of a distance table accounts for.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from torch import Tensor
 
 from tapecli.model.attention.dense import visible
 from tapecli.model.attention.needs import ScoreBias
+from tapecli.model.attention.sinks import rescale, sink_grad
 
 CHUNK_ELEMENTS = 1 << 23  # mask / score elements per chunk (B x H x C x Tk): 32 MiB in fp32
 PAIRS_ELEMENTS = 1 << 21  # the same when each chunk's bias is built from pairs (several temporaries of that size)
@@ -170,12 +176,13 @@ def key_starts(q_pos: Tensor, k_pos: Tensor, past: int, starts: list[int], windo
 
 
 class ChunkedAttention(torch.autograd.Function):
-    """forward(q, k, v, values, scale, plan, *parameters) -> out; `plan` holds the bias, positions and window (no
-    tensors that need gradients); `values` is the bias table (or None), `parameters` what `pairs` reads (FIRE)."""
+    """forward(q, k, v, values, sinks, scale, plan, *parameters) -> out; `plan` holds the bias, positions and window
+    (no tensors that need gradients); `values` is the bias table (or None), `sinks` the sink logits [H] (or None),
+    `parameters` what `pairs` reads (FIRE)."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, values: Tensor | None, scale: float, plan: dict,
-                *parameters: Tensor) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, values: Tensor | None, sinks: Tensor | None, scale: float,
+                plan: dict, *parameters: Tensor) -> Tensor:
         B, H, Tq, _ = q.shape
         Tk = k.shape[2]
         window = plan["window"]
@@ -194,28 +201,35 @@ class ChunkedAttention(torch.autograd.Function):
             o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q[:, :, i0:i1].flip(2), k[:, :, k0:kend], v[:, :, k0:kend], attn_mask=masks.chunk(i0, i1, k0, kend),
                 scale=scale)
+            if sinks is not None:
+                o, m = rescale(o, m, sinks)
             out[:, :, i0:i1] = o.flip(2)
             lse[:, :, i0:i1] = m.flip(-1)
-        ctx.save_for_backward(q, k, v, out, lse, values, *parameters)
+        ctx.save_for_backward(q, k, v, out, lse, values, sinks, *parameters)
         ctx.scale, ctx.rows, ctx.masks, ctx.chunks = scale, rows, masks, list(zip(chunks, firsts, strict=True))
         return out
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        q, k, v, out, lse, values, *parameters = ctx.saved_tensors
+        q, k, v, out, lse, values, sinks, *parameters = ctx.saved_tensors
         scale, rows, masks = ctx.scale, ctx.rows, ctx.masks
         Tq, Tk = q.shape[2], k.shape[2]
         past = Tk - Tq
         dq, dk, dv = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         table_grad = values is not None and ctx.needs_input_grad[3]
-        pairs_grad = any(ctx.needs_input_grad[6:])
+        pairs_grad = any(ctx.needs_input_grad[7:])
         d_values = torch.zeros_like(values) if table_grad else None
-        d_parameters = [torch.zeros_like(p) if ctx.needs_input_grad[6 + i] else None for i, p in enumerate(parameters)]
+        d_sinks = None if sinks is None else torch.zeros(
+            sinks.shape, dtype=torch.promote_types(sinks.dtype, torch.float32), device=sinks.device)
+        d_parameters = [torch.zeros_like(p) if ctx.needs_input_grad[7 + i] else None for i, p in enumerate(parameters)]
         for i0, k0 in ctx.chunks:
             i1 = min(i0 + rows, Tq)
             kend = past + i1
             q_c, do_c, o_c, l_c = (t[:, :, i0:i1].flip(2).contiguous() for t in (q, grad_out, out, lse))
             k_c, v_c = k[:, :, k0:kend], v[:, :, k0:kend]
+            d_sink = None if sinks is None else sink_grad(do_c, o_c, l_c, sinks)
+            if d_sink is not None:
+                d_sinks += d_sink
             if pairs_grad:  # the chunk's bias, with its graph to the parameters, serves the mask too
                 with torch.enable_grad():
                     bias = masks.pairs(i0, i1, k0, kend)
@@ -234,14 +248,16 @@ class ChunkedAttention(torch.autograd.Function):
             dk[:, :, k0:kend] += g_k
             dv[:, :, k0:kend] += g_v
             if table_grad:
-                band_grad(d_values, q_c, k, v, do_c, o_c, l_c, masks, i0, i1, scale)
-        return dq, dk, dv, d_values, None, None, *d_parameters
+                band_grad(d_values, q_c, k, v, do_c, o_c, l_c, masks, i0, i1, scale, d_sink)
+        d_sinks = None if d_sinks is None else d_sinks.to(sinks.dtype)
+        return dq, dk, dv, d_values, d_sinks, None, None, *d_parameters
 
 
 def band_grad(d_values: Tensor, q_c: Tensor, k: Tensor, v: Tensor, do_c: Tensor, o_c: Tensor, l_c: Tensor,
-              masks: ChunkMasks, i0: int, i1: int, scale: float) -> None:
+              masks: ChunkMasks, i0: int, i1: int, scale: float, d_sink: Tensor | None = None) -> None:
     """Add this chunk's gradient of a distance table [H, m]: dS summed per distance 0..m-2 over the band of keys
-    that close, and minus that total to entry m-1 (every row of dS sums to zero)."""
+    that close, and minus that total to entry m-1 (every row of dS sums to zero; with sinks, `d_sink` [H] is the
+    chunk's sum of the sink's column, which the real keys' rows sum to minus)."""
     m = d_values.shape[-1]
     past = masks.past
     k0, k1 = max(0, past + i0 - (m - 2)), past + i1
@@ -253,6 +269,8 @@ def band_grad(d_values: Tensor, q_c: Tensor, k: Tensor, v: Tensor, do_c: Tensor,
     per_distance = band.sum((0, 2)).to(d_values.dtype)  # [H, m - 1]
     d_values[:, :-1] += per_distance
     d_values[:, -1] -= per_distance.sum(-1)
+    if d_sink is not None:
+        d_values[:, -1] -= d_sink.to(d_values.dtype)
 
 
 def pairs_grads(d_parameters: list[Tensor | None], parameters: list[Tensor], bias: Tensor, ds: Tensor) -> None:
@@ -267,8 +285,10 @@ def pairs_grads(d_parameters: list[Tensor | None], parameters: list[Tensor], bia
 
 
 def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor, k_pos: Tensor,
-                      key_mask: Tensor | None, scale: float, window: int | None = None) -> Tensor:
-    """Exact causal attention (module docstring); differentiable in q, k, v and the bias's table / parameters."""
+                      key_mask: Tensor | None, scale: float, window: int | None = None,
+                      sinks: Tensor | None = None) -> Tensor:
+    """Exact causal attention (module docstring); differentiable in q, k, v, the bias's table / parameters and the
+    sink logits [H] (None: no sinks)."""
     values = None
     in_steps = key_mask is None and consecutive(q_pos, k_pos)
     if bias is not None and bias.table is not None and in_steps:
@@ -279,7 +299,7 @@ def chunked_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q
             "consecutive": in_steps}
     parameters = () if bias is None or values is not None else bias.parameters
     apply = eager_apply if parameters else ChunkedAttention.apply
-    return apply(q, k, v, values, scale, plan, *parameters)
+    return apply(q, k, v, values, sinks, scale, plan, *parameters)
 
 
 def eager_apply(*args) -> Tensor:

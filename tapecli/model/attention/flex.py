@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from tapecli.model.attention.needs import ScoreBias, ScoreMod
+from tapecli.model.attention.sinks import rescale
 
 RECOMPILE_LIMIT = 64  # compiled variants of flex_attention per process (dynamo's default is 8)
 _MASKS: list[tuple[tuple, object]] = []  # (key, BlockMask) of the last few calls: one forward's layers share them
@@ -127,10 +128,11 @@ def block_mask(batch: int, q_len: int, k_len: int, key_mask: Tensor | None, devi
 
 def flex(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor, k_pos: Tensor,
          key_mask: Tensor | None, scale: float, window: int | None = None, bias_factor: float = 1.0,
-         consecutive: bool = True) -> Tensor:
+         consecutive: bool = True, sinks: Tensor | None = None) -> Tensor:
     """Exact causal attention through FlexAttention (module docstring); `bias_factor` multiplies the bias (an
     attention temperature's 1 / T); `consecutive`: positions are the key indices plus a constant (no padding), so
-    a window is one of indices."""
+    a window is one of indices; `sinks` [H]: attention sinks, through the log-sum-exp FlexAttention returns with
+    its gradient (tapecli.model.attention.sinks)."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     windowed = window is not None and not consecutive
@@ -145,14 +147,24 @@ def flex(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor,
         score_mod = score_mod_of(bias.score_mod, q_pos.expand(B, Tq).contiguous(), k_pos.expand(B, Tk).contiguous(),
                                  factor)
     kwargs = dict(score_mod=score_mod, block_mask=mask, scale=scale, enable_gqa=k.shape[1] != H)
+    if sinks is not None:
+        kwargs["return_aux"] = flex_module().AuxRequest(lse=True)
     if torch.compiler.is_compiling():
-        return flex_module().flex_attention(q, k, v, **kwargs)
+        return with_sinks(flex_module().flex_attention(q, k, v, **kwargs), sinks)
     with torch.autocast(q.device.type, enabled=False), \
             torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
         try:
-            return compiled_flex()(q, k, v, **kwargs)
+            return with_sinks(compiled_flex()(q, k, v, **kwargs), sinks)
         except torch._dynamo.exc.FailOnRecompileLimitHit:
             raise FlexRecompileLimit(
                 f"FlexAttention: torch.compile reached {RECOMPILE_LIMIT} compiled variants of flex_attention in this "
                 "process (PEs x grad mode x dtypes x shapes); refusing its unfused fallback, which keeps every "
                 "[T, T] score; run fewer kinds of models per process") from None
+
+
+def with_sinks(result, sinks: Tensor | None) -> Tensor:
+    """The output of a flex_attention call; with `sinks`, its (output, aux) rescaled by the sinks (sinks.py)."""
+    if sinks is None:
+        return result
+    out, aux = result
+    return rescale(out, aux.lse, sinks)[0]

@@ -83,10 +83,12 @@ def report(weights: Tensor, first: int, **extras: Tensor) -> None:
 
 
 def probed_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor, k_pos: Tensor,
-                     key_mask: Tensor | None, scale: float, causal: bool, window: int | None = None) -> Tensor:
+                     key_mask: Tensor | None, scale: float, causal: bool, window: int | None = None,
+                     sinks: Tensor | None = None) -> Tensor:
     """softmax(q k^T scale + bias) v, one chunk of queries at a time, reporting each chunk's weights; with a
     `window` W a query sees only keys less than W positions back (a sliding-window layer: its weights are a band,
-    the keys outside it reported as 0).
+    the keys outside it reported as 0); with `sinks` [H] each row's softmax also counts the head's sink logit (its
+    weights sum to less than 1, the sink's share is not reported).
 
     q [B, H, Tq, d] are the last Tq of Tk keys; k, v [B, G, Tk, d | dv] (G divides H); positions [B|1, Tq] and
     [B|1, Tk]; `key_mask` [B, Tk] False for padding. Returns [B, H, Tq, dv] in v's dtype; computed in fp32 at
@@ -111,7 +113,12 @@ def probed_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_
         end, C = past + i1, i1 - i0  # the keys the chunk's last query sees
         backwards = (q[:, :, i0:i1].flip(2).to(compute) * scale).view(B, G, H // G, C, d)
         scores = (backwards @ keys[..., :end, :].transpose(-1, -2)).view(B, H, C, end)
-        weights = (scores + masks.chunk(i0, i1, 0, end)).softmax(-1).flip(2)  # queries in order again
+        scores = scores + masks.chunk(i0, i1, 0, end)
+        if sinks is not None:  # the sink's column joins the softmax, then leaves
+            column = sinks.to(compute)[None, :, None, None].expand(B, H, C, 1)
+            weights = torch.cat((scores, column), -1).softmax(-1)[..., :-1].flip(2)
+        else:
+            weights = scores.softmax(-1).flip(2)  # queries in order again
         report(weights, past + i0)
         outputs.append((weights.view(B, G, H // G, C, end) @ values[..., :end, :]).view(B, H, C, dv))
     return torch.cat(outputs[::-1], dim=-2).to(v.dtype)

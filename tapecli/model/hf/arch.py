@@ -84,7 +84,8 @@ NEAREST = {
     "Gemma3nForConditionalGeneration": "Gemma3ForCausalLM; Gemma 3n is not mapped",
     "OlmoForCausalLM": "Olmo2ForCausalLM; OLMo 1's non-parametric LayerNorm is not mapped",
     "Phi3ForCausalLM": "LlamaForCausalLM; Phi-3's fused qkv / gate_up weights and LongRoPE are not mapped",
-    "GptOssForCausalLM": "MistralForCausalLM; GPT-OSS's mixture-of-experts MLP and attention sinks are not mapped",
+    "GptOssForCausalLM": "MistralForCausalLM; GPT-OSS's mixture-of-experts MLP (a router over experts) is not "
+                         "mapped: tape's block has one dense MLP (its attention sinks are model.sinks)",
     "Llama4ForCausalLM": "LlamaForCausalLM; Llama 4's mixture-of-experts MLP and chunked attention are not mapped",
     "MixtralForCausalLM": "MistralForCausalLM; Mixtral's mixture-of-experts MLP is not mapped",
     "Qwen3MoeForCausalLM": "Qwen3ForCausalLM; its mixture-of-experts MLP is not mapped",
@@ -300,6 +301,10 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
         raise TapeError(f"model.output_gate: {config.output_gate!r} gates attention's output, which no supported "
                         "Hugging Face architecture does; keep the native checkpoint, which every `tape eval` opens")
     specs = config.layers()
+    if any(spec.sinks for spec in specs):
+        raise TapeError("model.sinks: the only Hugging Face architecture with attention sinks, GptOssForCausalLM, "
+                        "needs a mixture-of-experts MLP, which tape's block does not have; keep the native "
+                        "checkpoint, which every `tape eval` opens")
     for spec in specs:
         if spec.pe not in ("rope", "nope"):
             raise TapeError(f"pe {spec.pe!r} has no Hugging Face Llama equivalent (rope and nope layers export); "

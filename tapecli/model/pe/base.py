@@ -154,10 +154,11 @@ class PositionalEncoding(nn.Module):
     aggregation: str | None = None
     # What `tape pe check` verifies beyond the contract (CLAIMS); set per instance when it depends on pe_args.
     claims: tuple[str, ...] = ()
-    # The per-layer attention options (model.temperature, model.window) this PE's layers honour. Attention
-    # (`tapecli.model.attention`) implements both for every PE it computes; a PE whose layers compute attention
-    # themselves (`OwnAttention`) lists those it implements, and the model refuses the others when it is built.
-    attention_options: frozenset[str] = frozenset({"temperature", "window"})
+    # The per-layer attention options (model.temperature, model.window, model.sinks) this PE's layers honour.
+    # Attention (`tapecli.model.attention`) implements them for every PE it computes; a PE whose layers compute
+    # attention themselves (`OwnAttention`) lists those it implements, and the model refuses the others when it is
+    # built.
+    attention_options: frozenset[str] = frozenset({"temperature", "window", "sinks"})
 
     def __init__(self, config) -> None:
         super().__init__()

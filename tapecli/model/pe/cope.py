@@ -168,6 +168,8 @@ def saved_args(saved: dict) -> dict:
 class CoPE(PositionalEncoding):
     claims = ("shift-invariance",)  # positions are counted from the content, never indexed
 
+    attention_options = frozenset({"temperature", "window"})  # its own attention takes no sinks
+
     def __init__(self, config, *, npos_max: int | None = None) -> None:
         super().__init__(config)
         if not config.causal:

@@ -138,6 +138,8 @@ class DAPELayer(LayerPE):
 class DAPE(PositionalEncoding):
     claims = ("shift-invariance",)
 
+    attention_options = frozenset({"temperature", "window"})  # its own attention takes no sinks
+
     def __init__(self, config, *, base: str = "kerple", mlp_width: int = 32) -> None:
         super().__init__(config)
         if not config.causal:

@@ -159,6 +159,8 @@ class ContextualGRAPELayer(GRAPELayer):
 class GRAPE(PositionalEncoding):
     claims = ("shift-invariance",)
 
+    attention_options = frozenset({"temperature", "window"})  # its own attention takes no sinks
+
     def __init__(self, config, *, theta: float = 10000.0, learnable: bool = True,
                  share_across_heads: bool = True, contextual: bool = False, ctx_per_head: bool = False) -> None:
         super().__init__(config)

@@ -141,6 +141,8 @@ class GRAPEAPLayer(LayerPE):
 
 
 class GRAPEAP(PositionalEncoding):
+    attention_options = frozenset({"temperature", "window"})  # its own attention takes no sinks
+
     def __init__(self, config, *, potential: str = "official", p_head_dim: int = 0) -> None:
         super().__init__(config)
         if not config.causal:

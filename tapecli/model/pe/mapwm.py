@@ -119,6 +119,8 @@ class MapWMLayer(LayerPE):
 
 class MapWM(PositionalEncoding):
     claims = ("shift-invariance",)  # positions enter as differences only, or not at all
+    attention_options = frozenset({"temperature", "window"})  # its own attention takes no sinks
+
     def __init__(self, config, *, rank: int = 32, freq_base: float | None = None) -> None:
         super().__init__(config)
         if not config.causal:

@@ -1,6 +1,8 @@
 """`tape pe check`: a conformance kit for a positional encoding (a built-in, an installed plugin or a file).
 
-    outcomes = run_pe_check("kerple.py:Kerple", pe_args={}, device="auto", compile=False)
+    outcomes = run_pe_check("kerple.py:Kerple", pe_args={}, device="auto", compile=False, keys=None)
+
+`keys`: further model keys of the checked models (`tape pe check --sinks`: {"sinks": True}).
 
 Builds tiny models with the PE (subject.py) and runs the checks (checks.py), one line each: its name, ok or FAILED,
 and the number behind the verdict. Returns the outcomes; the command exits with 1 when one failed, after the PE's
@@ -37,18 +39,20 @@ def chosen_checks(subject: Subject, compile: bool) -> list[str]:
 
 
 def run_pe_check(pe: str, pe_args: dict[str, Any] | None = None, device: str = "auto", compile: bool = False,
-                 compile_backend: str = "inductor", console: Console | None = None) -> list[Outcome]:
+                 compile_backend: str = "inductor", console: Console | None = None,
+                 keys: dict[str, Any] | None = None) -> list[Outcome]:
     from tapecli.model.pe import resolve_pe
     from tapecli.model.pe.plugins import describe
     from tapecli.runtime import resolve_device
 
     console = console or Console()
-    subject = Subject(pe, dict(pe_args or {}), resolve_device(device), compile_backend)
+    subject = Subject(pe, dict(pe_args or {}), resolve_device(device), compile_backend, dict(keys or {}))
     names = chosen_checks(subject, compile)  # builds the PE: a bad name or pe_args is one line here
     resolved = resolve_pe(pe)
     # Not "tape pe check ...": a line starting "tape " reads as a command line in the docs.
-    console.print(f"PE {resolved.name} ({describe(resolved.record)}): {SIZE_TEXT}, on {subject.device}; exact checks "
-                  f"in {str(subject.exact_dtype).removeprefix('torch.')}", markup=False, highlight=False,
+    extras = "".join(f", model.{key}={value}" for key, value in subject.keys.items())
+    console.print(f"PE {resolved.name} ({describe(resolved.record)}): {SIZE_TEXT}{extras}, on {subject.device}; exact "
+                  f"checks in {str(subject.exact_dtype).removeprefix('torch.')}", markup=False, highlight=False,
                   soft_wrap=True)
     outcomes = []
     for name in names:
