@@ -11,10 +11,12 @@ from tapecli.pe.check import Subject, run_check
 
 LAYOUTS = {
     "rotations": {"pe": "clipped-rope", "pe_args": {"clip_low_n": 3},
-                  "schedule": {"layers": ["clipped-rope", "grape", "liere", "comrope"]}},
+                  "schedule": {"layers": ["clipped-rope", "grape-nc", "liere", "comrope"],
+                               "kinds": {"grape-nc": {"pe": "grape", "pe_args": {
+                                   "generators": "noncommuting", "rank": 4, "learned_planes": True}}}}},
     "biases": {"pe": "dape", "output_gate": "headwise",
                "schedule": {"pattern": ["dape", "grape-ap", "local", "alibi"],
-                            "kinds": {"local": {"pe": "dape", "window": 6, "pe_args": {"base": "alibi"}}}}},
+                            "kinds": {"local": {"pe": "dape", "window": 6, "pe_args": {"version": 2, "base": "fire"}}}}},
 }
 
 
@@ -27,6 +29,8 @@ def test_scheduled_layers_stay_exact(layout):
     assert [type(layer.pe).__name__ for layer in model.model.layers] == (
         ["RotaryLayer", "GRAPELayer", "LieRELayer", "ComRoPELayer"] if layout == "rotations" else
         ["DAPELayer", "GRAPEAPLayer", "DAPELayer", "ALiBiLayer"])
+    if layout == "rotations":  # the scheduled GRAPE is the non-commuting one, with learned planes
+        assert model.model.layers[1].pe.mix_a.shape[1:] == (2, 4) and hasattr(model.model.layers[1].pe, "plane_log")
     assert all((layer.self_attn.output_gate is not None) == (layout == "biases") for layer in model.model.layers)
     for name in ("dense", "kv-cache", "chunked-prefill", "padding", "save-load"):
         outcome = run_check(name, subject)
