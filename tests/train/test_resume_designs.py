@@ -21,6 +21,7 @@ DESIGNS = {
     "grape-noncommuting": {"pe": "grape", "pe_args": {"generators": "noncommuting", "learned_planes": True,
                                                       "share_across_heads": False}},
     "grape-ap": {"pe": "grape-ap", "pe_args": {"p_head_dim": 4}},
+    "grape-a-gated": {"pe": "grape-ap", "pe_args": {"potential": "querykeygated"}},
     "liere": {"pe": "liere", "pe_args": {"per_head": True}},
     "comrope": {"pe": "comrope", "pe_args": {"variant": "ld", "block_size": 4}},
     "dape": {"pe": "dape", "pe_args": {"base": "alibi"}},
