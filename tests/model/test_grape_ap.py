@@ -11,6 +11,7 @@ cache, chunked prefill, padding, bf16, fp64, training and resuming like every PE
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -67,16 +68,20 @@ def test_attention_equals_the_path_sum(monkeypatch, T, path):
     k = torch.randn(2, G, T, D, generator=gen, dtype=torch.float64, requires_grad=True)
     v = torch.randn(2, G, T, D, generator=gen, dtype=torch.float64, requires_grad=True)
     positions = torch.stack((torch.arange(T), torch.arange(T) + 11))
-    need = layer.need(model.model.pe.initial_state(positions, torch.float64), False)
-    if path == "dense":
-        with attention.forced("dense"):
-            got = need.attend(x, q, k, v, None, True, None, None)
-    else:
-        got = need.attend(x, q, k, v, None, True, None, None)
-    want = reference(layer, x, q, k, v, positions)
+    got = attend_on(path, model, x, q, k, v, positions)
+    assert_equal_with_gradients(got, reference(layer, x, q, k, v, positions), (x, q, k, v, layer.p_proj.weight))
+
+
+def attend_on(path, model, x, q, k, v, positions):
+    """The first layer's attention on its chunked path or, under attention.forced("dense"), its dense one."""
+    need = model.model.layers[0].pe.need(model.model.pe.initial_state(positions, torch.float64), False)
+    with attention.forced("dense") if path == "dense" else contextlib.nullcontext():
+        return need.attend(x, q, k, v, None, True, None, None)
+
+
+def assert_equal_with_gradients(got, want, inputs):
     assert (got - want).abs().max() <= 1e-12
     weight = torch.linspace(-1, 1, got.numel(), dtype=torch.float64).view_as(got)
-    inputs = (x, q, k, v, layer.p_proj.weight)
     for a, b in zip(torch.autograd.grad((got * weight).sum(), inputs),
                     torch.autograd.grad((want * weight).sum(), inputs), strict=True):
         assert (a - b).abs().max() <= 1e-11 * max(1.0, b.abs().max().item())
@@ -121,20 +126,10 @@ def test_gated_forms_equal_the_papers_bias(monkeypatch, T, form, path):
     k = torch.randn(2, G, T, D, generator=gen, dtype=torch.float64, requires_grad=True)
     v = torch.randn(2, G, T, D, generator=gen, dtype=torch.float64, requires_grad=True)
     positions = torch.stack((torch.arange(T), torch.arange(T) + 11))
-    need = layer.need(model.model.pe.initial_state(positions, torch.float64), False)
-    if path == "dense":
-        with attention.forced("dense"):
-            got = need.attend(None, q, k, v, None, True, None, None)
-    else:
-        got = need.attend(None, q, k, v, None, True, None, None)
-    want = gated_reference(layer, q, k, v)
-    assert (got - want).abs().max() <= 1e-12
-    weight = torch.linspace(-1, 1, got.numel(), dtype=torch.float64).view_as(got)
+    got = attend_on(path, model, None, q, k, v, positions)
     inputs = (q, k, v, *layer.parameters())
     assert len(inputs) == (6 if form == "querykeygated" else 5)
-    for a, b in zip(torch.autograd.grad((got * weight).sum(), inputs),
-                    torch.autograd.grad((want * weight).sum(), inputs), strict=True):
-        assert (a - b).abs().max() <= 1e-11 * max(1.0, b.abs().max().item())
+    assert_equal_with_gradients(got, gated_reference(layer, q, k, v), inputs)
 
 
 @pytest.mark.parametrize("form", ["querygated", "keygated", "querykeygated"])
