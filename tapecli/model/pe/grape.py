@@ -48,10 +48,11 @@ couple the features of the subspace. The other d/2 - r/2 planes stay commuting (
 b_i start at the canonical planes (a_i = e_{i+r/2}, b_i = e_i, the orientation of L_j above), so the mixture starts
 as commuting GRAPE (RoPE with RoPE's spectrum; tested). exp(n L_r) has no product form, so it is computed exactly as
 the matrix exponential of the r x r generator at each phase (torch.linalg.matrix_exp: scaling and squaring, accurate
-to the working precision; fp32 at least), then applied to the r coordinates: O(r^3) per position and spectrum plus
-O(r^2) per token and head, next to RoPE's O(d). The relative law holds exactly (exp((s - t) L) = exp(t L)^T exp(s L)),
-so the KV cache keeps rotated keys as with RoPE. With `learned_planes` the subspace is spanned by columns of B (a
-learned E). Both forms compose with `contextual` (the phase in place of the position).
+to the working precision; in fp64, as fp32 rounding grows with |n L_r|), then applied to the r coordinates: O(r^3)
+per position and spectrum plus O(r^2) per token and head, next to RoPE's O(d). The relative law holds exactly
+(exp((s - t) L) = exp(t L)^T exp(s L)), so the KV cache keeps rotated keys as with RoPE. With `learned_planes` the
+subspace is spanned by columns of B (a learned E). Both forms compose with `contextual` (the phase in place of the
+position).
 
 Every form rotates q and k before attention, so every attention path applies (SDPA's fused kernels, FlexAttention,
 the chunked and dense paths), with memory linear in the length where the path has it.
@@ -132,8 +133,9 @@ class GRAPELayer(LayerPE):
     def mixture(self, phase: Tensor) -> Tensor:
         """exp(n L_r) [B|1, 1 or G, T, r, r] for phases n [B|1, 1 or G, T]: L_r = sum_i w_i (a_i b_i^T - b_i a_i^T),
         the mixture's generator in its subspace, exponentiated exactly (torch.linalg.matrix_exp of n L_r: scaling and
-        squaring with a Taylor/Pade approximant accurate to the working precision), in fp32 at least."""
-        compute = torch.promote_types(self.log_freq.dtype, torch.float32)
+        squaring with a Taylor/Pade approximant accurate to the working precision), in fp64: its rounding grows with
+        |n L_r| (in fp32, about 3e-3 at n = 32768, several times RoPE's fp32 angles), and r x r matrices are cheap."""
+        compute = torch.float64
         m = self.mix_a.shape[1]
         w = self.log_freq[:, :m].to(compute).exp()[..., None, None]  # [S, m, 1, 1]
         a, b = self.mix_a.to(compute), self.mix_b.to(compute)
@@ -142,8 +144,8 @@ class GRAPELayer(LayerPE):
         return torch.linalg.matrix_exp(phase.to(compute)[..., None, None] * generator[None, :, None])
 
     def basis(self) -> Tensor:
-        """B = exp(W - W^T) [S, d, d], orthogonal (I at the start)."""
-        compute = torch.promote_types(self.log_freq.dtype, torch.float32)
+        """B = exp(W - W^T) [S, d, d], orthogonal (I at the start), computed in fp64 (once per forward)."""
+        compute = torch.float64
         w = self.plane_log.to(compute)
         return torch.linalg.matrix_exp(w - w.transpose(-1, -2))
 
