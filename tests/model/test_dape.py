@@ -183,7 +183,8 @@ def test_bad_pe_args_and_export_are_refused_in_one_line():
     for args, key in (({"base": "t5"}, "base"), ({"mlp_width": 0}, "mlp_width"), ({"version": 3}, "version"),
                       ({"kernel": 3}, "kernel"), ({"version": 2, "kernel": 4}, "kernel"),
                       ({"version": 2, "kernel": 0}, "kernel"), ({"threshold": 100.0}, "threshold"),
-                      ({"base": "fire", "threshold": 0.0}, "threshold")):
+                      ({"base": "fire", "threshold": 0.0}, "threshold"),
+                      ({"base": "fire", "threshold": "long"}, "threshold")):
         with pytest.raises(ValueError, match=f"model.pe_args.{key}"):
             ModelConfig(vocab_size=61, dim=32, n_layers=1, n_heads=2, pe="dape", pe_args=args)
     with pytest.raises(TapeError, match="pe 'dape' has no Hugging Face Llama equivalent"):

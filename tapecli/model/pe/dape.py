@@ -229,6 +229,8 @@ class DAPE(PositionalEncoding):
         if threshold is not None and base != "fire":
             raise ValueError("model.pe_args.threshold: FIRE's initial L applies to base: fire only; leave it out")
         threshold = 256.0 if threshold is None else threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+            raise ValueError(f"model.pe_args.threshold: expected a number, got {threshold!r}")
         check_range("threshold", threshold, 0)
         self.layer_args = dict(n_heads=config.n_heads, base=base, mlp_width=mlp_width, version=version,
                                kernel=kernel, threshold=float(threshold))
