@@ -19,7 +19,10 @@ DESIGNS = {
     "output-gate": {"pe": "alibi", "output_gate": "elementwise"},
     "grape": {"pe": "grape", "pe_args": {"share_across_heads": False}},
     "grape-contextual": {"pe": "grape", "pe_args": {"contextual": True, "ctx_per_head": True}},
+    "grape-noncommuting": {"pe": "grape", "pe_args": {"generators": "noncommuting", "learned_planes": True,
+                                                      "share_across_heads": False}},
     "grape-ap": {"pe": "grape-ap", "pe_args": {"p_head_dim": 4}},
+    "grape-a-gated": {"pe": "grape-ap", "pe_args": {"potential": "querykeygated"}},
     "liere": {"pe": "liere", "pe_args": {"per_head": True}},
     "comrope": {"pe": "comrope", "pe_args": {"variant": "ld", "block_size": 4}},
     "dape": {"pe": "dape", "pe_args": {"base": "alibi"}},
@@ -29,6 +32,7 @@ DESIGNS = {
     "block": {"pe": "rope", "qk_norm": True, "block": {"norms": "sandwich", "norm": "layernorm",
                                                        "qk_norm": "projection", "activation": "gelu_tanh",
                                                        "embed_scale": True}},
+    "dape-v2": {"pe": "dape", "pe_args": {"version": 2, "base": "fire"}},
 }
 
 

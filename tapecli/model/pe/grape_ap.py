@@ -1,6 +1,7 @@
-"""Path-integral additive GRAPE, GRAPE-AP (Zhang et al., ICLR 2026, "Group Representational Position Encoding",
-arXiv 2512.07805; official code github.com/model-architectures/GRAPE, `CausalSelfAttention` in
-model/llama-mha-grape-a-pi.py).
+"""Additive GRAPE: path-integral GRAPE-AP and the gated GRAPE-A (Zhang et al., ICLR 2026, "Group Representational
+Position Encoding", arXiv 2512.07805, Sections 4-5; official code github.com/model-architectures/GRAPE,
+`CausalSelfAttention` in model/llama-mha-grape-a-pi.py, `QueryGatedAdditiveBias`, `KeyGatedAdditiveBias` and
+`QueryKeyGatedAdditiveBias` in model/llama-mha-grape-a-{querygated,keygated,querykeygated}.py).
 
 Additive GRAPE adds to the logit of query t and key j a bias that is a path sum of edge potentials over the tokens
 between them,
@@ -15,8 +16,19 @@ between them,
   fox        psi_h(t, l) = log sigmoid(w_h . x_l + b_h): FoX's forget gates exactly (the paper's content-gated case;
              parameters `fgate_proj` as FoX's, weight N(0, init_std), bias 0)
 
+or, not a path sum, the gated linear biases of GRAPE-A (the paper's Eq. 4.5, the rank-1 unipotent action with
+content-gated slopes):
+
+    b_h(t, j) = -(t - j) w_h (lambda_q(q_t) + lambda_k(k_j)),   lambda_q = softplus(v_h . q_t / sqrt(d)),
+                                                                lambda_k = softplus(u_h . k_j / sqrt(d))
+  querygated      lambda_k = 0          keygated   lambda_q = 0          querykeygated   both
+with w_h = softplus(o_h) m_h (o_h learned, softplus(o_h) = 1 at the start; m_h ALiBi's slopes), u_h and v_h learned
+per query head, N(0, 1/d) at the start and L2-normalised where used (eps 1e-6): all as the official code. t - j is
+the distance in tokens (padding sits at the ends, so between real tokens it is their position difference); the
+gates read the queries and keys attention receives, so the KV cache's keys give every cached key's gate.
+
 The official potential reads the key's absolute position through R(l), so it is not shift-invariant (no `claims`);
-the alibi and fox potentials are. The bias depends on the query and on every key, so the scores are materialised:
+the others are. The bias depends on the query and on every key, so the scores are materialised:
 GRAPE-AP computes attention itself, one chunk of queries at a time (`by_query_chunks`: recomputed in the backward,
 memory linear in the length). For each chunk the potentials of every visible key are summed from the far end,
 sum_{l > j}, in fp32 at least; a padded token's potential is 0, so padding changes nothing. The KV cache keeps each
@@ -24,7 +36,7 @@ key's part of the potential (R(l) p^_l, or the log gate). `grape-ap-dense` (one 
 attention.forced("dense"): the reference) and `grape-ap-chunked` are exact.
 
 pe_args:
-  potential    official (default) | alibi | fox
+  potential    official (default) | alibi | fox | querygated | keygated | querykeygated
   p_head_dim   D_p, even (0, the default: head_dim, the official default; its GRAPE-AP runs used 8)
 Where we differ from the official code: the positional projection is never tied to q, k or v (`p_tie_mode: none`,
 its default); grouped-query attention is supported (the potentials are per query head). No Hugging Face config
@@ -34,6 +46,7 @@ expresses the bias: `tape export` refuses it.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -51,20 +64,48 @@ from tapecli.model.pe.base import (
     rows_for,
 )
 
-POTENTIALS = ("official", "alibi", "fox")
+GATED = ("querygated", "keygated", "querykeygated")
+POTENTIALS = ("official", "alibi", "fox", *GATED)
+GATE_EPS = 1e-6  # the official L2 normalisation's eps
 
 
 class GRAPEAPLayer(LayerPE):
-    def __init__(self, dim: int, n_heads: int, potential: str, p_head_dim: int) -> None:
+    def __init__(self, dim: int, n_heads: int, potential: str, p_head_dim: int, head_dim: int = 0) -> None:
         super().__init__()
         self.n_heads, self.potential, self.p_head_dim = n_heads, potential, p_head_dim
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_heads)), persistent=False)
         self.p_proj = nn.Linear(dim, n_heads * p_head_dim, bias=False) if potential == "official" else None
         self.fgate_proj = nn.Linear(dim, n_heads, bias=True) if potential == "fox" else None
+        if potential in GATED:
+            self.gate_omega = nn.Parameter(torch.empty(n_heads))
+            self.gate_v = nn.Parameter(torch.empty(n_heads, head_dim)) if potential != "keygated" else None
+            self.gate_u = nn.Parameter(torch.empty(n_heads, head_dim)) if potential != "querygated" else None
+            self.init_weights()
 
     def init_weights(self) -> None:
         if self.fgate_proj is not None:
             nn.init.zeros_(self.fgate_proj.bias)  # FoX's init; the weights got N(0, init_std) like every linear
+        if self.potential in GATED:  # the official init: softplus(o) = 1, u and v ~ N(0, 1/d)
+            with torch.no_grad():
+                self.gate_omega.fill_(math.log(math.expm1(1.0)))
+                for p in (self.gate_v, self.gate_u):
+                    if p is not None:
+                        p.normal_(0.0, p.shape[-1] ** -0.5)
+
+    def gate(self, x: Tensor, vector: Tensor | None) -> Tensor | None:
+        """softplus(w_h . x / sqrt(d)) [B, H, T] with w_h L2-normalised, for x [B, H, T, d] (None: no gate)."""
+        if vector is None:
+            return None
+        w = F.normalize(vector.to(x.dtype), p=2, dim=-1, eps=GATE_EPS)
+        return F.softplus((x * w[None, :, None, :]).sum(-1) / x.shape[-1] ** 0.5)
+
+    def gated_bias(self, gate_q: Tensor | None, gate_k: Tensor | None, distance: Tensor) -> Tensor:
+        """-(t - j) w_h (lambda_q + lambda_k) [B, H, C, Tk] for a chunk's query gates [B, H, C], every key's gate
+        [B, H, Tk] and the distances t - j [C, Tk] (>= 0)."""
+        w = F.softplus(self.gate_omega.to(distance)) * self.slopes.to(distance)
+        rate = sum(g for g in (None if gate_q is None else gate_q[..., :, None],
+                               None if gate_k is None else gate_k[..., None, :]) if g is not None)
+        return -distance * w[None, :, None, None] * rate
 
     def need(self, state: PositionState, average_state: bool) -> OwnAttention:
         return OwnAttention(attend=functools.partial(self.attend, positions=state.positions), plan=self.plan)
@@ -76,13 +117,13 @@ class GRAPEAPLayer(LayerPE):
     def features(self, x: Tensor, positions: Tensor, compute: torch.dtype) -> tuple[Tensor | None, Tensor | None]:
         """(the queries' part [B, H, T, D_p] or None, the keys' part [B, H, T, D_p or 1] or None) of the potential
         for the current tokens x [B, T, dim] at positions [B|1, T]."""
+        if self.potential in ("alibi", *GATED):
+            return None, None
         B, T, _ = x.shape
         x = x.to(compute)
         if self.potential == "fox":
             gate = F.linear(x, self.fgate_proj.weight.to(compute), self.fgate_proj.bias.to(compute))
             return None, F.logsigmoid(gate).transpose(1, 2)[..., None]
-        if self.potential == "alibi":
-            return None, None
         p = F.linear(x, self.p_proj.weight.to(compute)).view(B, T, self.n_heads, self.p_head_dim).transpose(1, 2)
         normed = F.rms_norm(p, (self.p_head_dim,))
         half = self.p_head_dim // 2
@@ -118,17 +159,25 @@ class GRAPEAPLayer(LayerPE):
             query, keys = self.features(x, positions.expand(B, Tq), compute)
             if cache is not None and keys is not None:
                 (keys,) = cache.append(grape_ap=keys)
-            q, k, v = q.to(compute) * d ** -0.5, k.to(compute), v.to(compute)
+            q, k, v = q.to(compute), k.to(compute), v.to(compute)
+            if self.potential in GATED:  # the official gates read the unscaled queries and keys
+                gate_q, gate_k = self.gate(q, self.gate_v), self.gate(k, self.gate_u)
+            q = q * d ** -0.5
             real = None if key_mask is None else key_mask[:, None, None, :]  # padded keys: no potential
 
             def chunk(i0: int, i1: int) -> Tensor:
-                later = key_index[None, :] > past + torch.arange(i0, i1, device=q.device)[:, None]  # [C, Tk]
-                psi = self.potentials(None if query is None else query[:, :, i0:i1], keys, (B, H, i1 - i0, Tk),
-                                      compute)
-                psi = psi.masked_fill(later, 0.0)
-                if real is not None:
-                    psi = psi.masked_fill(~real, 0.0)
-                bias = psi.flip(-1).cumsum(-1).flip(-1) - psi  # sum over l > j (l <= t: later keys are 0)
+                query_index = past + torch.arange(i0, i1, device=q.device)[:, None]
+                later = key_index[None, :] > query_index  # [C, Tk]
+                if self.potential in GATED:
+                    distance = (query_index - key_index[None, :]).clamp(min=0).to(compute)
+                    bias = self.gated_bias(None if gate_q is None else gate_q[:, :, i0:i1], gate_k, distance)
+                else:
+                    psi = self.potentials(None if query is None else query[:, :, i0:i1], keys,
+                                          (B, H, i1 - i0, Tk), compute)
+                    psi = psi.masked_fill(later, 0.0)
+                    if real is not None:
+                        psi = psi.masked_fill(~real, 0.0)
+                    bias = psi.flip(-1).cumsum(-1).flip(-1) - psi  # sum over l > j (l <= t: later keys are 0)
                 hidden = later if mask is None else ~(mask[..., i0:i1, :] if mask.dtype == torch.bool
                                                       else mask[..., i0:i1, :] > float("-inf"))
                 logits = (q[:, :, i0:i1] @ k.transpose(-1, -2) + bias).masked_fill(hidden, float("-inf"))
@@ -156,7 +205,7 @@ class GRAPEAP(PositionalEncoding):
                              f"{p_head_dim!r}")
         self.claims = ("shift-invariance",) if potential != "official" else ()
         self.layer_args = dict(dim=config.dim, n_heads=config.n_heads, potential=potential,
-                               p_head_dim=p_head_dim or config.head_dim)
+                               p_head_dim=p_head_dim or config.head_dim, head_dim=config.head_dim)
 
     def make_layer(self, layer_idx: int) -> LayerPE:
         return GRAPEAPLayer(**self.layer_args)
