@@ -283,8 +283,8 @@ def test_scores_with_a_stand_in_model(tmp_path, monkeypatch, trained):
     assert seen == [50, 50, 50, 50, 50, 50, 100, 100, 100] and m["truncated"] == 0
     assert all(r["ruler_recall" if r["task"] != "json_kv" else "substring_exact_match"] in (0, 0.5, 1) for r in rows)
     assert (tmp_path / "out" / "helmet.png").read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(Exception, match="HELMET's icl category is not run by tape yet"):
-        run(helmet.Helmet(str(tmp_path / "data"), ["icl"], [4096]), [str(trained())], tmp_path / "y", device="cpu")
+    with pytest.raises(Exception, match="HELMET's cite category is not run by tape yet"):
+        run(helmet.Helmet(str(tmp_path / "data"), ["cite"], [4096]), [str(trained())], tmp_path / "y", device="cpu")
 
 
 @pytest.mark.slow
