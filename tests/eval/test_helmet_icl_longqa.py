@@ -506,7 +506,7 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
     copy are one line before anything is written; offline without --data, one sentence says what to pass."""
     root = tmp_path / "HELMET" / "data"
     write_icl(root, "icl_trec_coarse")
-    write_longqa(root, scale=200)
+    write_longqa(root, scale=40)
     out = tmp_path / "out"
     args = ["eval", "helmet", "--model", str(trained()), "--model", str(tiny_hf_llama), "--data",
             str(tmp_path / "HELMET"), "--tasks", "icl_trec_coarse,longqa", "--lengths", "4k", "--samples", "2",
