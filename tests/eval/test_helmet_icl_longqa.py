@@ -540,3 +540,31 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
         one_line_error(runner.invoke(app, ["eval", "helmet", "--model", model, "--device", "cpu", "--out",
                                            str(where), *extra]), 2, fragment)
         assert not where.exists()
+
+
+@pytest.mark.slow
+def test_the_results_pages_sample_files_read_as_helmets(tmp_path):
+    """scripts/long_benchmark_samples.py (docs/results/long-benchmarks-cpu.md) writes local copies that `tape eval
+    helmet` reads for every ICL and long-QA task, and a byte-level tokenizer (one token per byte) that measures the
+    long-QA documents: NarrativeQA's two long documents (4 questions each) pass 131072 tokens, the short one does not;
+    every ∞Bench context passes 65536; each is cut at 4K as truncate_llama2 cuts (no BOS here: budget + 1 bytes)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "scripts" / "long_benchmark_samples.py"
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
+    tokenizer = tmp_path / "helmet" / "byte-tokenizer"
+    measure = helmet_longqa.Measure(helmet_longqa.truncation_tokenizer(str(tokenizer)))
+    assert measure.count("héllo") == 6 and measure.separator == len(POSTFIX)
+    evaluation = helmet.Helmet(str(tmp_path / "helmet" / "data"), ["icl", "longqa"], [4096], samples=8,
+                               truncation_tokenizer=str(tokenizer))
+    evaluation.check([])
+    assert {t: len(rows) for (t, _), rows in evaluation.rows.items()} == {
+        **{t: 8 for t in data.CATEGORIES["icl"]}, "narrativeqa": 8, "infbench_qa_eng": 8, "infbench_choice_eng": 8}
+    for (task, _), rows in evaluation.rows.items():
+        if task.startswith("icl_"):
+            assert all(r["context"].count("\nlabel: ") == helmet_icl.shots(task, 4096) for r in rows)
+            continue
+        budget = 4096 - 200 - data.TASKS[task].generation_max_length  # cut after token budget - postfix: one more
+        assert all(r["document_cut"] and len(r["context"].encode()) == budget + 1 for r in rows)  # byte than budget
