@@ -22,7 +22,8 @@ tasks, NDCG@10 of the parsed ranking for re-ranking.
 
 results.json, per model: `scores[task][length]` (the mean metric x 100, as eval.py averages it),
 `categories[category][length]` (the mean of its tasks, as collect_results.py averages them), `counts`, `truncated` and
-`mean_input_tokens[task][length]`. `Helmet` is the protocol (a unit is one row, (task, length, row); the models share
+`mean_input_tokens[task][length]`; with NarrativeQA, `also` (its SubEM) and `note` (HELMET's GPT-4o judge is not
+run). `Helmet` is the protocol (a unit is one row, (task, length, row); the models share
 one folder); the runner writes settings.json, samples.jsonl, results.json and helmet.png (each category vs length).
 """
 
