@@ -12,6 +12,8 @@ unreachable, is one line naming the copy to make.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +46,8 @@ def dataset(data: str | None, hub_id: str, folder: str, config: str | None = Non
     if config is not None and (path / config).is_dir():
         path = path / config
     try:
-        return datasets.load_dataset(str(path))
+        with quiet(datasets):
+            return datasets.load_dataset(str(path))
     except Exception as e:  # noqa: BLE001 - a folder datasets cannot read: the folder and the reason
         raise TapeError(f"{path}: not a dataset folder datasets can read ({type(e).__name__}: {e})"
                         .splitlines()[0]) from None
@@ -61,9 +64,23 @@ def json_split(data: str | None, hub_id: str, folder: str, split: str, features:
         raise TapeError(f"--data {data}: no {folder}/{split}.jsonl (from the hub dataset {hub_id}); "
                         f"{hint(hub_id, folder)}")
     try:
-        return datasets.load_dataset("json", data_files={split: str(path)}, features=features, split=split)
+        with quiet(datasets):
+            return datasets.load_dataset("json", data_files={split: str(path)}, features=features, split=split)
     except Exception as e:  # noqa: BLE001 - a malformed file: the file and the reason
         raise TapeError(f"{path}: {type(e).__name__}: {e}".splitlines()[0]) from None
+
+
+@contextmanager
+def quiet(datasets: Any) -> Iterator[None]:
+    """No "Generating train split" bar for a local copy (as SCROLLS' reader does)."""
+    loud = not datasets.utils.are_progress_bars_disabled()
+    if loud:
+        datasets.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if loud:
+            datasets.utils.enable_progress_bars()
 
 
 def hub(hub_id: str, folder: str, *args: Any, **kwargs: Any) -> Any:
