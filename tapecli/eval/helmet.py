@@ -46,10 +46,11 @@ ICL_LONGQA = ("Many-shot ICL (icl_trec_coarse, icl_trec_fine, icl_banking77, icl
               "load_icl): 500 test rows with balanced labels, per row its configs' count of label-balanced "
               "demonstrations and labels mapped to random integers (seeded by sha256(text) + 42), stopping at a new "
               "line, exact_match of the output parsed after 'label:'. Long-document QA (narrativeqa, infbench_qa_eng, "
-              "infbench_choice_eng; configs/longqa.yaml, load_narrativeqa, load_infbench): documents kept by length and "
-              "cut to length - 200 - generation_max_length Llama-2 tokens (truncate_llama2), `shots` demonstrations, "
-              "no chat template (HELMET's base-model setting); infbench_qa_eng ROUGE-L F1, infbench_choice_eng "
-              "exact_match (choice_post_process), narrativeqa ROUGE-L F1 and SubEM: HELMET's GPT-4o judge is not run")
+              "infbench_choice_eng; configs/longqa.yaml, load_narrativeqa, load_infbench): documents kept by length "
+              "and cut to length - 200 - generation_max_length Llama-2 tokens (truncate_llama2), `shots` "
+              "demonstrations, no chat template (HELMET's base-model setting); infbench_qa_eng ROUGE-L F1, "
+              "infbench_choice_eng exact_match (choice_post_process), narrativeqa ROUGE-L F1 and SubEM: HELMET's "
+              "GPT-4o judge is not run")
 PROTOCOL = ("HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall.yaml, rag.yaml, "
             "rerank.yaml): synthetic recall (json_kv, ruler_niah_mk_2, ruler_niah_mk_3, ruler_niah_mv), RAG (kilt_nq, "
             "kilt_triviaqa, kilt_hotpotqa, kilt_popqa with log10(s_pop) < 3) and re-ranking (msmarco_rerank_psg); "
