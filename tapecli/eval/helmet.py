@@ -63,7 +63,7 @@ PROTOCOL = ("HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, co
             "output), ruler_recall, NDCG@10 (parse_rankings, trec_eval through pytrec_eval); task score = mean x "
             "100; category = mean over its tasks. " + ICL_LONGQA)
 
-Unit = tuple[str, int, int]  # (task, length, row index in its file)
+Unit = tuple[str, int, int]  # (task, length, row index in its file; ICL and long QA: in the prepared rows)
 
 
 @dataclass
