@@ -30,6 +30,19 @@ writes
                                                HELMET's re-ranking fields (qid, query, ctxs of id, text, label):
                                                "which box does NAME keep?" over 14 (10) passages, labelled 3 for the
                                                answer, 1 for the keeper's other passages, 0 otherwise; 8 rows each
+  OUT/helmet/data/trec/, banking77/, clinc_oos/plus/, nlu_evaluation_data/
+                                               the fields of the hub datasets HELMET's ICL reads (text and the
+                                               integer labels coarse_label + fine_label, label, intent): "NAME wants
+                                               to INTENT the X box", 6 intents; 120 train rows, 24 test (validation)
+                                               rows (NLU: train only, HELMET splits it)
+  OUT/helmet/data/narrativeqa/{train,test}.jsonl, infinitebench/longbook_{qa,choice}_eng.jsonl
+                                               NarrativeQA's fields (document.text, question.text, answers[].text):
+                                               test documents of 140,000, 150,000 and 20,000 bytes (train 2,000) with
+                                               4 "The X box is kept by NAME." facts each, asked as "Who keeps the X
+                                               box?"; InfiniteBench's (id, context, input, answer, options): 8 rows of
+                                               70,000 bytes each with one such fact (seed + 2)
+  OUT/helmet/byte-tokenizer/                   a tokenizer of one token per byte (tokenizer.json), for
+                                               --truncation-tokenizer where HELMET's Llama-2 tokenizer is not at hand
   OUT/corpus.txt                               other conversations and questions of the same kinds (seed + 1), as
                                                tape reads them, each followed by its answer: MRCR's transcript
                                                (`tapecli.data.mrcr.transcript`) + " " + answer, LongBench v2's 0-shot
@@ -168,6 +181,70 @@ def rerank_row(rng: random.Random, k: int, passages: int) -> dict:
     return {"qid": f"{5000 + k}", "query": f"which box does {keeper} keep?", "ctxs": ctxs}
 
 
+INTENTS = ["keep", "find", "lose", "paint", "sell", "open"]
+
+
+def intent_row(rng: random.Random, label: int, fields: tuple[str, ...]) -> dict:
+    """An utterance asking to do one of six things with a box; the label (the intent's index) in `fields`."""
+    text = f"{rng.choice(NAMES)} wants to {INTENTS[label]} the {rng.choice(WORDS)} {rng.choice(COLOURS)} box"
+    return {"text": text, **{f: label for f in fields}}
+
+
+def book(rng: random.Random, size: int, facts: list[str]) -> str:
+    """About `size` bytes of sentences of WORDS with the facts spread through them."""
+    lines, total = [], 0
+    while total < size:
+        lines.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(5, 12))).capitalize() + ".")
+        total += len(lines[-1]) + 1
+    for k, fact in enumerate(facts):
+        lines.insert((k + 1) * len(lines) // (len(facts) + 1), fact)
+    return " ".join(lines)
+
+
+def icl_and_longqa(helmet: Path, rng: random.Random) -> None:
+    """Local copies, in the hub datasets' fields, of what HELMET's ICL and long-QA categories read, and a byte-level
+    tokenizer (one token per byte) to stand in for the Llama-2 tokenizer HELMET measures documents with."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    for folder, splits, fields in [("trec", ("train", "test"), ("coarse_label", "fine_label")),
+                                   ("banking77", ("train", "test"), ("label",)),
+                                   ("clinc_oos/plus", ("train", "validation"), ("intent",)),
+                                   ("nlu_evaluation_data", ("train",), ("label",))]:
+        (helmet / folder).mkdir(parents=True, exist_ok=True)
+        for split in splits:
+            n = 120 if split == "train" else 24
+            rows = [intent_row(rng, rng.randrange(len(INTENTS)), fields) for _ in range(n)]
+            (helmet / folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                                            encoding="utf-8")
+    (helmet / "narrativeqa").mkdir(parents=True, exist_ok=True)
+    for split, sizes in (("test", (140_000, 150_000, 20_000)), ("train", (2_000, 2_000, 2_000))):
+        rows = []
+        for d, size in enumerate(sizes):
+            keepers = [(f"{rng.choice(WORDS)} {rng.choice(COLOURS)} box {q}", rng.choice(NAMES)) for q in range(4)]
+            text = book(rng, size, [f"The {box} is kept by {name}." for box, name in keepers])
+            rows += [{"document": {"id": f"{split}-{d}", "kind": "gutenberg", "text": text},
+                      "question": {"text": f"Who keeps the {box}?"},
+                      "answers": [{"text": name}, {"text": name.upper()}]} for box, name in keepers]
+        (helmet / "narrativeqa" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                                               encoding="utf-8")
+    (helmet / "infinitebench").mkdir(parents=True, exist_ok=True)
+    for split in ("longbook_qa_eng", "longbook_choice_eng"):
+        rows = []
+        for k in range(8):
+            box, name = f"{rng.choice(WORDS)} {rng.choice(COLOURS)} box {k}", rng.choice(NAMES)
+            options = [name, *rng.sample([x for x in NAMES if x != name], 3)]
+            rng.shuffle(options)
+            rows.append({"id": k, "context": book(rng, 70_000, [f"The {box} is kept by {name}."]),
+                         "input": f"Who keeps the {box}?", "answer": [name],
+                         "options": options if split == "longbook_choice_eng" else []})
+        (helmet / "infinitebench" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
+                                                                 encoding="utf-8")
+    byte_level = Tokenizer(models.BPE({c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}, []))
+    byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    PreTrainedTokenizerFast(tokenizer_object=byte_level).save_pretrained(str(helmet.parent / "byte-tokenizer"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -217,6 +294,7 @@ def main() -> None:
         rows = [rerank_row(rng, first + k, passages) for k in range(8)]
         (helmet / "msmarco" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
                                                           encoding="utf-8")
+    icl_and_longqa(helmet, random.Random(args.seed + 2))
     train = random.Random(args.seed + 1)
     texts = []
     for _ in range(400):
@@ -229,7 +307,8 @@ def main() -> None:
     (out / "corpus.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
     print(f"wrote {out}/mrcr (36 conversations), {out}/longbench-v2/data.json (24 questions), {out}/nolima (3 "
           f"experiments, 2 books), {out}/helmet/data (json_kv, 3 RULER tasks x 3 lengths, 4 RAG tasks and "
-          f"re-ranking, 8 rows each) and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
+          f"re-ranking, 8 rows each; ICL's 4 and long QA's 2 datasets), {out}/helmet/byte-tokenizer and "
+          f"{out}/corpus.txt ({sum(map(len, texts)):,} characters)")
 
 
 if __name__ == "__main__":

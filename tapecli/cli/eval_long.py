@@ -342,20 +342,28 @@ def eval_nolima(
 def eval_helmet(
     model: list[str] = MODELS_OPTION,
     data: str | None = typer.Option(None, "--data", help="HELMET's released data: the data/ folder extracted from "
-                                    "its data.tar.gz (json_kv/, ruler/, ...) (default: the hub dataset "
-                                    "princeton-nlp/HELMET, online only)."),
+                                    "its data.tar.gz (json_kv/, ruler/, ...), holding for ICL and long-document QA "
+                                    "local copies of the hub datasets HELMET reads (trec/, banking77/, clinc_oos/, "
+                                    "nlu_evaluation_data/, narrativeqa/, infinitebench/) (default: the hub, online "
+                                    "only)."),
     tasks: str = typer.Option("recall,rag,rerank", "--tasks", "-t", help="Comma-separated categories or tasks: "
                               "recall (HELMET's synthetic recall: json_kv, ruler_niah_mk_2, ruler_niah_mk_3, "
                               "ruler_niah_mv), rag (kilt_nq, kilt_triviaqa, kilt_hotpotqa, kilt_popqa), rerank "
-                              "(msmarco_rerank_psg), or tasks among them. HELMET's ICL, long-document QA, "
-                              "summarisation and citation categories are not run by tape yet."),
+                              "(msmarco_rerank_psg), icl (icl_trec_coarse, icl_trec_fine, icl_banking77, "
+                              "icl_clinic150, icl_nlu), longqa (narrativeqa, infbench_qa_eng, infbench_choice_eng), "
+                              "or tasks among them. HELMET's summarisation and citation categories are not run by "
+                              "tape yet."),
     lengths: str = typer.Option("8k,16k,32k,64k,128k", "--lengths", help="Comma-separated input lengths in tokens "
                                 "(HELMET's input_max_length; k = 1024): each picks the task's file for that length "
                                 "and is the prompt + answer budget (json_kv, RAG and re-ranking have files for 4k-128k only)."),
-    samples: int = integer(100, "--samples", min=1, help="Rows per task and length, drawn as HELMET draws "
-                           "max_test_samples (shuffle with seed 42) (HELMET: 100)."),
+    samples: int | None = integer(None, "--samples", min=1, help="Rows per task and length, drawn as HELMET draws "
+                                  "max_test_samples (shuffle with seed 42) (default: HELMET's, 100; ICL 500)."),
     shots: int = integer(2, "--shots", min=0, help="In-context demonstrations: json_kv's from the row itself, RAG's "
-                         "and re-ranking's drawn per question from the task's demonstration file (HELMET: 2)."),
+                         "and re-ranking's drawn per question from the task's demonstration file, long-document "
+                         "QA's from other questions (HELMET: 2; ICL's many shots are set by the length)."),
+    truncation_tokenizer: str = typer.Option("meta-llama/Llama-2-7b-hf", "--truncation-tokenizer", help="Long-"
+                                             "document QA: the tokenizer HELMET measures and cuts documents with "
+                                             "(Llama-2's; offline, a local copy of it)."),
     batch_size: int = batch_size_option(1, "Prompts decoded together"),
     out: str | None = out_option("RUN/eval-helmet/<checkpoint name>; several models share one folder, "
                                  "./eval-helmet-comparison"),
@@ -363,9 +371,9 @@ def eval_helmet(
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
 ) -> None:
-    """HELMET: its synthetic recall, RAG and re-ranking categories at 4K-128K tokens.
+    """HELMET: its synthetic recall, RAG, re-ranking, many-shot ICL and long-document QA categories at 4K-128K tokens.
 
-    HELMET's released files, prompts and base-model demonstrations (no chat template); a prompt over the length less the tokens to generate has its context cut at the end, as HELMET's tokenize() does; greedy answers up to each task's generation length (RAG, re-ranking: stopping at a new line), scored by HELMET's metrics (SubEM for json_kv and RAG, RULER recall for the RULER tasks, NDCG@10 for re-ranking). Not run yet: HELMET's many-shot ICL, long-document QA, summarisation and citation categories.
+    HELMET's released files and the Hugging Face datasets it reads, its prompts and base-model demonstrations (no chat template); a prompt over the length less the tokens to generate has its context cut at the end, as HELMET's tokenize() does (long-document QA's documents first cut with the Llama-2 tokenizer, as HELMET does); greedy answers up to each task's generation length (RAG, re-ranking, ICL: stopping at a new line), scored by HELMET's metrics (SubEM for json_kv and RAG, RULER recall for the RULER tasks, NDCG@10 for re-ranking, accuracy for ICL and InfiniteBench's multiple choice, ROUGE-L F1 for InfiniteBench's QA). NarrativeQA is scored by ROUGE-L F1 and SubEM: HELMET's GPT-4o judge is not run. Not run yet: HELMET's summarisation and citation categories.
 
     results.json: the score (x100) per task and length, each category's (the mean of its tasks) per length; helmet.png: category score vs length.
 
@@ -375,5 +383,5 @@ def eval_helmet(
     """
     from tapecli.eval.helmet import Helmet
 
-    evaluation = Helmet(data, commas.split(tasks, "--tasks"), _lengths(lengths), samples, shots)
+    evaluation = Helmet(data, commas.split(tasks, "--tasks"), _lengths(lengths), samples, shots, truncation_tokenizer)
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)

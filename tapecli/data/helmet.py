@@ -26,6 +26,9 @@ does) and HELMET's metric (scripts/collect_results.py); RAG and re-ranking promp
 (`demonstrations`: the loaders' per-question shuffle). `read(data, task, length)` reads one file from a local folder
 (the extracted `data/`, or the folder above it), or, for users with a network, from the hub's data.tar.gz (downloaded
 once into the Hugging Face cache and extracted beside it).
+
+HELMET's many-shot ICL and long-document QA categories read Hugging Face datasets instead of data/ files: their tasks
+are in `TASKS` too (their rows made by `tapecli.data.helmet_icl` and `tapecli.data.helmet_longqa`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tapecli.data import helmet_icl, helmet_longqa
 from tapecli.errors import TapeError
 
 HUB_ID = "princeton-nlp/HELMET"
@@ -79,6 +83,7 @@ class Task:
     metric: str  # the key collect_results.py reports: substring_exact_match | ruler_recall
     demo_file: str | None = None  # RAG: the demonstrations' file, relative to data/
     stop_new_line: bool = False
+    samples: int = 100  # max_test_samples in its config
 
     def file(self, length: int) -> str:
         """The released file of this task at an input length, relative to data/."""
@@ -105,9 +110,15 @@ TASKS = {t.name: t for t in (
          "substring_exact_match", "kilt/popqa_test_1000_k3_dep6.jsonl", True),
     Task("msmarco_rerank_psg", "rerank", "msmarco/test_reranking_data_k{k}_dep3.jsonl", 200,
          _RERANK_USER + "\nRanking:", "NDCG@10", "msmarco/test_reranking_data_k10_dep3.jsonl", True),
+    # ICL and long-document QA: rows from Hugging Face datasets (helmet_icl, helmet_longqa), no file of data/
+    *(Task(name, "icl", "", 20, helmet_icl.TEMPLATE, "exact_match", None, True, 500) for name in helmet_icl.SOURCES),
+    Task("narrativeqa", "longqa", "", 100, helmet_longqa.TEMPLATES["narrativeqa"], "rougeL_f1"),
+    Task("infbench_qa_eng", "longqa", "", 10, helmet_longqa.TEMPLATES["infbench_qa_eng"], "rougeL_f1"),
+    Task("infbench_choice_eng", "longqa", "", 10, helmet_longqa.TEMPLATES["infbench_choice_eng"], "exact_match"),
 )}
-CATEGORIES = {c: [n for n, t in TASKS.items() if t.category == c] for c in ("recall", "rag", "rerank")}
-NOT_YET = ("icl", "longqa", "summ", "cite")  # HELMET's other categories: not run by tape
+CATEGORIES = {c: [n for n, t in TASKS.items() if t.category == c]
+              for c in ("recall", "rag", "rerank", "icl", "longqa")}
+NOT_YET = ("summ", "cite")  # HELMET's other categories: not run by tape
 
 
 def qa_key(rows: list[dict[str, Any]], task: Task) -> str:

@@ -1,7 +1,8 @@
 """HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall*.yaml, scripts/collect_results.py):
 its synthetic recall category (JSON KV, RULER MK needle, MK UUID, multi-value), its RAG category (NQ, TriviaQA,
 HotpotQA, PopQA among retrieved passages) and its re-ranking category (MS MARCO passages, NDCG@10) at HELMET's input
-lengths.
+lengths; its many-shot ICL and long-document QA categories (`tapecli.eval.helmet_prepared`: rows made from the
+Hugging Face datasets HELMET reads, scored by `tapecli.eval.helmet_answer`).
 
 Data: HELMET's released jsonl files (`tapecli.data.helmet`): `--data` the extracted data/ folder, or the hub's
 data.tar.gz for users with a network. Per task and length (`--tasks`, `--lengths`: HELMET's input_max_length, 4K to
@@ -21,7 +22,8 @@ tasks, NDCG@10 of the parsed ranking for re-ranking.
 
 results.json, per model: `scores[task][length]` (the mean metric x 100, as eval.py averages it),
 `categories[category][length]` (the mean of its tasks, as collect_results.py averages them), `counts`, `truncated` and
-`mean_input_tokens[task][length]`. `Helmet` is the protocol (a unit is one row, (task, length, row); the models share
+`mean_input_tokens[task][length]`; with NarrativeQA, `also` (its SubEM) and `note` (HELMET's GPT-4o judge is not
+run). `Helmet` is the protocol (a unit is one row, (task, length, row); the models share
 one folder); the runner writes settings.json, samples.jsonl, results.json and helmet.png (each category vs length).
 """
 
@@ -33,11 +35,22 @@ from pathlib import Path
 from typing import Any
 
 from tapecli.errors import TapeError
+from tapecli.eval.helmet_prepared import CATEGORIES as PREPARED
+from tapecli.eval.helmet_prepared import Prepared
 from tapecli.eval.protocol import Evaluation, Opening, source_of
 from tapecli.store.door import OpenedModel
 
 PLOT_FILE = "helmet.png"
 SEED = 42  # HELMET's --seed default: the max_test_samples draw
+ICL_LONGQA = ("Many-shot ICL (icl_trec_coarse, icl_trec_fine, icl_banking77, icl_clinic150, icl_nlu; configs/icl.yaml, "
+              "load_icl): 500 test rows with balanced labels, per row its configs' count of label-balanced "
+              "demonstrations and labels mapped to random integers (seeded by sha256(text) + 42), stopping at a new "
+              "line, exact_match of the output parsed after 'label:'. Long-document QA (narrativeqa, infbench_qa_eng, "
+              "infbench_choice_eng; configs/longqa.yaml, load_narrativeqa, load_infbench): documents kept by length "
+              "and cut to length - 200 - generation_max_length Llama-2 tokens (truncate_llama2), `shots` "
+              "demonstrations, no chat template (HELMET's base-model setting); infbench_qa_eng ROUGE-L F1, "
+              "infbench_choice_eng exact_match (choice_post_process), narrativeqa ROUGE-L F1 and SubEM: HELMET's "
+              "GPT-4o judge is not run")
 PROTOCOL = ("HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall.yaml, rag.yaml, "
             "rerank.yaml): synthetic recall (json_kv, ruler_niah_mk_2, ruler_niah_mk_3, ruler_niah_mv), RAG (kilt_nq, "
             "kilt_triviaqa, kilt_hotpotqa, kilt_popqa with log10(s_pop) < 3) and re-ranking (msmarco_rerank_psg); "
@@ -48,9 +61,9 @@ PROTOCOL = ("HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, co
             "excess in tokens; greedy decoding up to generation_max_length, stopping at EOS (RAG, re-ranking: also "
             "at a new-line token); metrics: substring_exact_match (json_kv and RAG, max over the raw and parsed "
             "output), ruler_recall, NDCG@10 (parse_rankings, trec_eval through pytrec_eval); task score = mean x "
-            "100; category = mean over its tasks")
+            "100; category = mean over its tasks. " + ICL_LONGQA)
 
-Unit = tuple[str, int, int]  # (task, length, row index in its file)
+Unit = tuple[str, int, int]  # (task, length, row index in its file; ICL and long QA: in the prepared rows)
 
 
 @dataclass
@@ -64,12 +77,14 @@ class Helmet(Evaluation):
     data: str | None = None
     tasks: list[str] = field(default_factory=lambda: ["recall", "rag", "rerank"])
     lengths: list[int] = field(default_factory=lambda: [8192, 16384, 32768, 65536, 131072])
-    samples: int = 100
+    samples: int | None = None  # None: each task's max_test_samples (100; ICL 500)
     shots: int = 2
+    truncation_tokenizer: str = "meta-llama/Llama-2-7b-hf"  # long-document QA: HELMET's Llama-2 cut
     rows: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
     chosen: dict[tuple[str, int], list[int]] = field(default_factory=dict, init=False, repr=False)
     demos: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
     read_files: list[str] = field(default_factory=list, init=False, repr=False)
+    prepared: Any = field(default=None, init=False, repr=False)
 
     def check(self, models: list[str]) -> None:
         from tapecli.data import helmet
@@ -77,24 +92,33 @@ class Helmet(Evaluation):
         names: list[str] = []
         for name in self.tasks:
             if name in helmet.NOT_YET:
-                raise TapeError(f"--tasks: HELMET's {name} category is not run by tape yet; tape runs recall, rag and "
-                                f"rerank ({', '.join(helmet.TASKS)})")
+                raise TapeError(f"--tasks: HELMET's {name} category is not run by tape yet; tape runs "
+                                f"{', '.join(helmet.CATEGORIES)} ({', '.join(helmet.TASKS)})")
             if name not in helmet.TASKS and name not in helmet.CATEGORIES:
-                raise TapeError(f"--tasks: unknown task {name!r}; choose recall, rag, rerank or among "
+                raise TapeError(f"--tasks: unknown task {name!r}; choose {', '.join(helmet.CATEGORIES)} or among "
                                 f"{', '.join(helmet.TASKS)}")
             names += helmet.CATEGORIES.get(name, [name])
         self.tasks = list(dict.fromkeys(names))
         self.lengths = sorted(set(self.lengths))
         if not self.lengths or min(self.lengths) < 1:
             raise TapeError(f"--lengths: positive token counts, got {self.lengths}")
-        if self.samples < 1 or self.shots < 0:
+        if (self.samples is not None and self.samples < 1) or self.shots < 0:
             raise TapeError(f"--samples must be positive and --shots at least 0, got {self.samples}, {self.shots}")
+        if self.samples is None and all(helmet.TASKS[t].samples == 100 for t in self.tasks):
+            self.samples = 100  # as settings.json recorded it before ICL's 500
+        self.prepared = Prepared(self.data, self.shots, self.truncation_tokenizer, shuffled)
         for task, length in itertools.product(self.tasks, self.lengths):
             definition = helmet.TASKS[task]
+            if definition.category in PREPARED:  # ICL, long-document QA: rows made whole from HF datasets
+                rows, described = self.prepared.rows(definition, length, self.samples or definition.samples)
+                self.rows[task, length], self.chosen[task, length] = rows, list(range(len(rows)))
+                self.read_files.append(described)
+                continue
             rows, described = helmet.read(self.data, definition, length)
             self.rows[task, length] = rows
-            self.chosen[task, length] = (draw(len(rows), self.samples) if definition.category == "recall"
-                                         else draw_qa(definition, rows, self.samples))
+            samples = self.samples or definition.samples
+            self.chosen[task, length] = (draw(len(rows), samples) if definition.category == "recall"
+                                         else draw_qa(definition, rows, samples))
             self.read_files.append(described)
             if definition.category != "recall":
                 if (task, None) not in self.demos:
@@ -107,12 +131,14 @@ class Helmet(Evaluation):
                                             if definition.category == "rerank" else demos)
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
-        from tapecli.data.helmet import HUB_ID
+        from tapecli.data.helmet import CATEGORIES, HUB_ID
 
         data = {"path": str(Path(self.data).expanduser().resolve())} if self.data else {"hub": HUB_ID}
+        longqa = any(t in CATEGORIES["longqa"] for t in self.tasks)
         return {"task": "helmet", "models": [source_of(m)[1] for m in models],
                 "data": {**data, "files": self.read_files},
                 "tasks": self.tasks, "lengths": self.lengths, "samples": self.samples, "shots": self.shots,
+                **({"truncation_tokenizer": self.truncation_tokenizer} if longqa else {}),
                 "dtype": opening.dtype_name(), "pe_args": opening.pe_args}
 
     def units(self, opened: OpenedModel) -> list[Unit]:
@@ -126,6 +152,7 @@ class Helmet(Evaluation):
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         from tapecli.data import helmet
         from tapecli.eval.common import generate_batch
+        from tapecli.eval.helmet_answer import scores
         from tapecli.eval.helmet_metric import ruler_recall, sub_em_score
         from tapecli.eval.helmet_rerank import ndcg_at_10, parse_rankings
 
@@ -136,6 +163,9 @@ class Helmet(Evaluation):
         for _, _, i in units:
             row = self.rows[task.name, length][i]
             demos = []
+            if task.category in PREPARED:
+                samples.append(row)
+                continue
             if task.category != "recall":
                 rows = self.rows[task.name, length]
                 demos = helmet.demonstrations(task, row, self.demos[task.name, length], helmet.qa_key(rows, task),
@@ -159,7 +189,12 @@ class Helmet(Evaluation):
                 ends = [k for k in range(len(output)) if new_line(output[: k + 1])]
                 output = output[: ends[0] + 1] if ends else output
             text = tokenizer.decode(output)
-            if task.metric == "NDCG@10":
+            extra: dict[str, Any] = {}
+            if task.category in PREPARED:
+                extra = scores(task.name, text, sample["answer"])
+                score = extra.pop(task.metric)
+                extra.update({"document_cut": sample["document_cut"]} if "document_cut" in sample else {})
+            elif task.metric == "NDCG@10":
                 labels = {c["id"]: int(c["label"]) for c in sample["ctxs"]}
                 score = ndcg_at_10(parse_rankings(text), labels, sample["qid"])
             elif task.metric == "ruler_recall":
@@ -168,7 +203,7 @@ class Helmet(Evaluation):
                 score = sub_em_score(text, sample["answer"], "corresponding value:" if task.name == "json_kv"
                                      else "Answer:")
             out.append({"task": task.name, "length": length, "row": index, "input_tokens": len(ids),
-                        "truncated": cut, "output": text, "answer": sample["answer"], task.metric: score})
+                        "truncated": cut, "output": text, "answer": sample["answer"], task.metric: score, **extra})
         return out
 
     def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -192,8 +227,10 @@ class Helmet(Evaluation):
         for folder in results.values():
             for m in folder["models"]:
                 columns = sorted({int(n) for cells in m["scores"].values() for n in cells})
+                also = {f"{t} {k}": cells for t, metrics in m.get("also", {}).items() for k, cells in metrics.items()}
                 lines += ["", f"{m['name']}: HELMET scores (x100; {m['truncated']} of {m['samples']} prompts cut)",
-                          table({**m["scores"], **m["categories"]}, columns, first="task / length")]
+                          table({**m["scores"], **also, **m["categories"]}, columns, first="task / length"),
+                          *([m["note"]] if "note" in m else [])]
         return "\n".join(lines)
 
 
@@ -242,6 +279,7 @@ def tokenize(tokenizer: Any, task: Any, sample: dict[str, Any], max_length: int)
 def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int]) -> dict[str, Any]:
     """Per task and length, the mean metric x 100 (eval.py), and each category's mean over its tasks per length."""
     from tapecli.data.helmet import CATEGORIES, TASKS
+    from tapecli.eval.helmet_prepared import ALSO, NOTE
 
     def cell(t: str, n: int) -> list[dict[str, Any]]:
         return [r for r in rows if r["task"] == t and r["length"] == n]
@@ -257,5 +295,8 @@ def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int]) 
     counts = {t: {str(n): len(cell(t, n)) for n in lengths if cell(t, n)} for t in tasks}
     tokens = {t: {str(n): round(sum(r["input_tokens"] for r in cell(t, n)) / len(cell(t, n)), 1)
                   for n in lengths if cell(t, n)} for t in tasks}
+    also = {t: {m: {str(n): round(100 * sum(r[m] for r in cell(t, n)) / len(cell(t, n)), 2)
+                    for n in lengths if cell(t, n)} for m in ALSO[t]} for t in tasks if t in ALSO}
     return {"scores": scores, "categories": categories, "counts": counts, "samples": len(rows),
-            "truncated": sum(r["truncated"] for r in rows), "mean_input_tokens": tokens}
+            "truncated": sum(r["truncated"] for r in rows), "mean_input_tokens": tokens,
+            **({"also": also, "note": NOTE} if also else {})}
