@@ -63,6 +63,9 @@ _ROPE_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yar
 # length it takes from the top level of config.json (default where absent), over rope_parameters'.
 _ROPE_ALIASES = {"Phi3ForCausalLM": {"su": "longrope", "yarn": "longrope"}}
 _TOP_LEVEL_ORIGINAL = {"Phi3ForCausalLM": 4096}
+# Classes whose generation re-encodes its cache at LongRoPE's switch as tape does (Phi3ForCausalLM's
+# prepare_inputs_for_generation); another class would decode on with short-factor keys: refused.
+_LONGROPE_CLASSES = ("Phi3ForCausalLM",)
 _ROPE_KEYS = {"short_factor", "long_factor", "rope_theta", "rope_type", "type", "factor",
               "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
               "mscale_all_dim", "truncate", "low_freq_factor", "high_freq_factor", "partial_rotary_factor"}
@@ -99,6 +102,9 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
     if kind not in _ROPE_TYPES:
         raise TapeError(f"{where}: rope_parameters.rope_type {kind!r} is not supported; supported: "
                         f"{', '.join(_ROPE_TYPES)}")
+    if kind == "longrope" and architecture not in _LONGROPE_CLASSES:
+        raise TapeError(f"{where}: rope_parameters.rope_type 'longrope' is not supported for {architecture} (tape "
+                        f"reads LongRoPE as transformers' {', '.join(_LONGROPE_CLASSES)} runs it)")
     args: dict[str, Any] = {"theta": float(params["rope_theta"])}
     partial = float(params.get("partial_rotary_factor", 1.0))
     if partial != 1.0 and architecture not in PARTIAL_ROTARY:

@@ -292,7 +292,7 @@ def test_every_window_layout_transformers_writes_reads_as_its_modeling_code_runs
 
 @pytest.mark.parametrize("arch, nearest", [
     ("Gemma3nForCausalLM", "Gemma3ForCausalLM"), ("OlmoForCausalLM", "Olmo2ForCausalLM"),
-    ("Phi3ForCausalLM", "LlamaForCausalLM"),
+    ("PhiForCausalLM", "Phi3ForCausalLM"), ("PhimoeForCausalLM", "Phi3ForCausalLM"),
     ("Qwen3MoeForCausalLM", "Qwen3ForCausalLM"), ("GptOssForCausalLM", "MistralForCausalLM"),
     ("Llama4ForCausalLM", "LlamaForCausalLM"),
 ])
