@@ -13,7 +13,8 @@ Two independent choices:
   (`max_position_embeddings`): pi (linear interpolation by N/L), yarn, dynamic (NTK), theta (RoPE base
   `extend.theta`, 1e6), longrope (LongRoPE: per-frequency short and long factors, switched at the base's length;
   the factors are `model.pe_args.short_factor` / `long_factor` where the recipe gives them, else the base's own when
-  its config.json has LongRoPE, which then keeps its original length and attention factor too), none (refused for
+  its config.json has LongRoPE, which then keeps its original length too; the attention factor, unless given,
+  follows N over the original length, as transformers computes it), none (refused for
   longlora, which is defined with interpolation: LongLoRA's fine-tune.py). pi, yarn or dynamic on a LongRoPE base
   replaces it (its factors and attention factor dropped).
 `extend.compat: official` reproduces the official scripts: interpolation by N/L under every method (theta
@@ -83,9 +84,9 @@ def longrope_args(scaling: str, base_args: dict[str, Any], requested: dict[str, 
     base_longrope = base_args.get("scaling") == "longrope"
     if scaling != "longrope":  # a scaling that replaces the base's LongRoPE drops its factors
         return {**args, **dict.fromkeys(LONGROPE_KEYS)} if base_longrope and "scaling" in args else args
+    args = {key: value for key, value in args.items() if key != "factor"}  # its attention factor follows N / L
     if base_longrope:
-        return {**args, "original_max_len": base_args.get("original_max_len", args["original_max_len"]),
-                "factor": base_args.get("factor", args["factor"])}
+        return {**args, "original_max_len": base_args.get("original_max_len", args["original_max_len"])}
     lacking = [key for key in ("short_factor", "long_factor") if key not in requested]
     if lacking:
         raise TapeError(f"model.pe_args.{lacking[0]}: --scaling longrope needs the short and long rescale factors "
@@ -184,7 +185,8 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
         lora = LoraSpec(rank=x.lora_rank, alpha=x.lora_alpha, dropout=x.lora_dropout, targets=list(x.lora_targets))
     freeze_after = ["*.post_attn_proj.*"] if x.method == "tape" and x.compat == "official" else []
     scaled = config.pe_args.get("scaling", "none")
-    stretch = "no interpolation" if scaled == "none" else f"{scaled} x{config.pe_args['factor']:g}"
+    stretch = "no interpolation" if scaled == "none" else f"{scaled} x{config.pe_args['factor']:g}" if (
+        scaled != "longrope") else f"longrope from {config.pe_args.get('original_max_len', base_len)}"
     how = f"{x.scaling} ({stretch}, RoPE theta {config.pe_args.get('theta', 10000.0):g})"
     summary = (f"extend-context: {origin} from {base_len} to {target} tokens; method {x.method}, scaling {how}; "
                f"protocol {x.compat}" + (" (PI under every method, TAPE's post-attention map frozen)"

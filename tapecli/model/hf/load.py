@@ -129,7 +129,7 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
         original = hf.get("original_max_position_embeddings", _TOP_LEVEL_ORIGINAL[architecture])
     args["original_max_len"] = int(original)
     if kind == "longrope":
-        return {**args, **_longrope_args(params, max_pos, int(original))}
+        return {**args, **_longrope_args(params)}
     factor = params.get("factor")
     if factor is None:  # transformers refuses such a config too (a KeyError when it is read)
         raise TapeError(f"{where}: rope_parameters.factor is required for rope_type {kind!r}; add the factor the "
@@ -156,18 +156,17 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
     return args
 
 
-def _longrope_args(params: dict[str, Any], max_pos: int, original: int) -> dict[str, Any]:
-    """LongRoPE's factor lists, and its growth factor and attention factor as transformers computes them (factor:
-    rope_parameters' or max_position_embeddings / original; the RoPE checks the lists' lengths)."""
-    from tapecli.model.pe.rope import longrope_attention_factor
-
-    factor = params.get("factor")
-    factor = float(factor) if factor is not None else max_pos / original
-    attention_factor = params.get("attention_factor")
-    attention_factor = longrope_attention_factor(factor, original) if attention_factor is None else attention_factor
-    args = {"short_factor": params["short_factor"], "long_factor": params["long_factor"],
-            "attention_factor": float(attention_factor)}
-    return {**args, "factor": factor} if factor >= 1 else args
+def _longrope_args(params: dict[str, Any]) -> dict[str, Any]:
+    """LongRoPE's factor lists, and its growth factor and attention factor where config.json gives them (else tape's
+    RoPE computes the attention factor as transformers does, from max_position_embeddings / the original length, so
+    a longer context recomputes it; the RoPE checks the lists' lengths). A factor <= 1 means attention factor 1."""
+    args = {"short_factor": params["short_factor"], "long_factor": params["long_factor"]}
+    factor, attention_factor = params.get("factor"), params.get("attention_factor")
+    if factor is not None and float(factor) > 1:
+        args["factor"] = float(factor)
+    elif factor is not None and attention_factor is None:
+        attention_factor = 1.0
+    return args if attention_factor is None else {**args, "attention_factor": float(attention_factor)}
 
 
 def _layer_type_pe_args(hf: dict[str, Any], where: str, arch: str) -> tuple[dict[str, Any], dict[str, Any] | None]:

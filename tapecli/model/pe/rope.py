@@ -199,6 +199,7 @@ class RoPE(PositionalEncoding):
         # The rotary width: Hugging Face's partial rotary rotates the first int(d * factor) dims (even).
         self.rotary_dim = int(config.head_dim * partial_rotary_factor) // 2 * 2
         self.short_factor, self.long_factor = self.check_longrope(short_factor, long_factor)
+        self.given_attention_factor = attention_factor
         with torch.device("cpu"):  # real tensors even when the model is built on the meta device
             self.init_frequencies(beta_fast, beta_slow, attention_factor, truncate, low_freq_factor,
                                   high_freq_factor)
@@ -357,10 +358,12 @@ class RoPE(PositionalEncoding):
             return {"rope_parameters": params, "max_position_embeddings": max_pos}
         if self.scaling == "longrope":
             params.update(rope_type="longrope", short_factor=self.short_factor, long_factor=self.long_factor,
-                          original_max_position_embeddings=self.original_max_len,
-                          attention_factor=self.attention_factor)
-            return {"rope_parameters": {**params, **({"factor": self.factor} if self.factor > 1 else {})},
-                    "max_position_embeddings": max_pos}
+                          original_max_position_embeddings=self.original_max_len)
+            if self.factor > 1:
+                params["factor"] = self.factor
+            if self.given_attention_factor is not None:  # else transformers computes it as tape does
+                params["attention_factor"] = self.given_attention_factor
+            return {"rope_parameters": params, "max_position_embeddings": max_pos}
         params.update(rope_type=self.scaling, factor=self.factor)
         if self.scaling == "dynamic":
             max_pos = self.original_max_len  # transformers' dynamic NTK measures growth from max_position_embeddings

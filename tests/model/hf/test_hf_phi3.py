@@ -88,12 +88,12 @@ def test_logits_generation_and_export_equal_transformers(phi, tmp_path, name):
 
 def test_what_tape_makes_of_phi_configs(phi):
     config = open_model(str(phi["phi4-mini-partial"][1]), device="cpu").model.config
-    growth = 64 / ORIGINAL  # max_position_embeddings / original, transformers' default factor
     assert config.pe_args == {"theta": 1e4, "partial_rotary_factor": 0.75, "scaling": "longrope",
                               "original_max_len": ORIGINAL, "short_factor": CASES["phi4-mini-partial"][
-                                  "rope_scaling"]["short_factor"], "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0],
-                              "attention_factor": math.sqrt(1 + math.log(growth) / math.log(ORIGINAL)),
-                              "factor": growth}
+                                  "rope_scaling"]["short_factor"], "long_factor": [2.0, 3.0, 4.0, 5.0, 6.0, 7.0]}
+    growth = 64 / ORIGINAL  # max_position_embeddings / original: transformers' attention factor, computed the same
+    pe = open_model(str(phi["phi4-mini-partial"][1]), device="cpu").model.model.pe
+    assert pe.attention_factor == math.sqrt(1 + math.log(growth) / math.log(ORIGINAL))
     assert (config.tie_embeddings, config.window, config.block, config.qk_norm) == (True, None, {}, False)
     layer = open_model(str(phi["phi3-longrope"][1]), device="cpu").model.model.layers[0]
     assert layer.self_attn.q_proj.weight.shape == (64, 64) and layer.self_attn.k_proj.weight.shape == (32, 64)
@@ -198,3 +198,22 @@ def test_a_tape_trained_longrope_model_exports_as_phi3(tmp_path):
         with torch.no_grad():
             torch.testing.assert_close(hf(x).logits, model(x), rtol=0, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("extra", [{}, {"factor": 8.0}, {"factor": 0.5}, {"attention_factor": 1.3},
+                                   {"factor": 1.0, "attention_factor": 0.9}])
+def test_longrope_attention_factor_is_transformers_for_every_way_config_json_gives_it(extra):
+    """Config only: the attention factor tape's imported RoPE computes equals Phi3's rotary embedding's."""
+    from tapecli.model import Transformer
+    from tapecli.model.hf.load import hf_model_config
+
+    rope = {**CASES["phi3-longrope"]["rope_scaling"], **extra}
+    config = transformers.Phi3Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                                     num_attention_heads=4, max_position_embeddings=64,
+                                     original_max_position_embeddings=ORIGINAL, rope_scaling=rope, pad_token_id=0,
+                                     bos_token_id=1, eos_token_id=2)
+    theirs = transformers.Phi3ForCausalLM(config).model.rotary_emb.attention_scaling
+    written = {**json.loads(config.to_json_string()), "architectures": ["Phi3ForCausalLM"]}
+    with torch.device("meta"):
+        ours = Transformer(hf_model_config(written)).model.pe.attention_factor
+    assert ours == theirs
