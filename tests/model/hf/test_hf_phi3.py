@@ -158,26 +158,6 @@ def test_a_fused_weight_of_the_wrong_size_names_its_file(tmp_path):
         open_model(str(tmp_path / "hf"), device="cpu")
 
 
-@pytest.mark.parametrize("keys, message", [
-    (dict(pe_args={"scaling": "yarn", "factor": 2.0, "partial_rotary_factor": 0.5}),
-     "model.pe_args.scaling: 'yarn' with partial_rotary_factor exports to no supported class"),
-    (dict(pe_args={"partial_rotary_factor": 0.5}, qk_norm=True),
-     "model.pe_args: partial_rotary_factor exports only as a Phi3"),
-    (dict(pe_args={"scaling": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
-                   "original_max_len": 16}, schedule={"pattern": ["rope", "nope"]}),
-     "model.pe_args: scaling longrope exports only as a Phi3"),
-])
-def test_what_phi3_cannot_run_is_refused_in_one_line(tmp_path, keys, message):
-    from tapecli.data.tokenizer import ByteTokenizer
-    from tapecli.model import ModelConfig, Transformer
-
-    model = Transformer(ModelConfig(vocab_size=259, dim=32, n_layers=2, n_heads=2, pe="rope", **keys))
-    with pytest.raises(TapeError) as info:
-        export_hf(model, ByteTokenizer(), tmp_path / "out")
-    assert message in str(info.value) and "\n" not in str(info.value)
-    assert not (tmp_path / "out").exists()
-
-
 def test_a_tape_trained_longrope_model_exports_as_phi3(tmp_path):
     """LongRoPE set in a recipe (not imported) exports as a Phi3 whose logits equal tape's on both sides of the
     switch, the default attention factor written out."""
