@@ -362,6 +362,8 @@ def test_longrope_without_factors_is_one_line(base, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--method", "bogus"], "extend.method: expected one of tape, lora, longlora, full"),
     (["--scaling", "yarn", "--compat", "official"], "extend.scaling: yarn does not exist in the official protocol"),
+    (["--scaling", "longrope", "--compat", "official"], "extend.scaling: longrope does not exist in the official "
+                                                        "protocol"),
     (["train.freeze=['*']"], "train.freeze: extend-context trains what --method says"),
     (["extend.trainable=['*embeddings*']"], "extend.trainable: pattern '*embeddings*' matches no parameter"),
     (["model.n_layers=3"], "model.n_layers: the recipe asks for 3"),
