@@ -16,9 +16,9 @@ def export(
     out: Path = typer.Option(..., "--out", help="The Hugging Face directory to write (new or empty)."),
     dtype: str = typer.Option("float32", "--dtype", help="float32 or bfloat16 weights."),
 ) -> None:
-    """Write a checkpoint as a Hugging Face directory (Llama, Mistral, Qwen2, Qwen3 or SmolLM3) that `AutoModelForCausalLM.from_pretrained` opens.
+    """Write a checkpoint as a Hugging Face directory (Llama, Mistral, Qwen2, Qwen3, SmolLM3, Phi3, or the family of an imported block) that `AutoModelForCausalLM.from_pretrained` opens.
 
-    config.json names the family whose layers compute the model (Mistral for a window in every layer, SmolLM3 for NoPE layers or windows in some layers, Qwen2 with q/k/v biases, Qwen3 with QK-norm; rope_parameters for RoPE's scaling), then safetensors and the tokenizer. LoRA adapters are merged into the weights.
+    config.json names the family whose layers compute the model (Mistral for a window in every layer, SmolLM3 for NoPE layers or windows in some layers, Qwen2 with q/k/v biases, Qwen3 with QK-norm, Phi3 with LongRoPE or a partial rotary; rope_parameters for RoPE's scaling), then safetensors and the tokenizer. LoRA adapters are merged into the weights.
 
     Only layers transformers can run export: RoPE (any scaling) or NoPE, with one window size, and a plugin PE whose class defines hf_export. Other PEs have no equivalent in transformers; keep their native checkpoints, which every `tape eval` opens.
 
@@ -39,7 +39,7 @@ def export(
     with claim(out, beside=True):  # --out must stay empty until it is renamed into place: the claim sits beside it
         wrote_tokenizer = export_hf(model, tokenizer, out, dtype=getattr(torch, dtype))
     note = "" if wrote_tokenizer else f" (no tokenizer: the {tokenizer.kind} tokenizer has no Hugging Face form)"
-    arch = check_exportable(model)[0]  # the family it was written as: Llama, Mistral, Qwen2, Qwen3, SmolLM3
+    arch = check_exportable(model)[0]  # the family it was written as: Llama, Mistral, Phi3, ...
     typer.echo(f"wrote a Hugging Face {arch.removesuffix('ForCausalLM')} ({arch}) to {out}{note}")
 
 

@@ -92,7 +92,7 @@ def extend_context(
     base: str = typer.Option(..., "--base", help=_BASE_HELP + " With --method drope, also a tape run or checkpoint."),
     method: str = typer.Option("tape", "--method", help="What is trained: tape | lora | longlora | full | drope."),
     scaling: str = typer.Option(None, "--scaling", show_default=False, help="How positions reach the longer "
-                                "context: pi (the default) | yarn | dynamic | theta | none (not with longlora, which "
+                                "context: pi (the default) | yarn | dynamic | theta | longrope | none (not with longlora, which "
                                 "is defined with interpolation; drope takes only none, its default)."),
     compat: str = typer.Option("paper", "--compat", help="paper, or official: the official scripts' protocol (PI "
                                "under every method, theta included; TAPE's post-attention map frozen)."),
@@ -106,7 +106,7 @@ def extend_context(
 
     drope (DroPE, arXiv 2512.12167) removes the positional embedding from every layer and recalibrates every weight at the base's own length (data.seq_len at most L; recipe drope, or drope-smoke on a CPU); the model then runs at N without any scaling.
 
-    Scalings: pi interpolates positions by N/L (the default); yarn; dynamic (NTK); theta sets the RoPE base to 1e6; none.
+    Scalings: pi interpolates positions by N/L (the default); yarn; dynamic (NTK); theta sets the RoPE base to 1e6; longrope (LongRoPE's per-frequency factors, switched at L: model.pe_args.short_factor=[...] model.pe_args.long_factor=[...], or a Phi-3 base's own); none.
 
     The paper's rows: --method lora, --method longlora, --method lora --scaling theta, --method tape (all with --compat official for the official numbers).
 

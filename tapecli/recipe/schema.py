@@ -165,7 +165,7 @@ class ExtendSection:
     A recipe has this section only when it extends a context (`Recipe.extend` is None otherwise)."""
 
     method: Literal["tape", "lora", "longlora", "full", "drope"] = "tape"  # what is trained (--method)
-    scaling: Literal["pi", "yarn", "dynamic", "theta", "none"] = "pi"  # how positions reach the target (--scaling)
+    scaling: Literal["pi", "yarn", "dynamic", "theta", "longrope", "none"] = "pi"  # how positions reach N (--scaling)
     compat: Literal["paper", "official"] = "paper"  # official: PI under every method, TAPE's P frozen (--compat)
     theta: float = 1e6  # RoPE base of `scaling: theta`
     lora_rank: int = 8  # lora, longlora: rank r of the adapters

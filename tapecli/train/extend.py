@@ -11,7 +11,12 @@ Two independent choices:
               every weight recalibrated at the base's length (rows of at most L tokens; scaling none)
 - `extend.scaling`, how positions reach the target context N = model.max_seq_len from the base's L
   (`max_position_embeddings`): pi (linear interpolation by N/L), yarn, dynamic (NTK), theta (RoPE base
-  `extend.theta`, 1e6), none (refused for longlora, which is defined with interpolation: LongLoRA's fine-tune.py).
+  `extend.theta`, 1e6), longrope (LongRoPE: per-frequency short and long factors, switched at the base's length;
+  the factors are `model.pe_args.short_factor` / `long_factor` where the recipe gives them, else the base's own when
+  its config.json has LongRoPE, which then keeps its original length too; the attention factor, unless given,
+  follows N over the original length, as transformers computes it), none (refused for
+  longlora, which is defined with interpolation: LongLoRA's fine-tune.py). pi, yarn or dynamic on a LongRoPE base
+  replaces it (its factors and attention factor dropped).
 `extend.compat: official` reproduces the official scripts: interpolation by N/L under every method (theta
 included) and TAPE's post-attention map left frozen at zero.
 
@@ -54,17 +59,39 @@ class Plan:
 
 def scaling_args(scaling: str, compat: str, theta: float, factor: float, base_len: int) -> dict[str, Any]:
     """RoPE pe_args for a scaling choice (tapecli.model.pe.rope)."""
-    if compat == "official" and scaling in ("yarn", "dynamic"):
+    if compat == "official" and scaling in ("yarn", "dynamic", "longrope"):
         raise TapeError(f"extend.scaling: {scaling} does not exist in the official protocol (it interpolates "
                         "linearly); use extend.compat=paper")
     stretch = {"original_max_len": base_len, "factor": factor}
     args: dict[str, Any] = {}
     if scaling == "theta":
         args["theta"] = theta
-    if scaling in ("pi", "yarn", "dynamic"):
+    if scaling in ("pi", "yarn", "dynamic", "longrope"):
         args.update(scaling={"pi": "linear"}.get(scaling, scaling), **stretch)
     elif compat == "official":  # the official scripts interpolate whenever N > L, theta included
         args.update(scaling="linear", **stretch)
+    return args
+
+
+LONGROPE_KEYS = ("short_factor", "long_factor", "attention_factor")
+
+
+def longrope_args(scaling: str, base_args: dict[str, Any], requested: dict[str, Any], args: dict[str, Any],
+                  origin: str) -> dict[str, Any]:
+    """`args` (scaling_args') fitted to LongRoPE: on a LongRoPE base, --scaling longrope keeps the base's original
+    length and factors (where the recipe gives none) and another scaling drops its factors and attention factor;
+    on any other base, --scaling longrope needs the factors in the recipe (one line naming the keys otherwise)."""
+    base_longrope = base_args.get("scaling") == "longrope"
+    if scaling != "longrope":  # a scaling that replaces the base's LongRoPE drops its factors
+        return {**args, **dict.fromkeys(LONGROPE_KEYS)} if base_longrope and "scaling" in args else args
+    args = {key: value for key, value in args.items() if key != "factor"}  # its attention factor follows N / L
+    if base_longrope:
+        return {**args, "original_max_len": base_args.get("original_max_len", args["original_max_len"])}
+    lacking = [key for key in ("short_factor", "long_factor") if key not in requested]
+    if lacking:
+        raise TapeError(f"model.pe_args.{lacking[0]}: --scaling longrope needs the short and long rescale factors "
+                        f"(one per rotary frequency) and {origin} has none (its RoPE is not LongRoPE); pass "
+                        "model.pe_args.short_factor=[...] model.pe_args.long_factor=[...]")
     return args
 
 
@@ -136,8 +163,10 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
                         "kinds' pe_args scaled (model.schedule=...)")
     factor = target / base_len
     requested = recipe.set_values("model")
-    requested["pe_args"] = {**requested.get("pe_args", {}),
-                            **scaling_args(x.scaling, x.compat, x.theta, factor, base_len)}
+    own_args = requested.get("pe_args", {})
+    args = longrope_args(x.scaling, base.get("pe_args") or {}, own_args,
+                         scaling_args(x.scaling, x.compat, x.theta, factor, base_len), origin)
+    requested["pe_args"] = {**own_args, **args}
     if x.method == "tape":
         requested["pe"] = "tape"
     if x.method == "drope":
@@ -156,7 +185,8 @@ def plan_extension(recipe: Recipe, base: dict[str, Any], origin: str) -> Plan:
         lora = LoraSpec(rank=x.lora_rank, alpha=x.lora_alpha, dropout=x.lora_dropout, targets=list(x.lora_targets))
     freeze_after = ["*.post_attn_proj.*"] if x.method == "tape" and x.compat == "official" else []
     scaled = config.pe_args.get("scaling", "none")
-    stretch = "no interpolation" if scaled == "none" else f"{scaled} x{config.pe_args['factor']:g}"
+    stretch = "no interpolation" if scaled == "none" else f"{scaled} x{config.pe_args['factor']:g}" if (
+        scaled != "longrope") else f"longrope from {config.pe_args.get('original_max_len', base_len)}"
     how = f"{x.scaling} ({stretch}, RoPE theta {config.pe_args.get('theta', 10000.0):g})"
     summary = (f"extend-context: {origin} from {base_len} to {target} tokens; method {x.method}, scaling {how}; "
                f"protocol {x.compat}" + (" (PI under every method, TAPE's post-attention map frozen)"

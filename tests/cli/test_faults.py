@@ -552,9 +552,9 @@ HF_DAMAGE = [
     ("no-architecture", "sharded", lambda d: _edit_json(d / "config.json", _without("architectures", "model_type")),
      ["{d}/config.json names no architecture", "add \"architectures\": [\"LlamaForCausalLM\"]"]),
     ("unsupported-architecture", "sharded", lambda d: _edit_json(d / "config.json",
-                                                                 _with(architectures=["Phi3ForCausalLM"])),
-     ["{d}/config.json: architectures ['Phi3ForCausalLM'] is not supported; the nearest supported is "
-      "LlamaForCausalLM"]),
+                                                                 _with(architectures=["PhiForCausalLM"])),
+     ["{d}/config.json: architectures ['PhiForCausalLM'] is not supported; the nearest supported is "
+      "Phi3ForCausalLM"]),
     ("unsupported-config-key", "sharded", lambda d: _edit_json(d / "config.json", _with(attention_bias=True)),
      ["{d}/config.json: attention_bias=True is not supported"]),
     ("config-size-not-a-number", "sharded", lambda d: _edit_json(d / "config.json", _with(hidden_size="64")),

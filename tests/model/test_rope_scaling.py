@@ -114,3 +114,66 @@ def test_llama3_wavelength_bands():
     medium = ~long_waves & ~short_waves
     assert long_waves.any() and short_waves.any() and medium.any()
     assert ((inv[medium] < plain[medium]) & (inv[medium] > plain[medium] / args["factor"])).all()
+
+
+LONGROPE = {"scaling": "longrope", "original_max_len": 16, "short_factor": [1.0 + 0.1 * i for i in range(8)],
+            "long_factor": [1.0 + 1.5 * i for i in range(8)]}
+
+
+@pytest.mark.parametrize("extra", [{}, {"factor": 8.0}, {"attention_factor": 0.9}, {"partial_rotary_factor": 0.5}])
+def test_longrope_equals_transformers_compute_longrope_parameters(extra):
+    """The short factors up to original_max_len, the long ones past it (transformers' switch on the largest position
+    + 1 of a forward, for every token of it), and its attention factor (default from max_position_embeddings /
+    original_max_position_embeddings, or from `factor`)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    args = {**LONGROPE, **extra}
+    partial = args.get("partial_rotary_factor", 1.0)
+    n = int(HEAD_DIM * partial) // 2
+    args.update(short_factor=args["short_factor"][:n], long_factor=args["long_factor"][:n])
+    params = {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": args["short_factor"],
+              "long_factor": args["long_factor"], "original_max_position_embeddings": 16,
+              "partial_rotary_factor": partial, **{k: v for k, v in extra.items() if k != "partial_rotary_factor"}}
+    config = transformers.Phi3Config(hidden_size=4 * HEAD_DIM, num_attention_heads=4, max_position_embeddings=MAX_LEN,
+                                     original_max_position_embeddings=16, rope_parameters=params)
+    compute = ROPE_INIT_FUNCTIONS["longrope"]
+    for length, seq_len in ((16, None), (17, 17), (40, 40)):
+        inv, factor = frequencies(args, torch.arange(length)[None])
+        theirs, their_factor = compute(config, seq_len=seq_len)
+        assert torch.equal(inv, theirs) and factor == their_factor, (length, extra)
+    assert factor == extra.get("attention_factor", math.sqrt(1 + math.log(extra.get("factor", MAX_LEN / 16))
+                                                             / math.log(16)))
+    # One position past the original length switches the whole forward, earlier tokens included.
+    short, _ = frequencies(args, torch.arange(16)[None])
+    long, _ = frequencies(args, torch.tensor([[0, 1, 16]]))
+    assert not torch.equal(short, long)
+
+
+def test_longrope_cache_key_says_which_factors_the_keys_hold():
+    config = ModelConfig(vocab_size=8, dim=4 * HEAD_DIM, n_layers=1, n_heads=4, max_seq_len=MAX_LEN, pe="rope",
+                         pe_args=LONGROPE)
+    pe = Transformer(config).model.pe
+    assert [pe.cache_key(torch.arange(n)[None]) for n in (1, 16, 17)] == ["short", "short", "long"]
+    assert pe.cache_key(torch.tensor([[16], [3]])) == "long"  # one row past it switches the batch, as transformers
+
+
+@pytest.mark.parametrize("args, message", [
+    ({**LONGROPE, "short_factor": [1.0] * 7}, "model.pe_args.short_factor: expected a list of 8 numbers (one per "
+                                              "rotary frequency: head_dim 16 x partial_rotary_factor 1 / 2), got 7"),
+    ({**LONGROPE, "partial_rotary_factor": 0.5}, "model.pe_args.short_factor: expected a list of 4 numbers"),
+    ({**LONGROPE, "long_factor": 2.0}, "model.pe_args.long_factor: expected a list of 8 numbers (one per rotary "
+                                       "frequency: head_dim 16 x partial_rotary_factor 1 / 2), got 2.0"),
+    ({**LONGROPE, "long_factor": [1.0] * 7 + [-1.0]}, "model.pe_args.long_factor: every factor must be a finite "
+                                                      "number > 0, got -1.0"),
+    ({**LONGROPE, "long_factor": [1.0] * 7 + ["2"]}, "model.pe_args.long_factor: every factor must be a finite"),
+    ({k: v for k, v in LONGROPE.items() if k != "long_factor"}, "model.pe_args.long_factor: scaling 'longrope' "
+                                                                 "needs it: a list of 8 rescale factors"),
+    ({"scaling": "yarn", "factor": 2.0, "short_factor": [1.0] * 8}, "model.pe_args.short_factor: only scaling "
+                                                                    "'longrope' takes it (scaling is 'yarn')"),
+    ({**LONGROPE, "hope": True}, "model.pe_args.hope: cannot combine with scaling 'longrope'"),
+])
+def test_longrope_arguments_are_checked_in_one_line(args, message):
+    with pytest.raises(ValueError) as info:
+        ModelConfig(vocab_size=8, dim=4 * HEAD_DIM, n_layers=1, n_heads=4, max_seq_len=MAX_LEN, pe="rope",
+                    pe_args=args)
+    assert message in str(info.value) and "\n" not in str(info.value)

@@ -1,10 +1,12 @@
 """`tape extend-context` on a tiny Hugging Face Llama: parameter counts of the paper's 7B setting (meta device),
 every method starting at the base's logits, every method x scaling training from the CLI, checkpoints holding only
-the trained tensors, and exact resume after SIGKILL; the same start and resume on a tiny OLMo 2 (post-norm block)."""
+the trained tensors, and exact resume after SIGKILL; the same start and resume on a tiny OLMo 2 (post-norm block), and
+on a tiny Phi-3 with LongRoPE (`--scaling longrope`: the base's factors, or factors given in the recipe)."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -209,11 +211,12 @@ def test_checkpoints_hold_only_trained_tensors_and_open_like_any_other(base, tmp
 @pytest.mark.usefixtures("one_thread")  # in this process as in the killed one (OMP_NUM_THREADS=1): the same floats
 @pytest.mark.parametrize("which, method, scaling, steps, every, saved", [
     ("base", "longlora", "pi", 30, 5, "lora_"), ("olmo2", "tape", "pi", 12, 3, ".pe."),
-    ("gemma3", "tape", "none", 12, 3, ".pe.")])
+    ("gemma3", "tape", "none", 12, 3, ".pe."), ("phi3", "tape", "longrope", 12, 3, ".pe."),
+    ("phi3", "lora", "longrope", 12, 3, "lora_")])
 def test_sigkill_then_resume_matches_uninterrupted(request, tmp_path, which, method, scaling, steps, every, saved):
     """A real `tape extend-context` process killed at some step after its first checkpoint; the same command (here,
     in this process) resumes it to the weights of an uninterrupted run (LongLoRA on the Llama, TAPE on OLMo 2, TAPE
-    on Gemma 3's global layers only)."""
+    on Gemma 3's global layers only, TAPE and LoRA on a Phi-3 with LongRoPE, its rows past the switch)."""
     base = request.getfixturevalue(which)
     extra = (f"train.max_steps={steps}", f"train.save_every={every}", "train.eval_every=0", "train.keep_last=2",
              "train.activation_checkpointing=false", "train.lr=1e-3", *(GEMMA3_GLOBAL_TAPE * (which == "gemma3")))
@@ -284,9 +287,83 @@ def test_tape_on_gemma3_global_layers_starts_at_transformers_with_that_rope(gemm
         torch.testing.assert_close(model.eval()(x), hf(x).logits, rtol=0, atol=1e-5)
 
 
+PHI3_ORIGINAL = 16  # the Phi-3 base's original_max_position_embeddings (its max_position_embeddings: BASE_LEN)
+FACTORS = {"short_factor": [1.0, 1.0, 1.1, 1.2, 1.3, 1.5, 1.8, 2.0],
+           "long_factor": [1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0]}
+
+
+@pytest.fixture(scope="module")
+def phi3(tmp_path_factory) -> Path:
+    """A tiny Phi-3 (fused weights; context 32, LongRoPE from 16: Phi-3-mini-128k's layout) and a corpus."""
+    root = tmp_path_factory.mktemp("phi3")
+    make_hf_model(root / "hf", "Phi3ForCausalLM", max_position_embeddings=BASE_LEN,
+                  original_max_position_embeddings=PHI3_ORIGINAL, rope_scaling={"rope_type": "longrope", **FACTORS})
+    (root / "corpus.txt").write_text(sample_text(300, seed=1))
+    return root / "hf"
+
+
+@pytest.fixture(scope="module")
+def phi3_plain(tmp_path_factory) -> Path:
+    """A tiny Phi-3 without rope_scaling (context 32: Phi-3-mini-4k's layout, without its window)."""
+    root = tmp_path_factory.mktemp("phi3-plain")
+    make_hf_model(root / "hf", "Phi3ForCausalLM", max_position_embeddings=BASE_LEN)
+    (root / "corpus.txt").write_text(sample_text(300, seed=1))
+    return root / "hf"
+
+
+def phi3_reference(base: Path, x: torch.Tensor, **rope) -> torch.Tensor:
+    """transformers' Phi3 of `base`, at TARGET positions, with `rope` over its rope_parameters."""
+    config = transformers.AutoConfig.from_pretrained(base)
+    config.rope_parameters = {**config.rope_parameters, **rope}
+    config.max_position_embeddings = TARGET
+    if "original_max_position_embeddings" in rope:
+        config.original_max_position_embeddings = rope["original_max_position_embeddings"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(base, config=config).eval()
+    with torch.no_grad():
+        return hf(x).logits
+
+
+@pytest.mark.parametrize("method", ["tape", "lora"])
+def test_longrope_extensions_of_phi3_start_at_transformers(phi3, phi3_plain, method):
+    """--scaling longrope keeps a LongRoPE base's factors, original length and attention factor; on a base without
+    LongRoPE it takes the recipe's factors, from the base's length, with transformers' default attention factor."""
+    x = torch.randint(3, 96, (2, TARGET), generator=torch.Generator().manual_seed(0))
+    for base, extra, rope in (
+            (phi3, [], {}),
+            (phi3_plain, [f"model.pe_args.{key}={value}" for key, value in FACTORS.items()],
+             {"rope_type": "longrope", **FACTORS, "original_max_position_embeddings": BASE_LEN})):
+        recipe = load_recipe("context-extension-smoke", [f"model.max_seq_len={TARGET}", f"extend.method={method}",
+                                                         "extend.scaling=longrope", *extra])
+        assert "longrope" in plan_extension(recipe, hf_model_config(json.loads((base / "config.json").read_text(
+        ))).to_dict(), "base").summary
+        model, _, _ = build_model(recipe, None, str(base), torch.device("cpu"), "fp32")
+        assert model.config.pe_args["original_max_len"] == (PHI3_ORIGINAL if base == phi3 else BASE_LEN)
+        with torch.no_grad():
+            torch.testing.assert_close(model.eval()(x), phi3_reference(base, x, **rope), rtol=0, atol=1e-5)
+
+
+def test_another_scaling_replaces_a_phi3_longrope(phi3, tmp_path):
+    recipe = load_recipe("context-extension-smoke", [f"model.max_seq_len={TARGET}", "extend.scaling=yarn",
+                                                     "extend.method=lora"])
+    model, _, _ = build_model(recipe, None, str(phi3), torch.device("cpu"), "fp32")
+    args = model.config.pe_args
+    assert (args["scaling"], args["original_max_len"], args["factor"]) == ("yarn", BASE_LEN, 2.0)
+    assert args["short_factor"] is None and args["long_factor"] is None and model.model.pe.attention_factor == \
+        pytest.approx(0.1 * math.log(2.0) + 1)
+
+
+def test_longrope_without_factors_is_one_line(base, tmp_path):
+    result = runner.invoke(app, extend_args(base, tmp_path / "run", "lora", "longrope"))
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert "model.pe_args.short_factor: --scaling longrope needs the short and long rescale factors" in result.output
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--method", "bogus"], "extend.method: expected one of tape, lora, longlora, full"),
     (["--scaling", "yarn", "--compat", "official"], "extend.scaling: yarn does not exist in the official protocol"),
+    (["--scaling", "longrope", "--compat", "official"], "extend.scaling: longrope does not exist in the official "
+                                                        "protocol"),
     (["train.freeze=['*']"], "train.freeze: extend-context trains what --method says"),
     (["extend.trainable=['*embeddings*']"], "extend.trainable: pattern '*embeddings*' matches no parameter"),
     (["model.n_layers=3"], "model.n_layers: the recipe asks for 3"),

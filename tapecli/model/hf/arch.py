@@ -30,6 +30,10 @@ What transformers 5's modeling code does with the keys transformers itself write
                         in parallel on one LayerNorm without bias (`layer_norm_eps`); logits times `logit_scale`;
                         RoPE on interleaved pairs (2i, 2i+1), which tape's half layout (i, i + d/2) computes exactly
                         once the rows of q_proj and k_proj are permuted (`interleaved_rows`, on import and export)
+    Phi3ForCausalLM     Llama's block with fused `qkv_proj` and `gate_up_proj` weights (split on import, joined on
+                        export: tapecli.model.hf.fused); `sliding_window` (null: global) in every layer, as Mistral;
+                        `partial_rotary_factor` (Phi-4-mini: 0.75) and LongRoPE (`rope_type: longrope`). A model
+                        with LongRoPE or a partial rotary exports as Phi3 (a Phi-3 without either as Llama/Mistral)
 
 A sliding layer sees `sliding_window` keys, itself included (transformers' mask: key > query - sliding_window), which
 is what tape's `window` counts. Layers that are all alike become model-level keys (`window: 4096`); otherwise a
@@ -54,7 +58,7 @@ MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qw
                "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                "olmo2": "Olmo2ForCausalLM", "gemma3_text": "Gemma3ForCausalLM",
                "cohere2": "Cohere2ForCausalLM", "olmo3": "Olmo3ForCausalLM",
-               "exaone4": "Exaone4ForCausalLM"}  # what transformers loads them as
+               "exaone4": "Exaone4ForCausalLM", "phi3": "Phi3ForCausalLM"}  # what transformers loads them as
 ARCHITECTURES = tuple(MODEL_TYPES.values())
 SLIDING, FULL = "sliding_attention", "full_attention"
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
@@ -64,7 +68,7 @@ _BIAS_KEYS = {"LlamaForCausalLM": ("attention_bias", "mlp_bias"), "MistralForCau
               "SmolLM3ForCausalLM": ("attention_bias", "mlp_bias"), "Olmo2ForCausalLM": ("attention_bias",),
               "Gemma3ForCausalLM": ("attention_bias", "use_bidirectional_attention"),
               "Cohere2ForCausalLM": ("attention_bias",), "Olmo3ForCausalLM": ("attention_bias",),
-              "Exaone4ForCausalLM": ()}
+              "Exaone4ForCausalLM": (), "Phi3ForCausalLM": ()}
 # Classes whose `rope_parameters` hold one entry per layer type (full_attention, sliding_attention).
 PER_TYPE_ROPE = ("Gemma3ForCausalLM", "Olmo3ForCausalLM")
 # Classes whose RoPE rotates interleaved pairs (2i, 2i+1) of each head instead of (i, i + d/2).
@@ -83,7 +87,9 @@ NEAREST = {
     "Gemma3nForCausalLM": "Gemma3ForCausalLM; Gemma 3n's per-layer embeddings and AltUp are not mapped",
     "Gemma3nForConditionalGeneration": "Gemma3ForCausalLM; Gemma 3n is not mapped",
     "OlmoForCausalLM": "Olmo2ForCausalLM; OLMo 1's non-parametric LayerNorm is not mapped",
-    "Phi3ForCausalLM": "LlamaForCausalLM; Phi-3's fused qkv / gate_up weights and LongRoPE are not mapped",
+    "PhiForCausalLM": "Phi3ForCausalLM; Phi-1/2's parallel block with LayerNorm biases and a dense MLP is not "
+                      "mapped",
+    "PhimoeForCausalLM": "Phi3ForCausalLM; Phi-3.5-MoE's mixture-of-experts MLP is not mapped",
     "GptOssForCausalLM": "MistralForCausalLM; GPT-OSS's mixture-of-experts MLP (a router over experts) is not "
                          "mapped: tape's block has one dense MLP (its attention sinks are model.sinks)",
     "Llama4ForCausalLM": "LlamaForCausalLM; Llama 4's mixture-of-experts MLP and chunked attention are not mapped",
@@ -254,11 +260,11 @@ def read_layout(hf: dict[str, Any], arch: str, where: str) -> Layout:
             raise TapeError(f"{where}: layer_types names {SLIDING} layers but sliding_window is null; transformers "
                             "cannot run such a model")
         windows = [window if kind == SLIDING else None for kind in types]
-    elif arch == "MistralForCausalLM":
+    elif arch in ("MistralForCausalLM", "Phi3ForCausalLM"):
         windows = [window] * n
         if types is not None and types != [SLIDING if window else FULL] * n:
             raise TapeError(f"{where}: layer_types disagrees with sliding_window={window!r}, and transformers' "
-                            "MistralForCausalLM ignores layer_types (every layer uses sliding_window); remove it")
+                            f"{arch} ignores layer_types (every layer uses sliding_window); remove it")
     else:
         use = _flag(hf, "use_sliding_window", where)
         if arch in _QWEN:
@@ -315,6 +321,9 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
                             "(no supported architecture has them); keep the native checkpoint, which every "
                             "`tape eval` opens")
     block = block_architecture(config)
+    phi = _phi3_keys(config, specs, block)
+    if phi is not None:
+        return "Phi3ForCausalLM", phi
     per_type = block in PER_TYPE_ROPE  # its rope_parameters hold one entry per layer type
     if len({(s.window is not None and per_type, json.dumps(s.pe_args, sort_keys=True))
             for s in specs if s.pe == "rope"}) > 1 + per_type:
@@ -377,6 +386,27 @@ def export_layout(config) -> tuple[str, dict[str, Any]]:
     if window is not None:
         return "MistralForCausalLM", {"sliding_window": window}
     return "LlamaForCausalLM", {"attention_bias": False, "mlp_bias": False}
+
+
+def _phi3_keys(config, specs, block: str | None) -> dict[str, Any] | None:
+    """Phi3's config.json keys when the model's RoPE needs Phi3 (LongRoPE or a partial rotary: no other supported
+    class runs them), None when it does not; a TapeError when it does but the rest of the model is no Phi-3."""
+    args = [s.pe_args for s in specs if s.pe == "rope"]
+    longrope = any(a.get("scaling") == "longrope" for a in args)
+    if not longrope and all(a.get("partial_rotary_factor", 1.0) == 1.0 for a in args):
+        return None
+    what = "scaling longrope" if longrope else "partial_rotary_factor"
+    windows = {s.window for s in specs}
+    if (block is not None or config.qk_norm or config.qkv_bias or len(windows) > 1
+            or any(s.pe != "rope" for s in specs) or len({json.dumps(a, sort_keys=True) for a in args}) > 1):
+        raise TapeError(f"model.pe_args: {what} exports only as a Phi3 (Llama's block, every layer alike with RoPE, "
+                        "one window or none, no QK-norm or q/k/v biases); keep the native checkpoint")
+    if args[0].get("scaling", "none") not in ("none", "longrope"):
+        raise TapeError(f"model.pe_args.scaling: {args[0]['scaling']!r} with partial_rotary_factor exports to no "
+                        "supported class (transformers' Phi3 runs default or longrope RoPE); keep the native "
+                        "checkpoint")
+    original = args[0].get("original_max_len") or config.max_seq_len
+    return {"sliding_window": windows.pop(), "original_max_position_embeddings": original}
 
 
 def block_architecture(config) -> str | None:

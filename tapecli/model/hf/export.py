@@ -3,14 +3,15 @@
     export_hf(model, tokenizer, out, dtype=torch.bfloat16) -> out
 
 Writes config.json (the class that runs the model, tapecli.model.hf.arch: Llama, Mistral with a window in every
-layer, SmolLM3 with NoPE layers or windows in some layers, Qwen2 with q/k/v biases, Qwen3 with QK-norm; with
-`rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards with model.safetensors.index.json),
-generation_config.json and the tokenizer (tokenizer.json or tokenizer.model, with tokenizer_config.json naming its
-special tokens), so `AutoModelForCausalLM.from_pretrained(out)` computes the same logits as tape. Only layers
-transformers can run are exported: RoPE (any of its scalings, the same in every RoPE layer) or NoPE, with one window
-size, and a plugin PE whose class defines `hf_export` (tapecli.pe; as a Llama, every layer alike). LoRA must be
-merged first (`tapecli.store.door.open_model` does). Everything is written to a temporary directory renamed into
-place at the end.
+layer, SmolLM3 with NoPE layers or windows in some layers, Qwen2 with q/k/v biases, Qwen3 with QK-norm, Phi3
+(fused weights) with LongRoPE or a partial rotary, the classes of OLMo 2/3, Gemma 3, Cohere2 and EXAONE 4 for their
+blocks; with `rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards with
+model.safetensors.index.json), generation_config.json and the tokenizer (tokenizer.json or tokenizer.model, with
+tokenizer_config.json naming its special tokens), so `AutoModelForCausalLM.from_pretrained(out)` computes the same
+logits as tape. Only layers transformers can run are exported: RoPE (any of its scalings, the same in every RoPE
+layer) or NoPE, with one window size, and a plugin PE whose class defines `hf_export` (tapecli.pe; as a Llama,
+every layer alike). LoRA must be merged first (`tapecli.store.door.open_model` does). Everything is written to a
+temporary directory renamed into place at the end.
 """
 
 from __future__ import annotations
@@ -128,11 +129,14 @@ def _write_weights(model: Transformer, directory: Path, dtype: torch.dtype) -> N
     from safetensors.torch import save_file
 
     from tapecli.model.hf.arch import INTERLEAVED_ROPE, interleaved_rows
+    from tapecli.model.hf.fused import join_fused
 
     state = {name: t.detach().to("cpu", dtype) for name, t in model.state_dict().items()}
-    if check_exportable(model)[0] in INTERLEAVED_ROPE:  # the class's row order of q_proj and k_proj
+    arch = check_exportable(model)[0]
+    if arch in INTERLEAVED_ROPE:  # the class's row order of q_proj and k_proj
         state = {name: interleaved_rows(t, model.config.head_dim, inverse=True)
                  if name.endswith(("q_proj.weight", "k_proj.weight")) else t for name, t in state.items()}
+    state = join_fused(state, arch)  # Phi-3's qkv_proj and gate_up_proj
     if model.config.tie_embeddings:
         state.pop("lm_head.weight")
     shards: list[dict[str, Any]] = [{}]

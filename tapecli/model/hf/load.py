@@ -12,8 +12,10 @@ Supported: `LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3F
 and `Olmo2ForCausalLM`, with their sliding windows, NoPE layers, q/k/v biases, QK-norm and block layouts as
 `tapecli.model.hf.arch` reads them; grouped-query attention; an explicit `head_dim`; tied or untied embeddings;
 RoPE given as `rope_parameters` (transformers 5) or as the older `rope_theta` / `rope_scaling` keys, of type default,
-linear, dynamic, yarn or llama3. Anything else (other biases, activations or architectures) is a TapeError naming
-the config key.
+linear, dynamic, yarn, llama3 or longrope (Phi-3: its short and long factors, the original length from the top-level
+`original_max_position_embeddings` as Phi3Config takes it, the attention factor as transformers computes it; the
+legacy types su and yarn of a Phi-3 config are longrope, as Phi3Config reads them). Anything else (other biases,
+activations or architectures) is a TapeError naming the config key.
 
 `partial_rotary_factor` is read as the architecture's transformers class reads it (`PARTIAL_ROTARY`): where the
 class rotates only the first factor x head_dim dims of a head (GPT-NeoX, Phi, ...), it becomes RoPE's
@@ -51,14 +53,22 @@ if TYPE_CHECKING:
 # Whether the architecture's transformers class rotates only the first partial_rotary_factor of each head (the
 # module docstring): neither Llama nor Mistral does; for the other classes such a config is refused.
 PARTIAL_ROTARY = {"LlamaForCausalLM": False, "MistralForCausalLM": False, "Olmo2ForCausalLM": False,
-                  "Gemma3ForCausalLM": False, "Olmo3ForCausalLM": False}
+                  "Gemma3ForCausalLM": False, "Olmo3ForCausalLM": False, "Phi3ForCausalLM": True}
 HF_CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
 # RoPE types transformers writes -> our `scaling` names; the HF defaults our RoPE also uses are not repeated.
-_ROPE_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3"}
-_ROPE_KEYS = {"rope_theta", "rope_type", "type", "factor", "original_max_position_embeddings", "beta_fast",
-              "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate", "low_freq_factor",
-              "high_freq_factor", "partial_rotary_factor"}
+_ROPE_TYPES = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn", "llama3": "llama3",
+               "longrope": "longrope"}
+# What a class's config reads a rope type as (Phi3Config: the legacy su and yarn are longrope), and the original
+# length it takes from the top level of config.json (default where absent), over rope_parameters'.
+_ROPE_ALIASES = {"Phi3ForCausalLM": {"su": "longrope", "yarn": "longrope"}}
+_TOP_LEVEL_ORIGINAL = {"Phi3ForCausalLM": 4096}
+# Classes whose generation re-encodes its cache at LongRoPE's switch as tape does (Phi3ForCausalLM's
+# prepare_inputs_for_generation); another class would decode on with short-factor keys: refused.
+_LONGROPE_CLASSES = ("Phi3ForCausalLM",)
+_ROPE_KEYS = {"short_factor", "long_factor", "rope_theta", "rope_type", "type", "factor",
+              "original_max_position_embeddings", "beta_fast", "beta_slow", "attention_factor", "mscale",
+              "mscale_all_dim", "truncate", "low_freq_factor", "high_freq_factor", "partial_rotary_factor"}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -88,10 +98,13 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
     unknown = sorted(set(params) - _ROPE_KEYS)
     if unknown:
         raise TapeError(f"{where}: rope_parameters.{unknown[0]} is not supported")
-    kind = params["rope_type"]
+    kind = _ROPE_ALIASES.get(architecture, {}).get(params["rope_type"], params["rope_type"])
     if kind not in _ROPE_TYPES:
         raise TapeError(f"{where}: rope_parameters.rope_type {kind!r} is not supported; supported: "
                         f"{', '.join(_ROPE_TYPES)}")
+    if kind == "longrope" and architecture not in _LONGROPE_CLASSES:
+        raise TapeError(f"{where}: rope_parameters.rope_type 'longrope' is not supported for {architecture} (tape "
+                        f"reads LongRoPE as transformers' {', '.join(_LONGROPE_CLASSES)} runs it)")
     args: dict[str, Any] = {"theta": float(params["rope_theta"])}
     partial = float(params.get("partial_rotary_factor", 1.0))
     if partial != 1.0 and architecture not in PARTIAL_ROTARY:
@@ -110,9 +123,13 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
         return args
     args["scaling"] = _ROPE_TYPES[kind]
     max_pos = hf["max_position_embeddings"]
-    # dynamic NTK compares with max_position_embeddings; yarn and llama3 with the original length.
+    # dynamic NTK compares with max_position_embeddings; yarn, llama3 and longrope with the original length.
     original = max_pos if kind == "dynamic" else params.get("original_max_position_embeddings") or max_pos
+    if architecture in _TOP_LEVEL_ORIGINAL:
+        original = hf.get("original_max_position_embeddings", _TOP_LEVEL_ORIGINAL[architecture])
     args["original_max_len"] = int(original)
+    if kind == "longrope":
+        return {**args, **_longrope_args(params)}
     factor = params.get("factor")
     if factor is None:  # transformers refuses such a config too (a KeyError when it is read)
         raise TapeError(f"{where}: rope_parameters.factor is required for rope_type {kind!r}; add the factor the "
@@ -137,6 +154,19 @@ def _pe_args(hf: dict[str, Any], where: str = HF_CONFIG, architecture: str = "Ll
         args["low_freq_factor"] = float(params["low_freq_factor"])
         args["high_freq_factor"] = float(params["high_freq_factor"])
     return args
+
+
+def _longrope_args(params: dict[str, Any]) -> dict[str, Any]:
+    """LongRoPE's factor lists, and its growth factor and attention factor where config.json gives them (else tape's
+    RoPE computes the attention factor as transformers does, from max_position_embeddings / the original length, so
+    a longer context recomputes it; the RoPE checks the lists' lengths). A factor <= 1 means attention factor 1."""
+    args = {"short_factor": params["short_factor"], "long_factor": params["long_factor"]}
+    factor, attention_factor = params.get("factor"), params.get("attention_factor")
+    if factor is not None and float(factor) > 1:
+        args["factor"] = float(factor)
+    elif factor is not None and attention_factor is None:
+        attention_factor = 1.0
+    return args if attention_factor is None else {**args, "attention_factor": float(attention_factor)}
 
 
 def _layer_type_pe_args(hf: dict[str, Any], where: str, arch: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -203,7 +233,8 @@ def hf_model_config(hf: dict[str, Any], where: str = HF_CONFIG) -> ModelConfig:
 _HF_NAMES = {"theta": "rope_theta", "factor": "factor", "original_max_len": "original_max_position_embeddings",
              "beta_fast": "beta_fast", "beta_slow": "beta_slow", "attention_factor": "attention_factor",
              "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
-             "partial_rotary_factor": "partial_rotary_factor"}
+             "partial_rotary_factor": "partial_rotary_factor", "short_factor": "short_factor",
+             "long_factor": "long_factor"}
 
 
 def hf_key_names(message: str) -> str:
@@ -258,9 +289,11 @@ def assign_weights(model: Transformer, tensors, origin: str) -> set[str]:
 def load_hf_weights(model: Transformer, directory: Path, dtype: torch.dtype, device: torch.device | str) -> set[str]:
     """Fill a meta-built model from a HF directory's safetensors; returns the parameters the files did not hold."""
     from tapecli.model.hf.arch import INTERLEAVED_ROPE, interleaved_rows
+    from tapecli.model.hf.fused import split_fused
 
-    tensors = read_weights(weight_files(directory), dtype, device)
-    if architecture(read_hf_config(directory), str(directory / HF_CONFIG)) in INTERLEAVED_ROPE:
+    arch = architecture(read_hf_config(directory), str(directory / HF_CONFIG))
+    tensors = split_fused(read_weights(weight_files(directory), dtype, device), arch, model.config)
+    if arch in INTERLEAVED_ROPE:
         d = model.config.head_dim
         tensors = ((name, interleaved_rows(t, d) if name.endswith(("q_proj.weight", "k_proj.weight")) else t, file)
                    for name, t, file in tensors)

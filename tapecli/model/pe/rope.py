@@ -1,5 +1,5 @@
 """RoPE (Su et al.) with the context-extension scalings of transformers 5: linear (position interpolation),
-dynamic (NTK), yarn and llama3, and the frequency family of 2024-25 as options: p-RoPE, HoPE, FoPE and Hugging
+dynamic (NTK), yarn, llama3 and longrope, and the frequency family of 2024-25 as options: p-RoPE, HoPE, FoPE and Hugging
 Face's partial rotary. Half-split pairing (i, i + d/2), as in Llama, so Llama checkpoints load as is.
 
 Query/key pair i (of d/2, d = head_dim) at position t is rotated by the angle t * w_i, w_i = theta^(-2i/d) (after
@@ -19,18 +19,25 @@ the scaling). The frequency options (docs/positional-encodings.md has the equati
 
 pe_args:
   theta             base wavelength (10000; Llama 3 uses 500000)
-  scaling           none | linear | dynamic | yarn | llama3
+  scaling           none | linear | dynamic | yarn | llama3 | longrope
   factor            context-extension factor s (e.g. 2 for 4K -> 8K)
   original_max_len  pre-training context of the scaled model (default: model.max_seq_len); HoPE's and FoPE's L
   beta_fast, beta_slow, attention_factor, truncate      yarn's knobs (defaults 32, 1, 0.1 ln s + 1, true)
   low_freq_factor, high_freq_factor                     llama3's knobs (defaults 1, 4)
+  short_factor, long_factor   longrope's (Ding et al. 2024, arXiv 2402.13753; Phi-3): one rescale factor per
+      frequency (d/2 of them, r/2 with partial rotary): w_i = theta^(-2i/d) / factor_i, the short factors while a
+      forward's largest position + 1 is at most original_max_len, the long ones past it (for every row and every
+      token of that forward, as transformers switches); cos and sin are multiplied by attention_factor (default
+      sqrt(1 + ln s / ln original_max_len), s = factor, or model.max_seq_len / original_max_len when factor is 1;
+      1 when s <= 1). Cached keys keep the factors they were encoded with: `cache_key` says which, and generation
+      re-encodes every token once a sequence crosses original_max_len, as transformers' Phi-3 drops its cache then
   frequency_fraction   p-RoPE's p, in [0, 1] (1)
   hope                 true: HoPE (false)
   fope                 true: FoPE (false); fope_sigma: the coefficients' xavier gain (0.3, the paper's small models)
   partial_rotary_factor   Hugging Face's, in (0, 1] (1)
 The frequency options apply to every RoPE-based PE (randpe, xpos, tape); FoPE and partial_rotary_factor change
-the rotary state's layout, so only rope and randpe take them. None of them works with scaling: dynamic (the
-frequencies it zeroes would change with the length).
+the rotary state's layout, so only rope and randpe take them. None of them works with scaling: dynamic or longrope
+(the frequencies they zero would change with the length).
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from tapecli.model.pe.base import (
     check_range,
 )
 
-SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3")
+SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3", "longrope")
 FOPE_SEED = 123  # FoPE's coefficients come from this generator seed (as in xtuner's FoPE): a function of the config
 
 
@@ -85,6 +92,17 @@ def yarn_inv_freq(theta: float, dim: int, factor: float, original_max_len: int, 
     extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
     keep = 1 - ramp  # 1 = keep the original (high) frequency
     return interpolation * (1 - keep) + extrapolation * keep
+
+
+def longrope_inv_freq(theta: float, dim: int, factors: list[float]) -> Tensor:
+    """LongRoPE: theta^(-2i/d) / factors[i], computed exactly as transformers does (fp32)."""
+    ext_factors = torch.tensor(factors, dtype=torch.float32)
+    return 1.0 / (ext_factors * theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+
+
+def longrope_attention_factor(factor: float, original_max_len: int) -> float:
+    """LongRoPE's default scale of cos and sin (transformers' `_compute_longrope_parameters`)."""
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original_max_len))
 
 
 def llama3_inv_freq(theta: float, dim: int, factor: float, original_max_len: int, low_freq_factor: float,
@@ -155,7 +173,8 @@ class RoPE(PositionalEncoding):
                  original_max_len: int | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0,
                  attention_factor: float | None = None, truncate: bool = True, low_freq_factor: float = 1.0,
                  high_freq_factor: float = 4.0, frequency_fraction: float = 1.0, hope: bool = False,
-                 fope: bool = False, fope_sigma: float = 0.3, partial_rotary_factor: float = 1.0) -> None:
+                 fope: bool = False, fope_sigma: float = 0.3, partial_rotary_factor: float = 1.0,
+                 short_factor: list[float] | None = None, long_factor: list[float] | None = None) -> None:
         super().__init__(config)
         if scaling not in SCALINGS:
             raise ValueError(f"model.pe_args.scaling: unknown RoPE scaling {scaling!r}; allowed: {', '.join(SCALINGS)}")
@@ -179,6 +198,8 @@ class RoPE(PositionalEncoding):
         self.partial_rotary_factor = partial_rotary_factor
         # The rotary width: Hugging Face's partial rotary rotates the first int(d * factor) dims (even).
         self.rotary_dim = int(config.head_dim * partial_rotary_factor) // 2 * 2
+        self.short_factor, self.long_factor = self.check_longrope(short_factor, long_factor)
+        self.given_attention_factor = attention_factor
         with torch.device("cpu"):  # real tensors even when the model is built on the meta device
             self.init_frequencies(beta_fast, beta_slow, attention_factor, truncate, low_freq_factor,
                                   high_freq_factor)
@@ -197,6 +218,12 @@ class RoPE(PositionalEncoding):
                 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
         elif scaling == "llama3":
             inv_freq = llama3_inv_freq(theta, dim, factor, self.original_max_len, low_freq_factor, high_freq_factor)
+        elif scaling == "longrope":
+            inv_freq = longrope_inv_freq(theta, dim, self.short_factor)
+            self.long_inv_freq = longrope_inv_freq(theta, dim, self.long_factor)
+            growth = factor if factor > 1 else self.config.max_seq_len / self.original_max_len
+            self.attention_factor = attention_factor if attention_factor is not None else (
+                longrope_attention_factor(growth, self.original_max_len))
         else:  # none, and dynamic below its threshold
             inv_freq = default_inv_freq(theta, dim)
         if frequency_fraction < 1 or hope or fope:
@@ -219,6 +246,30 @@ class RoPE(PositionalEncoding):
             self.fope_cos, self.fope_sin = fope_coefficients(n_freqs, self.rotary_dim, self.config.n_kv_heads,
                                                              self.fope_sigma)
 
+    def check_longrope(self, short: list[float] | None, long: list[float] | None) -> tuple[list[float], list[float]]:
+        """LongRoPE's factor lists: both given with scaling longrope (one positive number per rotary frequency),
+        neither without it; ValueError naming the key."""
+        n = self.rotary_dim // 2
+        if self.scaling != "longrope":
+            if short is not None or long is not None:
+                key = "short_factor" if short is not None else "long_factor"
+                raise ValueError(f"model.pe_args.{key}: only scaling 'longrope' takes it (scaling is "
+                                 f"{self.scaling!r}); set scaling: longrope or remove it")
+            return [], []
+        for key, value in (("short_factor", short), ("long_factor", long)):
+            if value is None:
+                raise ValueError(f"model.pe_args.{key}: scaling 'longrope' needs it: a list of {n} rescale factors, "
+                                 "one per rotary frequency (e.g. from the base's config.json rope_parameters)")
+            if not isinstance(value, (list, tuple)) or len(value) != n:
+                got = f"{len(value)} values" if isinstance(value, (list, tuple)) else repr(value)
+                raise ValueError(f"model.pe_args.{key}: expected a list of {n} numbers (one per rotary frequency: "
+                                 f"head_dim {self.config.head_dim} x partial_rotary_factor "
+                                 f"{self.partial_rotary_factor:g} / 2), got {got}")
+            for x in value:
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and x > 0):
+                    raise ValueError(f"model.pe_args.{key}: every factor must be a finite number > 0, got {x!r}")
+        return [float(x) for x in short], [float(x) for x in long]
+
     def check_frequency_options(self, fraction: float, hope: bool, fope: bool, sigma: float,
                                 partial: float) -> None:
         """The frequency options' values, and which PEs and scalings take them (module docstring)."""
@@ -232,15 +283,19 @@ class RoPE(PositionalEncoding):
             key = "fope" if fope else "partial_rotary_factor"
             raise ValueError(f"model.pe_args.{key}: changes the rotary state's layout, which pe "
                              f"{type(self).__name__.lower()!r} cannot take; use it with pe rope or randpe")
-        if self.scaling == "dynamic" and (fraction < 1 or hope or fope):
+        if self.scaling in ("dynamic", "longrope") and (fraction < 1 or hope or fope):
             key = "frequency_fraction" if fraction < 1 else "hope" if hope else "fope"
-            raise ValueError(f"model.pe_args.{key}: cannot combine with scaling 'dynamic' (the frequencies it zeroes "
-                             "would change with the length); use scaling linear, yarn or llama3")
+            raise ValueError(f"model.pe_args.{key}: cannot combine with scaling {self.scaling!r} (the frequencies it "
+                             "zeroes would change with the length); use scaling linear, yarn or llama3")
 
     def frequencies(self, positions: Tensor) -> Tensor:
-        """Inverse frequencies [d/2] for this forward. Only dynamic NTK depends on the sequence: each row of
-        positions [B, T] gets its own, from its own length (largest position + 1), returned as [B, 1, d/2]."""
+        """Inverse frequencies [d/2] for this forward. Dynamic NTK depends on the sequence: each row of
+        positions [B, T] gets its own, from its own length (largest position + 1), returned as [B, 1, d/2];
+        longrope takes its long factors for the whole forward once its largest position + 1 passes the original
+        length (transformers' switch)."""
         inv_freq = self.inv_freq
+        if self.scaling == "longrope" and self.cache_key(positions) == "long":
+            inv_freq = self.long_inv_freq
         if self.scaling == "dynamic":
             lengths = self.cache_key(positions)
             if max(lengths) > self.original_max_len:
@@ -250,7 +305,10 @@ class RoPE(PositionalEncoding):
         return inv_freq.to(positions.device)
 
     def cache_key(self, positions: Tensor) -> object:
-        """Dynamic NTK: the per-row lengths its frequencies depend on (at least the original context)."""
+        """Dynamic NTK: the per-row lengths its frequencies depend on (at least the original context); longrope:
+        which factors ("short" or "long") the forward's largest position selects."""
+        if self.scaling == "longrope":
+            return "long" if int(positions.max()) + 1 > self.original_max_len else "short"
         if self.scaling != "dynamic":
             return None
         lengths = (positions.amax(-1) + 1).reshape(-1).tolist()
@@ -285,15 +343,26 @@ class RoPE(PositionalEncoding):
 
     def hf_export(self) -> dict[str, Any]:
         """transformers' `rope_parameters` and `max_position_embeddings` for this RoPE (tapecli.model.hf.load reads them
-        back); a ValueError naming the first frequency option that no Hugging Face config expresses."""
-        plain = {"frequency_fraction": 1.0, "hope": False, "fope": False, "partial_rotary_factor": 1.0}
+        back); a ValueError naming the first frequency option that no Hugging Face config expresses. A partial
+        rotary and longrope run in transformers' Phi3 only (tapecli.model.hf.arch picks the class)."""
+        plain = {"frequency_fraction": 1.0, "hope": False, "fope": False}
         for key, value in plain.items():
             if getattr(self, key) != value:
                 raise ValueError(f"pe_args.{key}: {getattr(self, key)!r} has no Hugging Face Llama equivalent "
                                  "(transformers rotates every dim of a head at its rope type's frequencies)")
         params: dict[str, Any] = {"rope_theta": self.theta, "rope_type": "default"}
+        if self.partial_rotary_factor != 1.0:
+            params["partial_rotary_factor"] = self.partial_rotary_factor
         max_pos = self.config.max_seq_len
         if self.scaling == "none":
+            return {"rope_parameters": params, "max_position_embeddings": max_pos}
+        if self.scaling == "longrope":
+            params.update(rope_type="longrope", short_factor=self.short_factor, long_factor=self.long_factor,
+                          original_max_position_embeddings=self.original_max_len)
+            if self.factor > 1:
+                params["factor"] = self.factor
+            if self.given_attention_factor is not None:  # else transformers computes it as tape does
+                params["attention_factor"] = self.given_attention_factor
             return {"rope_parameters": params, "max_position_embeddings": max_pos}
         params.update(rope_type=self.scaling, factor=self.factor)
         if self.scaling == "dynamic":

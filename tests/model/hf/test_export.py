@@ -88,8 +88,7 @@ def test_tape_pretrained_rope_exports_without_a_tokenizer_and_bf16(tmp_path):
     assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "bf").dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("pe_args", [{"frequency_fraction": 0.5}, {"hope": True}, {"fope": True},
-                                     {"partial_rotary_factor": 0.5}])
+@pytest.mark.parametrize("pe_args", [{"frequency_fraction": 0.5}, {"hope": True}, {"fope": True}])
 def test_rope_frequency_options_are_refused_in_one_line(tmp_path, pe_args):
     model = Transformer(ModelConfig(vocab_size=259, dim=32, n_layers=1, n_heads=2, pe="rope", pe_args=pe_args))
     save_model(model, ByteTokenizer(), tmp_path / "ckpt")

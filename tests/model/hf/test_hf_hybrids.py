@@ -221,6 +221,13 @@ def test_unsupported_is_one_line_naming_the_key(tmp_path, arch, config, edit, me
     (dict(qk_norm=True, schedule={"pattern": ["local", "nope"], "kinds": {"local": {"window": 4}}},
           block={"norms": "post", "qk_norm": "projection"}),
      "Olmo3ForCausalLM runs it with QK-norm, without q/k/v biases or NoPE layers only"),
+    (dict(pe_args={"scaling": "yarn", "factor": 2.0, "partial_rotary_factor": 0.5}),
+     "model.pe_args.scaling: 'yarn' with partial_rotary_factor exports to no supported class"),
+    (dict(pe_args={"partial_rotary_factor": 0.5}, qk_norm=True),
+     "model.pe_args: partial_rotary_factor exports only as a Phi3"),
+    (dict(pe_args={"scaling": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+                   "original_max_len": 16}, schedule={"pattern": ["rope", "nope"]}),
+     "model.pe_args: scaling longrope exports only as a Phi3"),
 ])
 def test_layouts_no_class_runs_are_refused_in_one_line(tmp_path, keys, message):
     from tapecli.data.tokenizer import ByteTokenizer
@@ -292,7 +299,7 @@ def test_every_window_layout_transformers_writes_reads_as_its_modeling_code_runs
 
 @pytest.mark.parametrize("arch, nearest", [
     ("Gemma3nForCausalLM", "Gemma3ForCausalLM"), ("OlmoForCausalLM", "Olmo2ForCausalLM"),
-    ("Phi3ForCausalLM", "LlamaForCausalLM"),
+    ("PhiForCausalLM", "Phi3ForCausalLM"), ("PhimoeForCausalLM", "Phi3ForCausalLM"),
     ("Qwen3MoeForCausalLM", "Qwen3ForCausalLM"), ("GptOssForCausalLM", "MistralForCausalLM"),
     ("Llama4ForCausalLM", "LlamaForCausalLM"),
 ])

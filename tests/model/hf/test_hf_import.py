@@ -86,9 +86,10 @@ def test_sentencepiece_tokenizer_and_config_ids(tmp_path):
     ({"attention_bias": True}, "attention_bias"),
     ({"mlp_bias": True}, "mlp_bias"),
     ({"sliding_window": 4096}, "sliding_window"),
-    ({"architectures": ["Phi3ForCausalLM"]}, "architectures"),
+    ({"architectures": ["PhiForCausalLM"]}, "architectures"),
     ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type"),
+    ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, "rope_type 'longrope' is not supported for "
+                                                                         "LlamaForCausalLM"),
     ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_parameters.factor is required for "
                                                                       "rope_type 'yarn'"),  # transformers refuses it
     # transformers' Llama cannot run these (its linear frequencies cover half a head, its rotation all of it)
