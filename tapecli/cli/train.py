@@ -80,8 +80,8 @@ def _load(recipe: str, overrides: list[str]) -> Recipe:
     return loaded
 
 
-_BASE_HELP = ("A Hugging Face directory (config.json, *.safetensors, tokenizer) of a Llama, Mistral, Qwen2, Qwen3 or "
-              "SmolLM3, a hub id (meta-llama/Llama-2-7b-hf: downloaded online, read from the HF cache offline), or "
+_BASE_HELP = ("A Hugging Face directory (config.json, *.safetensors, tokenizer) of a Llama, Mistral, Qwen2, Qwen3, "
+              "SmolLM3, OLMo 2, OLMo 3, Gemma 3 (text), Cohere2, EXAONE 4 or Phi-3 / Phi-4-mini, a hub id (meta-llama/Llama-2-7b-hf: downloaded online, read from the HF cache offline), or "
               "a short name: llama2-7b, llama2-13b, llama3-8b, llama3.2-1b, mistral-7b, mistral-7b-v0.1, "
               "tinyllama, smollm2-135m, smollm2-360m, smollm2-1.7b, smollm3-3b, qwen2.5-0.5b, qwen2.5-1.5b, "
               "qwen2.5-7b, qwen3-0.6b, qwen3-1.7b, qwen3-8b.")

@@ -309,3 +309,17 @@ def test_every_number_option_declares_its_range():
                 if not getattr(getattr(param.callback, "__wrapped__", param.callback), "checks_finite", False):
                     missing.append(f"{path} {param.opts[0]}: float not checked finite (tapecli.cli.options.number)")
     assert checked > 40 and not missing, "\n".join(missing)
+
+
+def test_the_base_help_names_every_imported_family():
+    """--base's help lists the families the door imports (model.hf.arch.ARCHITECTURES), none left out."""
+    import re
+
+    from tapecli.cli.train import _BASE_HELP
+    from tapecli.model.hf.arch import ARCHITECTURES
+
+    def squashed(text: str) -> str:
+        return re.sub(r"[^a-z0-9]", "", text.lower())
+
+    missing = [a for a in ARCHITECTURES if squashed(a.removesuffix("ForCausalLM")) not in squashed(_BASE_HELP)]
+    assert not missing
