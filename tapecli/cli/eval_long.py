@@ -347,8 +347,9 @@ def eval_helmet(
     tasks: str = typer.Option("recall,rag,rerank", "--tasks", "-t", help="Comma-separated categories or tasks: "
                               "recall (HELMET's synthetic recall: json_kv, ruler_niah_mk_2, ruler_niah_mk_3, "
                               "ruler_niah_mv), rag (kilt_nq, kilt_triviaqa, kilt_hotpotqa, kilt_popqa), rerank "
-                              "(msmarco_rerank_psg), or tasks among them. HELMET's ICL, long-document QA, "
-                              "summarisation and citation categories are not run by tape yet."),
+                              "(msmarco_rerank_psg), summ (infbench_sum_eng, multi_lexsum), cite (alce_asqa, "
+                              "alce_qampari), or tasks among them. HELMET's ICL and long-document QA categories are "
+                              "not run by tape yet."),
     lengths: str = typer.Option("8k,16k,32k,64k,128k", "--lengths", help="Comma-separated input lengths in tokens "
                                 "(HELMET's input_max_length; k = 1024): each picks the task's file for that length "
                                 "and is the prompt + answer budget (json_kv, RAG and re-ranking have files for 4k-128k only)."),
@@ -356,6 +357,13 @@ def eval_helmet(
                            "max_test_samples (shuffle with seed 42) (HELMET: 100)."),
     shots: int = integer(2, "--shots", min=0, help="In-context demonstrations: json_kv's from the row itself, RAG's "
                          "and re-ranking's drawn per question from the task's demonstration file (HELMET: 2)."),
+    nli_model: str | None = typer.Option(None, "--nli-model", help="Citations: the NLI model that scores citation "
+                                         "recall and precision, a folder or a hub id (HELMET and ALCE: "
+                                         "google/t5_xxl_true_nli_mixture); without it only the answer metrics are "
+                                         "computed, and the output says so."),
+    truncation_tokenizer: str = typer.Option("meta-llama/Llama-2-7b-hf", "--truncation-tokenizer", help="Summarisation: "
+                                             "the tokenizer that measures and cuts the documents before any model sees "
+                                             "them (HELMET's: Llama 2's; a folder or a hub id, a fast tokenizer)."),
     batch_size: int = batch_size_option(1, "Prompts decoded together"),
     out: str | None = out_option("RUN/eval-helmet/<checkpoint name>; several models share one folder, "
                                  "./eval-helmet-comparison"),
@@ -363,9 +371,9 @@ def eval_helmet(
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
 ) -> None:
-    """HELMET: its synthetic recall, RAG and re-ranking categories at 4K-128K tokens.
+    """HELMET: its synthetic recall, RAG, re-ranking, summarisation and citation categories at 4K-128K tokens.
 
-    HELMET's released files, prompts and base-model demonstrations (no chat template); a prompt over the length less the tokens to generate has its context cut at the end, as HELMET's tokenize() does; greedy answers up to each task's generation length (RAG, re-ranking: stopping at a new line), scored by HELMET's metrics (SubEM for json_kv and RAG, RULER recall for the RULER tasks, NDCG@10 for re-ranking). Not run yet: HELMET's many-shot ICL, long-document QA, summarisation and citation categories.
+    HELMET's released files, prompts and base-model demonstrations (no chat template); a prompt over the length less the tokens to generate has its context cut at the end, as HELMET's tokenize() does; greedy answers up to each task's generation length (RAG, re-ranking: stopping at a new line), scored by HELMET's metrics (SubEM for json_kv and RAG, RULER recall for the RULER tasks, NDCG@10 for re-ranking; ROUGE-Lsum F1 for summarisation, where HELMET's GPT-4o judge is not run; ALCE's STR-EM or QAMPARI recall top-5, and citation recall and precision with --nli-model). Not run yet: HELMET's many-shot ICL and long-document QA categories.
 
     results.json: the score (x100) per task and length, each category's (the mean of its tasks) per length; helmet.png: category score vs length.
 
@@ -375,5 +383,6 @@ def eval_helmet(
     """
     from tapecli.eval.helmet import Helmet
 
-    evaluation = Helmet(data, commas.split(tasks, "--tasks"), _lengths(lengths), samples, shots)
+    evaluation = Helmet(data, commas.split(tasks, "--tasks"), _lengths(lengths), samples, shots, nli_model,
+                        truncation_tokenizer)
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)

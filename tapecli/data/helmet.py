@@ -66,6 +66,18 @@ _RERANK_USER = ("You are provided with a list of documents, each indicated by th
                 "Include all documents in the rankings. Write your answer using the unique IDs, with the following "
                 "format:\nRanking: ID3 > ID1 > ID2\n\n{demos}{context}\n\nQuery: {question}")
 
+# summarisation (load_infbench's sum_eng, load_multi_lexsum; tapecli.data.helmet_summ) and citations (load_alce;
+# tapecli.data.helmet_cite): user template + "\n\n" + system template
+_INFBENCH_SUM = ("You are given a book and you are tasked to summarize it. Write a summary of about 1000 to 1200 "
+                 "words. Only write about the plot and characters of the story. Do not discuss the themes or "
+                 "background of the book. Do not provide any analysis or commentary.\n\n{demo}{context}\n\nNow "
+                 "summarize the book.")
+_MULTI_LEXSUM = ("You are given the legal documents in a civil rights lawsuit, and you are tasked to summarize the "
+                 "case. Write a concise summary of one paragraph (200 to 250 words). The summary should contain a "
+                 "short description of the background, the parties involved, and the outcomes of the case.\n\n{demo}"
+                 "Legal documents:\n{context}\n\nNow please summarize the case.")
+_ALCE = "{demo_text}{instruction}\n\nQuestion: {question}\n\n{context}"
+
 
 @dataclass(frozen=True)
 class Task:
@@ -76,7 +88,8 @@ class Task:
     folder: str
     generation_max_length: int
     template: str  # user template + "\n" + system template (data.py's prompt_template)
-    metric: str  # the key collect_results.py reports: substring_exact_match | ruler_recall
+    metric: str  # the key collect_results.py reports: substring_exact_match | ruler_recall | NDCG@10 | ... (summ:
+    # rougeLsum_f1, HELMET's GPT-4o judge not run; cite: the answer metric, citation recall/precision beside it)
     demo_file: str | None = None  # RAG: the demonstrations' file, relative to data/
     stop_new_line: bool = False
 
@@ -105,9 +118,15 @@ TASKS = {t.name: t for t in (
          "substring_exact_match", "kilt/popqa_test_1000_k3_dep6.jsonl", True),
     Task("msmarco_rerank_psg", "rerank", "msmarco/test_reranking_data_k{k}_dep3.jsonl", 200,
          _RERANK_USER + "\nRanking:", "NDCG@10", "msmarco/test_reranking_data_k10_dep3.jsonl", True),
+    Task("infbench_sum_eng", "summ", "infbench/longbook_sum_eng.jsonl", 1200, _INFBENCH_SUM + "\n\nSummary:",
+         "rougeLsum_f1"),
+    Task("multi_lexsum", "summ", "multi_lexsum/validation.jsonl", 400, _MULTI_LEXSUM + "\n\nSummary:", "rougeLsum_f1"),
+    Task("alce_asqa", "cite", "alce/asqa_eval_gtr_top2000.json", 300, _ALCE + "\n\nAnswer:", "str_em"),
+    Task("alce_qampari", "cite", "alce/qampari_eval_gtr_top2000.json", 300, _ALCE + "\n\nAnswer:",
+         "qampari_rec_top5"),
 )}
-CATEGORIES = {c: [n for n, t in TASKS.items() if t.category == c] for c in ("recall", "rag", "rerank")}
-NOT_YET = ("icl", "longqa", "summ", "cite")  # HELMET's other categories: not run by tape
+CATEGORIES = {c: [n for n, t in TASKS.items() if t.category == c] for c in ("recall", "rag", "rerank", "summ", "cite")}
+NOT_YET = ("icl", "longqa")  # HELMET's other categories: not run by tape
 
 
 def qa_key(rows: list[dict[str, Any]], task: Task) -> str:

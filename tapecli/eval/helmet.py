@@ -66,6 +66,9 @@ class Helmet(Evaluation):
     lengths: list[int] = field(default_factory=lambda: [8192, 16384, 32768, 65536, 131072])
     samples: int = 100
     shots: int = 2
+    nli_model: str | None = None  # citations: the NLI model of citation recall/precision (None: not computed)
+    truncation_tokenizer: str = "meta-llama/Llama-2-7b-hf"  # summarisation: data.py's truncate_llama2 tokenizer
+    nli: Any = field(default=None, init=False, repr=False)
     rows: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
     chosen: dict[tuple[str, int], list[int]] = field(default_factory=dict, init=False, repr=False)
     demos: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
@@ -73,14 +76,15 @@ class Helmet(Evaluation):
 
     def check(self, models: list[str]) -> None:
         from tapecli.data import helmet
+        from tapecli.eval import helmet_summ_cite
 
         names: list[str] = []
         for name in self.tasks:
             if name in helmet.NOT_YET:
-                raise TapeError(f"--tasks: HELMET's {name} category is not run by tape yet; tape runs recall, rag and "
-                                f"rerank ({', '.join(helmet.TASKS)})")
+                raise TapeError(f"--tasks: HELMET's {name} category is not run by tape yet; tape runs "
+                                f"{', '.join(helmet.CATEGORIES)} ({', '.join(helmet.TASKS)})")
             if name not in helmet.TASKS and name not in helmet.CATEGORIES:
-                raise TapeError(f"--tasks: unknown task {name!r}; choose recall, rag, rerank or among "
+                raise TapeError(f"--tasks: unknown task {name!r}; choose {', '.join(helmet.CATEGORIES)} or among "
                                 f"{', '.join(helmet.TASKS)}")
             names += helmet.CATEGORIES.get(name, [name])
         self.tasks = list(dict.fromkeys(names))
@@ -91,6 +95,8 @@ class Helmet(Evaluation):
             raise TapeError(f"--samples must be positive and --shots at least 0, got {self.samples}, {self.shots}")
         for task, length in itertools.product(self.tasks, self.lengths):
             definition = helmet.TASKS[task]
+            if definition.category in helmet_summ_cite.CATEGORIES:
+                continue  # their own files and draw: helmet_summ_cite.prepare below
             rows, described = helmet.read(self.data, definition, length)
             self.rows[task, length] = rows
             self.chosen[task, length] = (draw(len(rows), self.samples) if definition.category == "recall"
@@ -105,15 +111,17 @@ class Helmet(Evaluation):
                 demos = self.demos[task, None]
                 self.demos[task, length] = (helmet.rerank_pool(demos, [rows[i] for i in self.chosen[task, length]])
                                             if definition.category == "rerank" else demos)
+        helmet_summ_cite.prepare(self)
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         from tapecli.data.helmet import HUB_ID
+        from tapecli.eval import helmet_summ_cite
 
         data = {"path": str(Path(self.data).expanduser().resolve())} if self.data else {"hub": HUB_ID}
         return {"task": "helmet", "models": [source_of(m)[1] for m in models],
                 "data": {**data, "files": self.read_files},
                 "tasks": self.tasks, "lengths": self.lengths, "samples": self.samples, "shots": self.shots,
-                "dtype": opening.dtype_name(), "pe_args": opening.pe_args}
+                "dtype": opening.dtype_name(), "pe_args": opening.pe_args, **helmet_summ_cite.settings(self)}
 
     def units(self, opened: OpenedModel) -> list[Unit]:
         return [(t, n, i) for t in self.tasks for n in self.lengths for i in self.chosen[t, n]]
@@ -125,6 +133,7 @@ class Helmet(Evaluation):
 
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         from tapecli.data import helmet
+        from tapecli.eval import helmet_summ_cite
         from tapecli.eval.common import generate_batch
         from tapecli.eval.helmet_metric import ruler_recall, sub_em_score
         from tapecli.eval.helmet_rerank import ndcg_at_10, parse_rankings
@@ -136,7 +145,7 @@ class Helmet(Evaluation):
         for _, _, i in units:
             row = self.rows[task.name, length][i]
             demos = []
-            if task.category != "recall":
+            if task.category in ("rag", "rerank"):
                 rows = self.rows[task.name, length]
                 demos = helmet.demonstrations(task, row, self.demos[task.name, length], helmet.qa_key(rows, task),
                                               self.shots, shuffled)
@@ -159,7 +168,11 @@ class Helmet(Evaluation):
                 ends = [k for k in range(len(output)) if new_line(output[: k + 1])]
                 output = output[: ends[0] + 1] if ends else output
             text = tokenizer.decode(output)
-            if task.metric == "NDCG@10":
+            extra: dict[str, Any] = {}
+            if task.category in helmet_summ_cite.CATEGORIES:
+                extra = helmet_summ_cite.score(self, task, sample, text, opened.device)
+                score = extra[task.metric]
+            elif task.metric == "NDCG@10":
                 labels = {c["id"]: int(c["label"]) for c in sample["ctxs"]}
                 score = ndcg_at_10(parse_rankings(text), labels, sample["qid"])
             elif task.metric == "ruler_recall":
@@ -168,11 +181,14 @@ class Helmet(Evaluation):
                 score = sub_em_score(text, sample["answer"], "corresponding value:" if task.name == "json_kv"
                                      else "Answer:")
             out.append({"task": task.name, "length": length, "row": index, "input_tokens": len(ids),
-                        "truncated": cut, "output": text, "answer": sample["answer"], task.metric: score})
+                        "truncated": cut, "output": text, "answer": sample["answer"], task.metric: score, **extra})
         return out
 
     def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
-        return {**opened.record(), **summarise(rows, self.tasks, self.lengths)}
+        from tapecli.eval.helmet_summ_cite import extend
+
+        summary = extend(summarise(rows, self.tasks, self.lengths), rows, self.tasks, self.lengths, self.nli_model)
+        return {**opened.record(), **summary}
 
     def combine(self, settings: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
         return {"task": "helmet", "protocol": PROTOCOL, "settings": settings, "models": entries}
@@ -193,7 +209,8 @@ class Helmet(Evaluation):
             for m in folder["models"]:
                 columns = sorted({int(n) for cells in m["scores"].values() for n in cells})
                 lines += ["", f"{m['name']}: HELMET scores (x100; {m['truncated']} of {m['samples']} prompts cut)",
-                          table({**m["scores"], **m["categories"]}, columns, first="task / length")]
+                          table({**m["scores"], **m["categories"]}, columns, first="task / length"),
+                          *m.get("notes", [])]
         return "\n".join(lines)
 
 
