@@ -95,10 +95,12 @@ def prepare(data: str | None, task: str, lengths: list[int], samples: int, shots
                     for r, d in zip(rows, demos, strict=True)]
     else:
         train, rows, described = _lexsum(data)
+        train = [r for r in train if isinstance(r.get("summary/short"), str)]  # load_multi_lexsum's filter
         demos = lexsum_demos(rows, train, shots, shuffle)
         samples_ = [{"id": r["id"], "context": "\n\n".join(r["sources"]), "question": "", "answer": r["summary/short"],
                      "demo": d} for r, d in zip(rows, demos, strict=True)]
-    kept = [i for i, s in enumerate(samples_) if len(tokenizer(s["context"])["input_ids"]) >= MIN_TOKENS]
+    kept = [i for i, s in enumerate(samples_) if isinstance(s["answer"], str | list)
+            and len(tokenizer(s["context"])["input_ids"]) >= MIN_TOKENS]
     if not kept:
         raise TapeError(f"{described[-1].split(' sha256:')[0]}: no document of {task} has {MIN_TOKENS} tokens of the "
                         "truncation tokenizer (HELMET's filter_length keeps only those)")
@@ -157,10 +159,9 @@ def _lexsum(data: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]
                                       "datasets' to_json as multi_lexsum/train.jsonl and multi_lexsum/validation.jsonl")
             rows, what = _rows(path, name)
         check_fields(rows, {"id": str, "sources": list}, what)
-        kept = [r for r in rows if isinstance(r.get("summary/short"), str)]  # load_multi_lexsum's filter
-        if not kept:
+        if not any(isinstance(r.get("summary/short"), str) for r in rows):
             raise TapeError(f"{what}: no row has a 'summary/short' (a str)")
-        splits[split] = kept
+        splits[split] = rows
         described.append(what)
     return splits["train"], splits["validation"], described
 

@@ -123,6 +123,12 @@ class NliModel:
                             "and precision") from None
         self.device = device
 
+    def place(self, device: str) -> None:
+        """Move the model to `device` (the evaluated models') unless it is there."""
+        if str(device) != str(self.device):
+            self.model.to(device)
+            self.device = device
+
     def __call__(self, passage: str, claim: str) -> int:
         import torch
 

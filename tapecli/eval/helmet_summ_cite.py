@@ -3,7 +3,8 @@ what the HELMET protocol (`tapecli.eval.helmet`) asks of them, kept apart from i
 
 - `prepare(evaluation)`: reads their files and fills the protocol's rows (here each drawn row is already the filled
   sample: HELMET's loaders cut documents and draw demonstrations before the model's own truncation), its draw and its
-  list of files read (`tapecli.data.helmet_summ`, `helmet_cite`).
+  list of files read (`tapecli.data.helmet_summ`, `helmet_cite`); opens the truncation tokenizer and the NLI model
+  (on the CPU, moved to the models' device when first used), so that a bad name stops before anything is written.
 - `score(evaluation, task, sample, output, device)`: the sample's metrics. As eval.py does for a completion without a
   chat template, the system template ("Summary:", "Answer:") is put before the generated text first. Summarisation:
   ROUGE-L and ROUGE-Lsum (F1 and recall, `helmet_summ_metric`; HELMET's GPT-4o judge is not run); citations: ALCE's
@@ -50,6 +51,10 @@ def prepare(evaluation: Any) -> None:
                 evaluation.rows[task, length] = helmet_cite.samples(task, rows, length, evaluation.shots, chosen)
                 evaluation.chosen[task, length] = chosen
             evaluation.read_files.append(described)
+            if evaluation.nli_model and evaluation.nli is None:  # opened now: a bad name stops before any output
+                from tapecli.eval.helmet_cite_metric import NliModel
+
+                evaluation.nli = NliModel(evaluation.nli_model, "cpu")
 
 
 def settings(evaluation: Any) -> dict[str, Any]:
@@ -90,8 +95,8 @@ def score(evaluation: Any, task: Any, sample: dict[str, Any], output: str, devic
     if evaluation.nli_model:
         from tapecli.data.sentences import sentence_splitter
 
-        if evaluation.nli is None:
-            evaluation.nli = alce.NliModel(evaluation.nli_model, device)
+        if isinstance(evaluation.nli, alce.NliModel):
+            evaluation.nli.place(device)
         rec, prec = alce.citations(text, sample["question"], sample["docs"], evaluation.nli, sentence_splitter()[1],
                                    task.name == "alce_qampari")
         out.update(citation_rec=rec, citation_prec=prec)

@@ -319,7 +319,7 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
             (["--data", str(tmp_path / "bad"), "--tasks", "ruler_niah_mk_2", "--lengths", "400"],
              "row 0 lacks the field 'outputs' (a non-empty list of str)"),
             (["--data", str(tmp_path / "none")], "no such folder; download data.tar.gz"),
-            (["--data", str(tmp_path / "HELMET"), "--tasks", "summ"], "HELMET's summ category is not run by tape"),
+            (["--data", str(tmp_path / "HELMET"), "--tasks", "icl"], "HELMET's icl category is not run by tape"),
             ([], "princeton-nlp/HELMET cannot be read from the Hugging Face hub (offline or unreachable); "
                  "download data.tar.gz")]):
         where = tmp_path / f"x{n}"
