@@ -111,7 +111,7 @@ class Helmet(Evaluation):
                 demos = self.demos[task, None]
                 self.demos[task, length] = (helmet.rerank_pool(demos, [rows[i] for i in self.chosen[task, length]])
                                             if definition.category == "rerank" else demos)
-        helmet_summ_cite.prepare(self)
+        helmet_summ_cite.prepare(self, shuffled, draw)
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         from tapecli.data.helmet import HUB_ID

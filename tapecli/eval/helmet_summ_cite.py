@@ -1,10 +1,11 @@
 """`tape eval helmet`'s summarisation (infbench_sum_eng, multi_lexsum) and citation (alce_asqa, alce_qampari) tasks:
 what the HELMET protocol (`tapecli.eval.helmet`) asks of them, kept apart from its other categories.
 
-- `prepare(evaluation)`: reads their files and fills the protocol's rows (here each drawn row is already the filled
-  sample: HELMET's loaders cut documents and draw demonstrations before the model's own truncation), its draw and its
-  list of files read (`tapecli.data.helmet_summ`, `helmet_cite`); opens the truncation tokenizer and the NLI model
-  (on the CPU, moved to the models' device when first used), so that a bad name stops before anything is written.
+- `prepare(evaluation, shuffled, draw)`: reads their files and fills the protocol's rows (here each drawn row is
+  already the filled sample: HELMET's loaders cut documents and draw demonstrations before the model's own
+  truncation), its draw and its list of files read (`tapecli.data.helmet_summ`, `helmet_cite`); opens the truncation
+  tokenizer and the NLI model (on the CPU, moved to the models' device when first used), so that a bad name stops
+  before anything is written.
 - `score(evaluation, task, sample, output, device)`: the sample's metrics. As eval.py does for a completion without a
   chat template, the system template ("Summary:", "Answer:") is put before the generated text first. Summarisation:
   ROUGE-L and ROUGE-Lsum (F1 and recall, `helmet_summ_metric`; HELMET's GPT-4o judge is not run); citations: ALCE's
@@ -27,10 +28,10 @@ NO_NLI_NOTE = ("citations: citation recall and precision were not computed (no -
                "the mean of the answer metrics only (HELMET's also averages citation recall and precision)")
 
 
-def prepare(evaluation: Any) -> None:
-    """Rows, draw and files of the evaluation's summarisation and citation tasks at its lengths."""
+def prepare(evaluation: Any, shuffled: Any, draw: Any) -> None:
+    """Rows, draw and files of the evaluation's summarisation and citation tasks at its lengths (`shuffled`, `draw`:
+    the protocol's datasets shuffle and its max_test_samples draw)."""
     from tapecli.data import helmet, helmet_cite, helmet_summ
-    from tapecli.eval.helmet import draw, shuffled
 
     tokenizer = None
     for task in evaluation.tasks:

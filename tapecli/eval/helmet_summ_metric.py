@@ -28,16 +28,10 @@ def _scorer() -> Any:
     return rouge_scorer.RougeScorer(["rougeL", "rougeLsum"], use_stemmer=True)
 
 
-def _flat(answers: Any) -> list[str]:
-    if isinstance(answers, str):
-        return [answers]
-    if isinstance(answers[0], list):
-        return [a for group in answers for a in group]
-    return list(answers)
-
-
 def rouge(prediction: str, answers: Any) -> dict[str, float]:
     """calculate_metrics' ROUGE-L and ROUGE-Lsum: the best F1 and recall over the answers."""
+    from tapecli.eval.helmet_metric import _flat
+
     scorer = _scorer()
     scores = [scorer.score(target=a, prediction=prediction) for a in _flat(answers)]
     out = {}

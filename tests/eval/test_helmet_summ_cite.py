@@ -27,6 +27,20 @@ from tapecli.eval.protocol import run
 runner = CliRunner()
 
 
+def test_the_files_lengths_and_passages_are_helmets():
+    """configs/summ.yaml and cite.yaml through scripts/generate_configs.py: tokens to generate, the documents' token
+    budget (name_postfix: length - 200 - 1200, length - 300 - 400) and ALCE's passages per length (8 ... 700)."""
+    assert {n: (t.generation_max_length, t.stop_new_line, t.metric) for n, t in data.TASKS.items()
+            if t.category in ("summ", "cite")} == {
+        "infbench_sum_eng": (1200, False, "rougeLsum_f1"), "multi_lexsum": (400, False, "rougeLsum_f1"),
+        "alce_asqa": (300, False, "str_em"), "alce_qampari": (300, False, "qampari_rec_top5")}
+    assert [n - helmet_summ.RESERVED["infbench_sum_eng"] for n in (8192, 131072)] == [6792, 129672]
+    assert [n - helmet_summ.RESERVED["multi_lexsum"] for n in (8192, 131072)] == [7492, 130372]
+    assert list(helmet_cite.PASSAGES.values()) == [8, 30, 75, 165, 345, 700]
+    assert data.CATEGORIES["summ"] == ["infbench_sum_eng", "multi_lexsum"]
+    assert data.CATEGORIES["cite"] == ["alce_asqa", "alce_qampari"]
+
+
 # ---- HELMET utils.py's calculate_metrics (its ROUGE part; EM, F1 and SubEM are not reported for summarisation) and
 # data.py's post-processing, as published
 
