@@ -27,6 +27,7 @@ tokens of that tokenizer is cut at the end of its token (length - budget - the s
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -110,24 +111,44 @@ def prepare(data: str | None, task: str, lengths: list[int], samples: int, shots
                 for i in sorted(kept)} for n in lengths}, described
 
 
-def load_tokenizer(name: str) -> Any:
-    """The truncation tokenizer (a fast one: the cut uses its offsets), from a folder or the hub."""
-    from tapecli.data.sources import hub_unreachable
+class TruncationTokenizer:
+    """A tokenizer.json read with the `tokenizers` library, called as HELMET calls its Llama 2 tokenizer:
+    `tokenizer(text)` (default special tokens) gives `input_ids` and, asked, each token's `offset_mapping`."""
 
-    try:
-        from transformers import AutoTokenizer
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(name)
-    except Exception as e:  # noqa: BLE001 - offline, missing or unreadable: one line naming the fix
-        why = "cannot be read from the Hugging Face hub (offline or unreachable)" if hub_unreachable(e) else \
-            f"cannot be opened ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-        raise TapeError(f"--truncation-tokenizer {name} {why}; pass a folder holding a copy of "
-                        f"{TRUNCATION_TOKENIZER}'s tokenizer (HELMET's) or of another fast tokenizer (tokenizer.json)"
-                        ) from None
-    if not getattr(tokenizer, "is_fast", False):
-        raise TapeError(f"--truncation-tokenizer {name}: a fast tokenizer (tokenizer.json) is needed for HELMET's cut "
-                        "at a token's character offset")
-    return tokenizer
+        self.tokenizer = Tokenizer.from_file(str(path))
+
+    def __call__(self, text: str, return_offsets_mapping: bool = False) -> dict[str, list[Any]]:
+        encoding = self.tokenizer.encode(text)
+        return {"input_ids": encoding.ids, **({"offset_mapping": encoding.offsets} if return_offsets_mapping else {})}
+
+
+def load_tokenizer(name: str) -> TruncationTokenizer:
+    """The truncation tokenizer: a folder holding tokenizer.json (or that file), else a hub id's tokenizer.json."""
+    from tapecli.faults import reading
+
+    local = Path(name).expanduser()
+    path = local / "tokenizer.json" if local.is_dir() else local
+    if not path.is_file():
+        if local.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", name):
+            raise TapeError(f"--truncation-tokenizer {name}: no tokenizer.json there; pass a folder holding a fast "
+                            f"tokenizer (tokenizer.json), HELMET's is {TRUNCATION_TOKENIZER}'s")
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(name, "tokenizer.json"))
+        except Exception:  # noqa: BLE001 - offline, unreachable, gated or refused: the same sentence
+            raise TapeError(f"--truncation-tokenizer {name} cannot be read from the Hugging Face hub (offline, "
+                            f"unreachable or gated); pass a folder holding a copy of {TRUNCATION_TOKENIZER}'s "
+                            "tokenizer.json (HELMET's) or of another fast tokenizer") from None
+    with reading(path):
+        try:
+            return TruncationTokenizer(path)
+        except Exception as e:  # noqa: BLE001 - the library's parse error: one line naming the file
+            raise TapeError(f"--truncation-tokenizer {name}: {path} is not a tokenizer.json the tokenizers library "
+                            f"reads ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
 
 
 def _infbench(data: str | None) -> tuple[list[dict[str, Any]], list[str]]:

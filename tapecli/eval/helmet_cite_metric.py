@@ -108,10 +108,14 @@ class NliModel:
 
     def __init__(self, name: str, device: str) -> None:
         import torch
-        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
         from tapecli.data.sources import hub_unreachable
 
+        try:
+            from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+        except ImportError:
+            raise TapeError("--nli-model needs the transformers library (pip install transformers), which loads the "
+                            "NLI model") from None
         try:
             self.model = AutoModelForSeq2SeqLM.from_pretrained(name, dtype=torch.bfloat16).to(device).eval()
             self.tokenizer = AutoTokenizer.from_pretrained(name, use_fast=False)

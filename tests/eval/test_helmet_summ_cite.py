@@ -653,7 +653,8 @@ def test_the_command_on_a_tape_run_with_the_nli_model(tmp_path, trained, truncat
     model = str(trained())
     for n, (extra, fragment) in enumerate([
             (["--tasks", "multi_lexsum"], "--truncation-tokenizer meta-llama/Llama-2-7b-hf cannot be read from the "
-                                          "Hugging Face hub (offline or unreachable); pass a folder"),
+                                          "Hugging Face hub (offline, unreachable or gated); pass a folder"),
+            (["--tasks", "multi_lexsum", "--truncation-tokenizer", str(tmp_path)], "no tokenizer.json there"),
             (["--tasks", "alce_asqa", "--nli-model", "google/t5_xxl_true_nli_mixture"],
              "--nli-model google/t5_xxl_true_nli_mixture cannot be read from the Hugging Face hub (offline or "
              "unreachable); pass a folder holding a copy")]):
