@@ -1,4 +1,4 @@
-"""Tiny files in the released formats of OpenAI MRCR, LongBench v2, NoLiMa and HELMET's synthetic recall, and a
+"""Tiny files in the released formats of OpenAI MRCR, LongBench v2, NoLiMa and HELMET, and a
 training text in the style of the first two, for the CPU-sized results page (docs/results/long-benchmarks-cpu.md):
 the real datasets are hundreds of MB of prompts of 8K tokens and more, beyond a tiny model and not on an offline
 machine.
@@ -30,6 +30,18 @@ writes
                                                HELMET's re-ranking fields (qid, query, ctxs of id, text, label):
                                                "which box does NAME keep?" over 14 (10) passages, labelled 3 for the
                                                answer, 1 for the keeper's other passages, 0 otherwise; 8 rows each
+  OUT/helmet/data/infbench/longbook_sum_eng.jsonl, multi_lexsum/{train,validation}.jsonl
+                                               InfiniteBench's (id, context, input, answer, options) and Multi-LexSum's
+                                               (id, sources, summary/short) fields: 8 books and 8 cases of 70,000 bytes
+                                               of the words below, each summarised in a sentence (8 training cases of
+                                               one short source); drawn from random.Random(seed + 2)
+  OUT/helmet/data/alce/asqa_eval_gtr_top2000.json, qampari_eval_gtr_top2000.json
+                                               ALCE's fields (question, docs of title + text, ASQA's qa_pairs with
+                                               short_answers and answer, QAMPARI's answers): "what colour is the X
+                                               box?" and "which boxes does NAME keep?" over 20 passages; 8 each
+  OUT/helmet/truncation-tokenizer/tokenizer.json
+                                               a byte-level tokenizer (one token per byte), standing in for Llama 2's,
+                                               which HELMET measures and cuts summarisation documents with
   OUT/corpus.txt                               other conversations and questions of the same kinds (seed + 1), as
                                                tape reads them, each followed by its answer: MRCR's transcript
                                                (`tapecli.data.mrcr.transcript`) + " " + answer, LongBench v2's 0-shot
@@ -168,6 +180,50 @@ def rerank_row(rng: random.Random, k: int, passages: int) -> dict:
     return {"qid": f"{5000 + k}", "query": f"which box does {keeper} keep?", "ctxs": ctxs}
 
 
+def helmet_summ_cite(rng: random.Random, helmet: Path) -> None:
+    """HELMET's summarisation and citation files and a byte-level truncation tokenizer (see the docstring)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    def text(size: int) -> str:
+        words = []
+        while sum(map(len, words)) + len(words) < size:
+            words.append(rng.choice(WORDS))
+        return " ".join(words) + "."
+
+    def summary(k: int) -> str:
+        return f"The {rng.choice(WORDS)} {rng.choice(COLOURS)} box {k} is kept by the {rng.choice(WORDS)} river."
+
+    for folder in ("infbench", "multi_lexsum", "alce"):
+        (helmet / folder).mkdir(parents=True, exist_ok=True)
+    books = [{"id": k, "context": text(70000), "input": "", "answer": [summary(k)], "options": []} for k in range(8)]
+    train = [{"id": f"train-{k}", "sources": [text(400)], "summary/short": summary(k)} for k in range(8)]
+    cases = [{"id": f"case-{k}", "sources": [text(35000), text(35000)], "summary/short": summary(k)} for k in range(8)]
+    for path, rows in (("infbench/longbook_sum_eng.jsonl", books), ("multi_lexsum/train.jsonl", train),
+                       ("multi_lexsum/validation.jsonl", cases)):
+        (helmet / path).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    asqa, qampari = [], []
+    for k in range(8):
+        boxes = [(rng.choice(WORDS), rng.choice(COLOURS), rng.choice(NAMES)) for _ in range(20)]
+        docs = [{"id": str(j), "title": f"The {w} box", "text": f"The {w} box is {c} and kept by {n}."}
+                for j, (w, c, n) in enumerate(boxes)]
+        word, colour, name = boxes[rng.randrange(20)]
+        asqa.append({"question": f"What colour is the {word} box?", "answer": f"The {word} box is {colour}.",
+                     "qa_pairs": [{"question": f"What colour is the {word} box?", "short_answers": [colour]}],
+                     "docs": docs, "sample_id": str(k)})
+        qampari.append({"id": str(k), "question": f"Which boxes does {name} keep?", "docs": docs,
+                        "answers": [[f"the {w} box", f"{w} box"] for w, _, n in boxes if n == name]})
+    (helmet / "alce" / "asqa_eval_gtr_top2000.json").write_text(json.dumps(asqa), encoding="utf-8")
+    (helmet / "alce" / "qampari_eval_gtr_top2000.json").write_text(json.dumps(qampari), encoding="utf-8")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=256, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tk.train_from_iterator([""], trainer)
+    (helmet.parent / "truncation-tokenizer").mkdir(parents=True, exist_ok=True)
+    tk.save(str(helmet.parent / "truncation-tokenizer" / "tokenizer.json"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -217,6 +273,7 @@ def main() -> None:
         rows = [rerank_row(rng, first + k, passages) for k in range(8)]
         (helmet / "msmarco" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
                                                           encoding="utf-8")
+    helmet_summ_cite(random.Random(args.seed + 2), helmet)
     train = random.Random(args.seed + 1)
     texts = []
     for _ in range(400):
@@ -229,7 +286,8 @@ def main() -> None:
     (out / "corpus.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
     print(f"wrote {out}/mrcr (36 conversations), {out}/longbench-v2/data.json (24 questions), {out}/nolima (3 "
           f"experiments, 2 books), {out}/helmet/data (json_kv, 3 RULER tasks x 3 lengths, 4 RAG tasks and "
-          f"re-ranking, 8 rows each) and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
+          f"re-ranking, 8 rows each; summarisation and citations, 8 each) and {out}/corpus.txt "
+          f"({sum(map(len, texts)):,} characters)")
 
 
 if __name__ == "__main__":
