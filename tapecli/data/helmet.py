@@ -19,6 +19,9 @@ those of HELMET's configs/recall*.yaml, rag*.yaml, rerank*.yaml and scripts/gene
   128K and the demonstrations' test_reranking_data_k10_dep3.jsonl; rows with `qid`, `query` and `ctxs` (passages
   with `id`, `text`, an optional `title` and a relevance `label`).
 
+The summarisation (`infbench_sum_eng`, `multi_lexsum`) and citation (`alce_asqa`, `alce_qampari`) tasks have their rows
+in the table below; their files, demonstrations, cuts and draws are `tapecli.data.helmet_summ` and `helmet_cite`.
+
 `Task` holds what data.py's loaders and the configs give each task: its file for a length, the tokens to generate
 (configs: 100, 50, 100, 50; RAG 20 and re-ranking 200, stopping at a new line), the prompt template (data.py's
 `load_json_kv`, `load_ruler`, `load_qa` and `load_msmarco_rerank`, filled with `str.format(**row)` as its `tokenize`

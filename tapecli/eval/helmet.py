@@ -1,7 +1,8 @@
 """HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, configs/recall*.yaml, scripts/collect_results.py):
 its synthetic recall category (JSON KV, RULER MK needle, MK UUID, multi-value), its RAG category (NQ, TriviaQA,
 HotpotQA, PopQA among retrieved passages) and its re-ranking category (MS MARCO passages, NDCG@10) at HELMET's input
-lengths.
+lengths; its summarisation and citation categories through the hooks of `tapecli.eval.helmet_summ_cite` (their
+files, cuts, draws and metrics).
 
 Data: HELMET's released jsonl files (`tapecli.data.helmet`): `--data` the extracted data/ folder, or the hub's
 data.tar.gz for users with a network. Per task and length (`--tasks`, `--lengths`: HELMET's input_max_length, 4K to
@@ -48,7 +49,13 @@ PROTOCOL = ("HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, co
             "excess in tokens; greedy decoding up to generation_max_length, stopping at EOS (RAG, re-ranking: also "
             "at a new-line token); metrics: substring_exact_match (json_kv and RAG, max over the raw and parsed "
             "output), ruler_recall, NDCG@10 (parse_rankings, trec_eval through pytrec_eval); task score = mean x "
-            "100; category = mean over its tasks")
+            "100; category = mean over its tasks. Summarisation (infbench_sum_eng, multi_lexsum: load_infbench, "
+            "load_multi_lexsum, documents of >= 65,536 tokens of the truncation tokenizer cut to length - 1,400 / "
+            "- 700 as truncate_llama2 does): rougeLsum_f1 (calculate_metrics, rouge-score, max over raw and parsed "
+            "output); HELMET's GPT-4o judge is not run. Citations (alce_asqa, alce_qampari: load_alce, 8-700 "
+            "passages, demonstrations by random.sample after random.seed(42)): eval_alce.py's str_em / "
+            "qampari_rec_top5 and, with an NLI model, citation_rec / citation_prec (at most 3 citations); the "
+            "system template is put before each completion as eval.py does without a chat template")
 
 Unit = tuple[str, int, int]  # (task, length, row index in its file)
 
