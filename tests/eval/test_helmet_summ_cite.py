@@ -663,3 +663,35 @@ def test_the_command_on_a_tape_run_with_the_nli_model(tmp_path, trained, truncat
                                            str(tmp_path / "HELMET"), "--lengths", "4k", "--samples", "1", "--out",
                                            str(where), *extra]), 2, fragment)
         assert not where.exists()
+
+
+@pytest.mark.slow
+def test_the_results_pages_summarisation_and_citation_files_are_helmets_layout(tmp_path):
+    """scripts/long_benchmark_samples.py (docs/results/long-benchmarks-cpu.md) writes the summarisation and citation
+    files where `tape eval helmet` looks for them, documents long enough for HELMET's filter, each ALCE answer in a
+    passage, and a byte-level truncation tokenizer."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[2] / "scripts" / "long_benchmark_samples.py"
+    subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
+    evaluation = helmet.Helmet(str(tmp_path / "helmet" / "data"), ["summ", "cite"], [4096], samples=8,
+                               truncation_tokenizer=str(tmp_path / "helmet" / "truncation-tokenizer"))
+    evaluation.check([])
+    assert all(len(evaluation.chosen[t, 4096]) == 8 for t in evaluation.tasks)
+    tokenizer = helmet_summ.load_tokenizer(str(tmp_path / "helmet" / "truncation-tokenizer"))
+    assert len(tokenizer("héllo")["input_ids"]) == len("héllo".encode())  # one token per byte
+    for task in ("infbench_sum_eng", "multi_lexsum"):
+        budget = 4096 - helmet_summ.RESERVED[task]
+        # truncate_llama2 keeps the text up to the end of token budget - len(suffix) (counted with Llama 2's BOS):
+        # without a BOS, budget + 1 tokens with the suffix
+        cut = [len(tokenizer(s["context"])["input_ids"]) for s in evaluation.rows[task, 4096].values()]
+        assert cut == [budget + 1] * 8
+    for s in evaluation.rows["alce_asqa", 4096].values():
+        word = s["question"].removeprefix("What colour is the ").removesuffix(" box?")
+        colour = s["qa_pairs"][0]["short_answers"][0]
+        assert any(d["text"].startswith(f"The {word} box is {colour} ") for d in s["docs"])
+    for s in evaluation.rows["alce_qampari", 4096].values():
+        name = s["question"].removeprefix("Which boxes does ").removesuffix(" keep?")
+        assert len(s["answers"]) == sum(d["text"].endswith(f"kept by {name}.") for d in s["docs"])
