@@ -21,7 +21,9 @@ tape shuffles the training split with the seed sha256(row id) % 2**31, as HELMET
 than the length less 1,400 (InfiniteBench: 200 + its 1,200 tokens to generate) or less 700 (Multi-LexSum: 300 + 400)
 tokens of that tokenizer is cut at the end of its token (length - budget - the suffix's tokens) and ends with
 " ... [the rest of the text is omitted]". HELMET's truncation tokenizer is Llama 2's (`meta-llama/Llama-2-7b-hf`),
-"so that every model sees the same amount of information"; `--truncation-tokenizer` names another.
+"so that every model sees the same amount of information"; `--truncation-tokenizer` names another. It is read from its
+tokenizer.json with the `tokenizers` library (`load_tokenizer`), which gives the same ids and offsets as the
+transformers fast tokenizer HELMET calls.
 """
 
 from __future__ import annotations
