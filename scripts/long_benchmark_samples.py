@@ -1,4 +1,4 @@
-"""Tiny files in the released formats of OpenAI MRCR, LongBench v2, NoLiMa and HELMET's synthetic recall, and a
+"""Tiny files in the released formats of OpenAI MRCR, LongBench v2, NoLiMa and HELMET, and a
 training text in the style of the first two, for the CPU-sized results page (docs/results/long-benchmarks-cpu.md):
 the real datasets are hundreds of MB of prompts of 8K tokens and more, beyond a tiny model and not on an offline
 machine.
@@ -41,8 +41,18 @@ writes
                                                4 "The X box is kept by NAME." facts each, asked as "Who keeps the X
                                                box?"; InfiniteBench's (id, context, input, answer, options): 8 rows of
                                                70,000 bytes each with one such fact (seed + 2)
+  OUT/helmet/data/infinitebench/longbook_sum_eng.jsonl, multi_lexsum/{train,validation}.jsonl
+                                               InfiniteBench's (id, context, input, answer, options) and Multi-LexSum's
+                                               (id, sources, summary/short) fields: 8 books and 8 cases of 70,000 bytes
+                                               of the words below, each summarised in a sentence (8 training cases of
+                                               one short source); drawn from random.Random(seed + 2)
+  OUT/helmet/data/alce/asqa_eval_gtr_top2000.json, qampari_eval_gtr_top2000.json
+                                               ALCE's fields (question, docs of title + text, ASQA's qa_pairs with
+                                               short_answers and answer, QAMPARI's answers): "what colour is the X
+                                               box?" and "which boxes does NAME keep?" over 20 passages; 8 each
   OUT/helmet/byte-tokenizer/                   a tokenizer of one token per byte (tokenizer.json), for
                                                --truncation-tokenizer where HELMET's Llama-2 tokenizer is not at hand
+                                               (long-document QA and summarisation)
   OUT/corpus.txt                               other conversations and questions of the same kinds (seed + 1), as
                                                tape reads them, each followed by its answer: MRCR's transcript
                                                (`tapecli.data.mrcr.transcript`) + " " + answer, LongBench v2's 0-shot
@@ -245,6 +255,41 @@ def icl_and_longqa(helmet: Path, rng: random.Random) -> None:
     PreTrainedTokenizerFast(tokenizer_object=byte_level).save_pretrained(str(helmet.parent / "byte-tokenizer"))
 
 
+def helmet_summ_cite(rng: random.Random, helmet: Path) -> None:
+    """HELMET's summarisation and citation files (see the docstring)."""
+
+    def text(size: int) -> str:
+        words = []
+        while sum(map(len, words)) + len(words) < size:
+            words.append(rng.choice(WORDS))
+        return " ".join(words) + "."
+
+    def summary(k: int) -> str:
+        return f"The {rng.choice(WORDS)} {rng.choice(COLOURS)} box {k} is kept by the {rng.choice(WORDS)} river."
+
+    for folder in ("infinitebench", "multi_lexsum", "alce"):
+        (helmet / folder).mkdir(parents=True, exist_ok=True)
+    books = [{"id": k, "context": text(70000), "input": "", "answer": [summary(k)], "options": []} for k in range(8)]
+    train = [{"id": f"train-{k}", "sources": [text(400)], "summary/short": summary(k)} for k in range(8)]
+    cases = [{"id": f"case-{k}", "sources": [text(35000), text(35000)], "summary/short": summary(k)} for k in range(8)]
+    for path, rows in (("infinitebench/longbook_sum_eng.jsonl", books), ("multi_lexsum/train.jsonl", train),
+                       ("multi_lexsum/validation.jsonl", cases)):
+        (helmet / path).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    asqa, qampari = [], []
+    for k in range(8):
+        boxes = [(rng.choice(WORDS), rng.choice(COLOURS), rng.choice(NAMES)) for _ in range(20)]
+        docs = [{"id": str(j), "title": f"The {w} box", "text": f"The {w} box is {c} and kept by {n}."}
+                for j, (w, c, n) in enumerate(boxes)]
+        word, colour, name = boxes[rng.randrange(20)]
+        asqa.append({"question": f"What colour is the {word} box?", "answer": f"The {word} box is {colour}.",
+                     "qa_pairs": [{"question": f"What colour is the {word} box?", "short_answers": [colour]}],
+                     "docs": docs, "sample_id": str(k)})
+        qampari.append({"id": str(k), "question": f"Which boxes does {name} keep?", "docs": docs,
+                        "answers": [[f"the {w} box", f"{w} box"] for w, _, n in boxes if n == name]})
+    (helmet / "alce" / "asqa_eval_gtr_top2000.json").write_text(json.dumps(asqa), encoding="utf-8")
+    (helmet / "alce" / "qampari_eval_gtr_top2000.json").write_text(json.dumps(qampari), encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out")
@@ -295,6 +340,7 @@ def main() -> None:
         (helmet / "msmarco" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
                                                           encoding="utf-8")
     icl_and_longqa(helmet, random.Random(args.seed + 2))
+    helmet_summ_cite(random.Random(args.seed + 2), helmet)
     train = random.Random(args.seed + 1)
     texts = []
     for _ in range(400):
@@ -307,8 +353,8 @@ def main() -> None:
     (out / "corpus.txt").write_text("\n\n".join(texts) + "\n", encoding="utf-8")
     print(f"wrote {out}/mrcr (36 conversations), {out}/longbench-v2/data.json (24 questions), {out}/nolima (3 "
           f"experiments, 2 books), {out}/helmet/data (json_kv, 3 RULER tasks x 3 lengths, 4 RAG tasks and "
-          f"re-ranking, 8 rows each; ICL's 4 and long QA's 2 datasets), {out}/helmet/byte-tokenizer and "
-          f"{out}/corpus.txt ({sum(map(len, texts)):,} characters)")
+          f"re-ranking, 8 rows each; ICL's 4 and long QA's 2 datasets; summarisation and citations, 8 each), "
+          f"{out}/helmet/byte-tokenizer and {out}/corpus.txt ({sum(map(len, texts)):,} characters)")
 
 
 if __name__ == "__main__":

@@ -351,8 +351,8 @@ def eval_helmet(
                               "ruler_niah_mv), rag (kilt_nq, kilt_triviaqa, kilt_hotpotqa, kilt_popqa), rerank "
                               "(msmarco_rerank_psg), icl (icl_trec_coarse, icl_trec_fine, icl_banking77, "
                               "icl_clinic150, icl_nlu), longqa (narrativeqa, infbench_qa_eng, infbench_choice_eng), "
-                              "or tasks among them. HELMET's summarisation and citation categories are not run by "
-                              "tape yet."),
+                              "summ (infbench_sum_eng, multi_lexsum), cite (alce_asqa, alce_qampari), or tasks among "
+                              "them."),
     lengths: str = typer.Option("8k,16k,32k,64k,128k", "--lengths", help="Comma-separated input lengths in tokens "
                                 "(HELMET's input_max_length; k = 1024): each picks the task's file for that length "
                                 "and is the prompt + answer budget (json_kv, RAG and re-ranking have files for 4k-128k only)."),
@@ -361,9 +361,14 @@ def eval_helmet(
     shots: int = integer(2, "--shots", min=0, help="In-context demonstrations: json_kv's from the row itself, RAG's "
                          "and re-ranking's drawn per question from the task's demonstration file, long-document "
                          "QA's from other questions (HELMET: 2; ICL's many shots are set by the length)."),
+    nli_model: str | None = typer.Option(None, "--nli-model", help="Citations: the NLI model that scores citation "
+                                         "recall and precision, a folder or a hub id (HELMET and ALCE: "
+                                         "google/t5_xxl_true_nli_mixture); without it only the answer metrics are "
+                                         "computed, and the output says so."),
     truncation_tokenizer: str = typer.Option("meta-llama/Llama-2-7b-hf", "--truncation-tokenizer", help="Long-"
-                                             "document QA: the tokenizer HELMET measures and cuts documents with "
-                                             "(Llama-2's; offline, a local copy of it)."),
+                                             "document QA and summarisation: the tokenizer HELMET measures and cuts "
+                                             "documents with before any model sees them (Llama-2's; a folder or a hub "
+                                             "id, a fast tokenizer)."),
     batch_size: int = batch_size_option(1, "Prompts decoded together"),
     out: str | None = out_option("RUN/eval-helmet/<checkpoint name>; several models share one folder, "
                                  "./eval-helmet-comparison"),
@@ -371,9 +376,9 @@ def eval_helmet(
     device: str = DEVICE_OPTION,
     pe_arg: list[str] | None = PE_ARG_OPTION,
 ) -> None:
-    """HELMET: its synthetic recall, RAG, re-ranking, many-shot ICL and long-document QA categories at 4K-128K tokens.
+    """HELMET: its synthetic recall, RAG, re-ranking, many-shot ICL, long-document QA, summarisation and citation categories at 4K-128K tokens.
 
-    HELMET's released files and the Hugging Face datasets it reads, its prompts and base-model demonstrations (no chat template); a prompt over the length less the tokens to generate has its context cut at the end, as HELMET's tokenize() does (long-document QA's documents first cut with the Llama-2 tokenizer, as HELMET does); greedy answers up to each task's generation length (RAG, re-ranking, ICL: stopping at a new line), scored by HELMET's metrics (SubEM for json_kv and RAG, RULER recall for the RULER tasks, NDCG@10 for re-ranking, accuracy for ICL and InfiniteBench's multiple choice, ROUGE-L F1 for InfiniteBench's QA). NarrativeQA is scored by ROUGE-L F1 and SubEM: HELMET's GPT-4o judge is not run. Not run yet: HELMET's summarisation and citation categories.
+    HELMET's released files and the Hugging Face datasets it reads, its prompts and base-model demonstrations (no chat template); a prompt over the length less the tokens to generate has its context cut at the end, as HELMET's tokenize() does (long-document QA's and summarisation's documents first cut with the Llama-2 tokenizer, as HELMET does); greedy answers up to each task's generation length (RAG, re-ranking, ICL: stopping at a new line), scored by HELMET's metrics (SubEM for json_kv and RAG, RULER recall for the RULER tasks, NDCG@10 for re-ranking, accuracy for ICL and InfiniteBench's multiple choice, ROUGE-L F1 for InfiniteBench's QA, ROUGE-Lsum F1 for summarisation, ALCE's STR-EM or QAMPARI recall top-5, and citation recall and precision with --nli-model). NarrativeQA is scored by ROUGE-L F1 and SubEM and summarisation by ROUGE-Lsum F1: HELMET's GPT-4o judge is not run.
 
     results.json: the score (x100) per task and length, each category's (the mean of its tasks) per length; helmet.png: category score vs length.
 
@@ -383,5 +388,6 @@ def eval_helmet(
     """
     from tapecli.eval.helmet import Helmet
 
-    evaluation = Helmet(data, commas.split(tasks, "--tasks"), _lengths(lengths), samples, shots, truncation_tokenizer)
+    evaluation = Helmet(data, commas.split(tasks, "--tasks"), _lengths(lengths), samples, shots, nli_model,
+                        truncation_tokenizer)
     run_and_report(evaluation, model, out, dtype, device, pe_arg, batch_size)

@@ -19,6 +19,9 @@ those of HELMET's configs/recall*.yaml, rag*.yaml, rerank*.yaml and scripts/gene
   128K and the demonstrations' test_reranking_data_k10_dep3.jsonl; rows with `qid`, `query` and `ctxs` (passages
   with `id`, `text`, an optional `title` and a relevance `label`).
 
+The summarisation (`infbench_sum_eng`, `multi_lexsum`) and citation (`alce_asqa`, `alce_qampari`) tasks have their rows
+in the table below; their files, demonstrations, cuts and draws are `tapecli.data.helmet_summ` and `helmet_cite`.
+
 `Task` holds what data.py's loaders and the configs give each task: its file for a length, the tokens to generate
 (configs: 100, 50, 100, 50; RAG 20 and re-ranking 200, stopping at a new line), the prompt template (data.py's
 `load_json_kv`, `load_ruler`, `load_qa` and `load_msmarco_rerank`, filled with `str.format(**row)` as its `tokenize`
@@ -70,6 +73,18 @@ _RERANK_USER = ("You are provided with a list of documents, each indicated by th
                 "Include all documents in the rankings. Write your answer using the unique IDs, with the following "
                 "format:\nRanking: ID3 > ID1 > ID2\n\n{demos}{context}\n\nQuery: {question}")
 
+# summarisation (load_infbench's sum_eng, load_multi_lexsum; tapecli.data.helmet_summ) and citations (load_alce;
+# tapecli.data.helmet_cite): user template + "\n\n" + system template
+_INFBENCH_SUM = ("You are given a book and you are tasked to summarize it. Write a summary of about 1000 to 1200 "
+                 "words. Only write about the plot and characters of the story. Do not discuss the themes or "
+                 "background of the book. Do not provide any analysis or commentary.\n\n{demo}{context}\n\nNow "
+                 "summarize the book.")
+_MULTI_LEXSUM = ("You are given the legal documents in a civil rights lawsuit, and you are tasked to summarize the "
+                 "case. Write a concise summary of one paragraph (200 to 250 words). The summary should contain a "
+                 "short description of the background, the parties involved, and the outcomes of the case.\n\n{demo}"
+                 "Legal documents:\n{context}\n\nNow please summarize the case.")
+_ALCE = "{demo_text}{instruction}\n\nQuestion: {question}\n\n{context}"
+
 
 @dataclass(frozen=True)
 class Task:
@@ -80,7 +95,8 @@ class Task:
     folder: str
     generation_max_length: int
     template: str  # user template + "\n" + system template (data.py's prompt_template)
-    metric: str  # the key collect_results.py reports: substring_exact_match | ruler_recall
+    metric: str  # the key collect_results.py reports: substring_exact_match | ruler_recall | NDCG@10 | ... (summ:
+    # rougeLsum_f1, HELMET's GPT-4o judge not run; cite: the answer metric, citation recall/precision beside it)
     demo_file: str | None = None  # RAG: the demonstrations' file, relative to data/
     stop_new_line: bool = False
     samples: int = 100  # max_test_samples in its config
@@ -115,10 +131,15 @@ TASKS = {t.name: t for t in (
     Task("narrativeqa", "longqa", "", 100, helmet_longqa.TEMPLATES["narrativeqa"], "rougeL_f1"),
     Task("infbench_qa_eng", "longqa", "", 10, helmet_longqa.TEMPLATES["infbench_qa_eng"], "rougeL_f1"),
     Task("infbench_choice_eng", "longqa", "", 10, helmet_longqa.TEMPLATES["infbench_choice_eng"], "exact_match"),
+    Task("infbench_sum_eng", "summ", "infinitebench/longbook_sum_eng.jsonl", 1200, _INFBENCH_SUM + "\n\nSummary:",
+         "rougeLsum_f1"),
+    Task("multi_lexsum", "summ", "multi_lexsum/validation.jsonl", 400, _MULTI_LEXSUM + "\n\nSummary:", "rougeLsum_f1"),
+    Task("alce_asqa", "cite", "alce/asqa_eval_gtr_top2000.json", 300, _ALCE + "\n\nAnswer:", "str_em"),
+    Task("alce_qampari", "cite", "alce/qampari_eval_gtr_top2000.json", 300, _ALCE + "\n\nAnswer:",
+         "qampari_rec_top5"),
 )}
 CATEGORIES = {c: [n for n, t in TASKS.items() if t.category == c]
-              for c in ("recall", "rag", "rerank", "icl", "longqa")}
-NOT_YET = ("summ", "cite")  # HELMET's other categories: not run by tape
+              for c in ("recall", "rag", "rerank", "icl", "longqa", "summ", "cite")}
 
 
 def qa_key(rows: list[dict[str, Any]], task: Task) -> str:

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tapecli.data.helmet_cut import Measure
 from tapecli.errors import TapeError
 
 SEED = 42
-LLAMA2 = "meta-llama/Llama-2-7b-hf"
-POSTFIX = " ... [the rest of the text is omitted]"
 PROMPT_TOKENS = 200  # generate_configs.py: "we truncate by the length - 200 - the generation length"
 NARRATIVEQA_MIN = 131072  # load_narrativeqa keeps documents longer than this (Llama-2 tokens)
 INFBENCH_MIN = 65536  # load_infbench keeps contexts at least this long
@@ -57,48 +56,6 @@ _CHOICE_DEMO = "[story text]\nQuestion: {question}\nOptions:\n{options}\nAnswer:
 def context_budget(length: int, generation_max_length: int) -> int:
     """generate_configs.py's name_postfix: the context's Llama-2 tokens at `length`."""
     return length - PROMPT_TOKENS - generation_max_length
-
-
-def truncation_tokenizer(name: str) -> Any:
-    """The fast tokenizer data.py measures and cuts documents with (AutoTokenizer); one line when it cannot be read."""
-    from pathlib import Path
-
-    from transformers import AutoTokenizer
-
-    from tapecli.data.sources import hub_unreachable
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(Path(name).expanduser()) if Path(name).expanduser().is_dir()
-                                                  else name)
-    except Exception as e:  # noqa: BLE001 - offline, gated, missing: one line with what to pass
-        why = "offline or unreachable" if hub_unreachable(e) else f"{type(e).__name__}"
-        raise TapeError(f"--truncation-tokenizer {name}: cannot be read ({why}); HELMET measures and cuts the "
-                        f"long-QA documents with {LLAMA2}'s tokenizer: pass a local copy of it (a folder with its "
-                        "tokenizer files)") from None
-    if not getattr(tokenizer, "is_fast", False):
-        raise TapeError(f"--truncation-tokenizer {name}: a fast tokenizer is needed (its offsets cut the text)")
-    return tokenizer
-
-
-class Measure:
-    """Token counts (with special tokens) and data.py's truncate_llama2, one tokenization per distinct text."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        self.separator = len(tokenizer(POSTFIX)["input_ids"])
-        self.counts: dict[str, int] = {}
-
-    def count(self, text: str) -> int:
-        if text not in self.counts:
-            self.counts[text] = len(self.tokenizer(text)["input_ids"])
-        return self.counts[text]
-
-    def truncate(self, text: str, max_length: int) -> tuple[str, bool]:
-        """(text, whether cut): truncate_llama2's cut at `max_length` tokens."""
-        if self.count(text) <= max_length:
-            return text, False
-        offsets = self.tokenizer(text, return_offsets_mapping=True)["offset_mapping"]
-        return text[:offsets[max_length - self.separator][1]] + POSTFIX, True
 
 
 def narrativeqa(data: str | None, samples: int, shots: int, shuffle: Any, measure: Measure

@@ -2,7 +2,8 @@
 its synthetic recall category (JSON KV, RULER MK needle, MK UUID, multi-value), its RAG category (NQ, TriviaQA,
 HotpotQA, PopQA among retrieved passages) and its re-ranking category (MS MARCO passages, NDCG@10) at HELMET's input
 lengths; its many-shot ICL and long-document QA categories (`tapecli.eval.helmet_prepared`: rows made from the
-Hugging Face datasets HELMET reads, scored by `tapecli.eval.helmet_answer`).
+Hugging Face datasets HELMET reads, scored by `tapecli.eval.helmet_answer`); its summarisation and citation
+categories through the hooks of `tapecli.eval.helmet_summ_cite` (their files, cuts, draws and metrics).
 
 Data: HELMET's released jsonl files (`tapecli.data.helmet`): `--data` the extracted data/ folder, or the hub's
 data.tar.gz for users with a network. Per task and length (`--tasks`, `--lengths`: HELMET's input_max_length, 4K to
@@ -61,7 +62,14 @@ PROTOCOL = ("HELMET (princeton-nlp/HELMET: data.py, model_utils.py, utils.py, co
             "excess in tokens; greedy decoding up to generation_max_length, stopping at EOS (RAG, re-ranking: also "
             "at a new-line token); metrics: substring_exact_match (json_kv and RAG, max over the raw and parsed "
             "output), ruler_recall, NDCG@10 (parse_rankings, trec_eval through pytrec_eval); task score = mean x "
-            "100; category = mean over its tasks. " + ICL_LONGQA)
+            "100; category = mean over its tasks. " + ICL_LONGQA + " Summarisation (infbench_sum_eng, multi_lexsum: "
+            "load_infbench, load_multi_lexsum, documents of >= 65,536 tokens of the truncation tokenizer cut to "
+            "length - 1,400 / "
+            "- 700 as truncate_llama2 does): rougeLsum_f1 (calculate_metrics, rouge-score, max over raw and parsed "
+            "output); HELMET's GPT-4o judge is not run. Citations (alce_asqa, alce_qampari: load_alce, 8-700 "
+            "passages, demonstrations by random.sample after random.seed(42)): eval_alce.py's str_em / "
+            "qampari_rec_top5 and, with an NLI model, citation_rec / citation_prec (at most 3 citations); the "
+            "system template is put before each completion as eval.py does without a chat template")
 
 Unit = tuple[str, int, int]  # (task, length, row index in its file; ICL and long QA: in the prepared rows)
 
@@ -79,7 +87,9 @@ class Helmet(Evaluation):
     lengths: list[int] = field(default_factory=lambda: [8192, 16384, 32768, 65536, 131072])
     samples: int | None = None  # None: each task's max_test_samples (100; ICL 500)
     shots: int = 2
-    truncation_tokenizer: str = "meta-llama/Llama-2-7b-hf"  # long-document QA: HELMET's Llama-2 cut
+    nli_model: str | None = None  # citations: the NLI model of citation recall/precision (None: not computed)
+    truncation_tokenizer: str = "meta-llama/Llama-2-7b-hf"  # long-document QA, summarisation: data.py's truncate_llama2
+    nli: Any = field(default=None, init=False, repr=False)
     rows: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
     chosen: dict[tuple[str, int], list[int]] = field(default_factory=dict, init=False, repr=False)
     demos: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict, init=False, repr=False)
@@ -88,12 +98,10 @@ class Helmet(Evaluation):
 
     def check(self, models: list[str]) -> None:
         from tapecli.data import helmet
+        from tapecli.eval import helmet_summ_cite
 
         names: list[str] = []
         for name in self.tasks:
-            if name in helmet.NOT_YET:
-                raise TapeError(f"--tasks: HELMET's {name} category is not run by tape yet; tape runs "
-                                f"{', '.join(helmet.CATEGORIES)} ({', '.join(helmet.TASKS)})")
             if name not in helmet.TASKS and name not in helmet.CATEGORIES:
                 raise TapeError(f"--tasks: unknown task {name!r}; choose {', '.join(helmet.CATEGORIES)} or among "
                                 f"{', '.join(helmet.TASKS)}")
@@ -114,6 +122,8 @@ class Helmet(Evaluation):
                 self.rows[task, length], self.chosen[task, length] = rows, list(range(len(rows)))
                 self.read_files.append(described)
                 continue
+            if definition.category in helmet_summ_cite.CATEGORIES:
+                continue  # their own files and draw: helmet_summ_cite.prepare below
             rows, described = helmet.read(self.data, definition, length)
             self.rows[task, length] = rows
             samples = self.samples or definition.samples
@@ -129,17 +139,19 @@ class Helmet(Evaluation):
                 demos = self.demos[task, None]
                 self.demos[task, length] = (helmet.rerank_pool(demos, [rows[i] for i in self.chosen[task, length]])
                                             if definition.category == "rerank" else demos)
+        helmet_summ_cite.prepare(self, shuffled, draw)
 
     def shared_settings(self, models: list[str | OpenedModel], opening: Opening) -> dict[str, Any]:
         from tapecli.data.helmet import CATEGORIES, HUB_ID
+        from tapecli.eval import helmet_summ_cite
 
         data = {"path": str(Path(self.data).expanduser().resolve())} if self.data else {"hub": HUB_ID}
-        longqa = any(t in CATEGORIES["longqa"] for t in self.tasks)
+        cut = any(t in CATEGORIES["longqa"] + CATEGORIES["summ"] for t in self.tasks)
         return {"task": "helmet", "models": [source_of(m)[1] for m in models],
                 "data": {**data, "files": self.read_files},
                 "tasks": self.tasks, "lengths": self.lengths, "samples": self.samples, "shots": self.shots,
-                **({"truncation_tokenizer": self.truncation_tokenizer} if longqa else {}),
-                "dtype": opening.dtype_name(), "pe_args": opening.pe_args}
+                **({"truncation_tokenizer": self.truncation_tokenizer} if cut else {}),
+                "dtype": opening.dtype_name(), "pe_args": opening.pe_args, **helmet_summ_cite.settings(self)}
 
     def units(self, opened: OpenedModel) -> list[Unit]:
         return [(t, n, i) for t in self.tasks for n in self.lengths for i in self.chosen[t, n]]
@@ -151,6 +163,7 @@ class Helmet(Evaluation):
 
     def evaluate(self, opened: OpenedModel, units: list[Unit]) -> list[dict[str, Any]]:
         from tapecli.data import helmet
+        from tapecli.eval import helmet_summ_cite
         from tapecli.eval.common import generate_batch
         from tapecli.eval.helmet_answer import scores
         from tapecli.eval.helmet_metric import ruler_recall, sub_em_score
@@ -166,7 +179,7 @@ class Helmet(Evaluation):
             if task.category in PREPARED:
                 samples.append(row)
                 continue
-            if task.category != "recall":
+            if task.category in ("rag", "rerank"):
                 rows = self.rows[task.name, length]
                 demos = helmet.demonstrations(task, row, self.demos[task.name, length], helmet.qa_key(rows, task),
                                               self.shots, shuffled)
@@ -194,6 +207,9 @@ class Helmet(Evaluation):
                 extra = scores(task.name, text, sample["answer"])
                 score = extra.pop(task.metric)
                 extra.update({"document_cut": sample["document_cut"]} if "document_cut" in sample else {})
+            elif task.category in helmet_summ_cite.CATEGORIES:
+                extra = helmet_summ_cite.score(self, task, sample, text, opened.device)
+                score = extra[task.metric]
             elif task.metric == "NDCG@10":
                 labels = {c["id"]: int(c["label"]) for c in sample["ctxs"]}
                 score = ndcg_at_10(parse_rankings(text), labels, sample["qid"])
@@ -207,7 +223,10 @@ class Helmet(Evaluation):
         return out
 
     def results(self, opened: OpenedModel, settings: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
-        return {**opened.record(), **summarise(rows, self.tasks, self.lengths)}
+        from tapecli.eval.helmet_summ_cite import extend
+
+        summary = extend(summarise(rows, self.tasks, self.lengths), rows, self.tasks, self.lengths, self.nli_model)
+        return {**opened.record(), **summary}
 
     def combine(self, settings: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
         return {"task": "helmet", "protocol": PROTOCOL, "settings": settings, "models": entries}
@@ -230,7 +249,7 @@ class Helmet(Evaluation):
                 also = {f"{t} {k}": cells for t, metrics in m.get("also", {}).items() for k, cells in metrics.items()}
                 lines += ["", f"{m['name']}: HELMET scores (x100; {m['truncated']} of {m['samples']} prompts cut)",
                           table({**m["scores"], **also, **m["categories"]}, columns, first="task / length"),
-                          *([m["note"]] if "note" in m else [])]
+                          *m.get("notes", [])]
         return "\n".join(lines)
 
 
@@ -299,4 +318,4 @@ def summarise(rows: list[dict[str, Any]], tasks: list[str], lengths: list[int]) 
                     for n in lengths if cell(t, n)} for m in ALSO[t]} for t in tasks if t in ALSO}
     return {"scores": scores, "categories": categories, "counts": counts, "samples": len(rows),
             "truncated": sum(r["truncated"] for r in rows), "mean_input_tokens": tokens,
-            **({"also": also, "note": NOTE} if also else {})}
+            **({"also": also, "notes": [NOTE]} if also else {})}

@@ -4,7 +4,7 @@ ICL (`tapecli.data.helmet_icl`) and long-document QA (`tapecli.data.helmet_longq
 
 `Prepared.rows(task, length, samples)` gives (rows, description): each row a filled-in sample ({"context",
 "question", "answer", ...}) in the order HELMET evaluates them; a dataset is read once per task, the truncation
-tokenizer once. `NOTE` is what the output says about NarrativeQA's metric.
+tokenizer once (`measurer()`, which summarisation shares). `NOTE` is what the output says about NarrativeQA's metric.
 """
 
 from __future__ import annotations
@@ -39,11 +39,18 @@ class Prepared:
                 self.loaded[task.name] = helmet_icl.splits(self.data, task.name)
             train, test, described = self.loaded[task.name]
             return helmet_icl.rows(train, test, task.name, length, samples, self.shuffle), described
-        if self.measure is None:
-            self.measure = helmet_longqa.Measure(helmet_longqa.truncation_tokenizer(self.truncation_tokenizer))
-        helmet_longqa.cut([], task.name, length, task.generation_max_length, self.measure)  # a length too short
+        helmet_longqa.cut([], task.name, length, task.generation_max_length, self.measurer())  # a length too short
         if task.name not in self.loaded:
             self.loaded[task.name] = helmet_longqa.rows(self.data, task.name, samples, self.shots, self.shuffle,
                                                         self.measure)
         rows, described = self.loaded[task.name]
         return helmet_longqa.cut(rows, task.name, length, task.generation_max_length, self.measure), described
+
+    def measurer(self) -> Any:
+        """The document cut of long QA and summarisation (`tapecli.data.helmet_cut.Measure`), its tokenizer read
+        once."""
+        if self.measure is None:
+            from tapecli.data.helmet_cut import Measure, load_tokenizer
+
+            self.measure = Measure(load_tokenizer(self.truncation_tokenizer))
+        return self.measure

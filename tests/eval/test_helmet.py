@@ -284,8 +284,10 @@ def test_scores_with_a_stand_in_model(tmp_path, monkeypatch, trained):
     assert seen == [50, 50, 50, 50, 50, 50, 100, 100, 100] and m["truncated"] == 0
     assert all(r["ruler_recall" if r["task"] != "json_kv" else "substring_exact_match"] in (0, 0.5, 1) for r in rows)
     assert (tmp_path / "out" / "helmet.png").read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(Exception, match="HELMET's cite category is not run by tape yet"):
-        run(helmet.Helmet(str(tmp_path / "data"), ["cite"], [4096]), [str(trained())], tmp_path / "y", device="cpu")
+    with pytest.raises(Exception, match="unknown task 'citations'; choose recall, rag, rerank, icl, longqa, summ, "
+                                        "cite"):
+        run(helmet.Helmet(str(tmp_path / "data"), ["citations"], [4096]), [str(trained())], tmp_path / "y",
+            device="cpu")
 
 
 @pytest.mark.slow
@@ -320,7 +322,7 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
             (["--data", str(tmp_path / "bad"), "--tasks", "ruler_niah_mk_2", "--lengths", "400"],
              "row 0 lacks the field 'outputs' (a non-empty list of str)"),
             (["--data", str(tmp_path / "none")], "no such folder; download data.tar.gz"),
-            (["--data", str(tmp_path / "HELMET"), "--tasks", "summ"], "HELMET's summ category is not run by tape"),
+            (["--data", str(tmp_path / "HELMET"), "--tasks", "icl,summary"], "unknown task 'summary'"),
             ([], "princeton-nlp/HELMET cannot be read from the Hugging Face hub (offline or unreachable); "
                  "download data.tar.gz")]):
         where = tmp_path / f"x{n}"

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from tapecli.cli import app
 from tapecli.data import helmet as data
-from tapecli.data import helmet_icl, helmet_longqa
+from tapecli.data import helmet_cut, helmet_icl, helmet_longqa
 from tapecli.eval import helmet, helmet_answer
 from tapecli.eval.protocol import run
 
@@ -399,7 +399,7 @@ def test_longqa_rows_and_prompts_are_helmets(tmp_path, monkeypatch, tiny_hf_llam
     write_longqa(tmp_path)
     monkeypatch.setattr(helmet_longqa, "NARRATIVEQA_MIN", 500)
     monkeypatch.setattr(helmet_longqa, "INFBENCH_MIN", 300)
-    tokenizer = helmet_longqa.truncation_tokenizer(str(tiny_hf_llama))
+    tokenizer = helmet_cut.load_tokenizer(str(tiny_hf_llama))
     definition = data.TASKS[task]
     name = f"{task}_{length - 200 - definition.generation_max_length}"
     if task == "narrativeqa":
@@ -487,7 +487,8 @@ def test_icl_and_longqa_with_a_stand_in_model(tmp_path, monkeypatch, trained, ti
                                "infbench_choice_eng": {"900": 57.14}}
         assert m["also"] == {"narrativeqa": {"substring_exact_match": {"900": 83.33}}}
         assert m["categories"] == {"longqa": {"900": round((83.33 + 42.86 + 57.14) / 3, 2)}}
-        assert "GPT-4o judge, which is not run" in m["note"] and "GPT-4o judge" in report.results["helmet"]["protocol"]
+        assert "GPT-4o judge, which is not run" in m["notes"][0]
+        assert "GPT-4o judge" in report.results["helmet"]["protocol"]
         assert sorted(set(seen)) == [10, 100] and any(r["document_cut"] for r in rows)
         settings = json.loads((tmp_path / "out" / "settings.json").read_text())
         assert settings["truncation_tokenizer"] == str(tiny_hf_llama)
@@ -530,8 +531,8 @@ def test_the_command_on_a_tape_run_and_a_hugging_face_llama(tmp_path, trained, t
             (["--data", str(root), "--tasks", "narrativeqa", "--lengths", "300", "--truncation-tokenizer",
               str(tiny_hf_llama)], "narrativeqa needs more than"),
             (["--data", str(root), "--tasks", "longqa", "--truncation-tokenizer", str(tmp_path / "none")],
-             "HELMET measures and cuts the long-QA documents with meta-llama/Llama-2-7b-hf's tokenizer: pass a local "
-             "copy"),
+             "no tokenizer.json there; pass a folder holding a fast tokenizer (tokenizer.json), HELMET's is "
+             "meta-llama/Llama-2-7b-hf's"),
             (["--tasks", "icl_banking77", "--lengths", "4k"],
              "PolyAI/banking77 cannot be read from the Hugging Face hub (offline or unreachable); on a machine with a "
              "network run `huggingface-cli download --repo-type dataset PolyAI/banking77 --local-dir DATA/banking77` "
@@ -555,7 +556,7 @@ def test_the_results_pages_sample_files_read_as_helmets(tmp_path):
     script = Path(__file__).parents[2] / "scripts" / "long_benchmark_samples.py"
     subprocess.run([sys.executable, str(script), str(tmp_path)], check=True, capture_output=True)
     tokenizer = tmp_path / "helmet" / "byte-tokenizer"
-    measure = helmet_longqa.Measure(helmet_longqa.truncation_tokenizer(str(tokenizer)))
+    measure = helmet_cut.Measure(helmet_cut.load_tokenizer(str(tokenizer)))
     assert measure.count("héllo") == 6 and measure.separator == len(POSTFIX)
     evaluation = helmet.Helmet(str(tmp_path / "helmet" / "data"), ["icl", "longqa"], [4096], samples=8,
                                truncation_tokenizer=str(tokenizer))
