@@ -75,6 +75,25 @@ def test_drope_smoke_drops_the_positional_embedding_of_a_hugging_face_llama(tmp_
     assert (tmp_path / "drope" / "checkpoints" / "step-00000003").is_dir()
 
 
+
+def test_drope_ruler_example_recalibrates_on_prompt_answer_rows(tmp_path: Path):
+    """drope-ruler-example (docs/results/drope-cpu.md) on a tiny Llama, shrunk to 2 steps: DroPE on the `pairs` data
+    kind (the loss on the answer only), which no other DroPE recipe uses."""
+    pytest.importorskip("transformers")
+    from hf_helpers import make_hf_llama
+
+    make_hf_llama(tmp_path / "hf", max_position_embeddings=64)
+    rows = [{"prompt": f"The grass is green. The key {i} is", "target": f" {1000 + 37 * i}"} for i in range(40)]
+    (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = invoke("extend-context", "--base", str(tmp_path / "hf"), "--method", "drope", "--recipe",
+                 "drope-ruler-example", "--out", str(tmp_path / "drope"), f"data.source={tmp_path / 'pairs.jsonl'}",
+                 "data.seq_len=48", "model.max_seq_len=128", "train.max_steps=2", "train.batch_size=2",
+                 "train.micro_batch_size=2", "train.save_every=2", "train.eval_every=2", "train.eval_batches=1")
+    assert "to 128 tokens; method drope" in out and "layers rope -> nope" in out
+    assert (tmp_path / "drope" / "checkpoints" / "step-00000002").is_dir()
+    assert math.isfinite(last_loss(tmp_path / "drope"))
+
+
 def test_arithmetic_smoke_trains_and_evaluates(tmp_path: Path):
     run = tmp_path / "add"
     invoke("pretrain", "--recipe", "arithmetic-smoke", "--out", str(run))
