@@ -19,6 +19,7 @@ checks the links inside docs/).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
 import shlex
@@ -55,16 +56,18 @@ class Line:
 
 
 def extract(markdown: str, name: str = "<text>") -> list[Line]:
-    """The command lines of one Markdown text: fenced-block lines (continuations joined) and inline code spans."""
+    """The command lines of one Markdown text: fenced-block lines (continuations joined, the block's shell variables
+    expanded) and inline code spans."""
     found: list[Line] = []
     prose: list[str] = []  # the text outside fences, fenced lines blanked so line numbers stay right
     lines = markdown.splitlines()
     fence, info, i = None, "", 0
+    variables: dict[str, str] = {}
     while i < len(lines):
         line = lines[i]
         opening = _FENCE.match(line)
         if fence is None and opening:
-            fence, info = opening.group(1), opening.group(2).lower()
+            fence, info, variables = opening.group(1), opening.group(2).lower(), {}
             prose.append("")
         elif fence is not None and line.strip().startswith(fence) and not line.strip().strip(fence[0]):
             fence = None
@@ -76,6 +79,12 @@ def extract(markdown: str, name: str = "<text>") -> list[Line]:
                 text = text.rstrip()[:-1].rstrip() + " " + lines[i].strip()
                 prose.append("")
             prose.append("")
+            if re.fullmatch(r"[A-Za-z_]\w*=\S.*", text.strip()):  # NAME="..." alone: what a later $NAME says
+                with contextlib.suppress(ValueError):
+                    words = shlex.split(text, comments=True)
+                    if len(words) == 1:
+                        variables.update([words[0].split("=", 1)])
+            text = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: variables.get(m.group(1), m.group(0)), text)
             if _LOOKS_LIKE.match(text.strip()):
                 found.append(Line(f"{name}:{start + 1}", text.strip(), strict=info != "text"))
         else:
@@ -315,6 +324,16 @@ def test_extract_reads_fences_continuations_comments_synopses_and_inline_spans()
     assert found[0].text == "tape pretrain --recipe c4-smoke --out runs/x model.pe=alibi   # a comment"
     for line in found:
         check(line)
+
+
+def test_a_blocks_shell_variables_are_expanded() -> None:
+    block = '```bash\nO="--samples 5 --max-len 80"\ntape eval addition --model runs/x $O\nO="--max-len eighty"\n' \
+            'tape eval addition --model runs/x ${O}\n```\n'
+    good, bad = extract(block, "made-up.md")
+    assert good.text == "tape eval addition --model runs/x --samples 5 --max-len 80"
+    check(good)
+    with pytest.raises(cx.BadParameter):
+        check(bad)
 
 
 @pytest.mark.parametrize("text, error", [
