@@ -121,7 +121,10 @@ class CoPELayer(LayerPE):
 
             future: dict[int, Tensor] = {}
 
-            rows = Tq if forced_path() == "dense" else rows_for(B, H, past + Tq, Tq)
+            # Chunks sized as if there were at most KEY_SPAN keys: past that, a chunk keeps its queries and grows
+            # with the keys (memory still linear in the length), since each chunk's backward also pays a pass over
+            # every key and value (their gradients' slices), which fewer queries per chunk would multiply.
+            rows = Tq if forced_path() == "dense" else rows_for(B, H, min(past + Tq, KEY_SPAN), Tq)
             out = by_query_chunks(chunk, Tq, rows)
         return out.to(out_dtype)
 
@@ -156,6 +159,7 @@ class CoPELayer(LayerPE):
 
 
 NPOS_CAP = 1024  # the default npos_max for contexts longer than this (module docstring)
+KEY_SPAN = 4096  # chunks of queries are sized for this many keys at most (`CoPELayer.attend`)
 
 
 def saved_args(saved: dict) -> dict:
