@@ -62,7 +62,7 @@ class Diagonals(torch.autograd.Function):
     @staticmethod
     def forward(ctx, table: Tensor, rows: int, keys: int) -> Tensor:
         ctx.shape = (rows, keys, table.shape[0])
-        return table.as_strided((rows, keys), (1, 1)).clone()
+        return table.as_strided((rows, keys), (1, 1)).clone(memory_format=torch.contiguous_format)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
