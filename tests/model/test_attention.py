@@ -18,6 +18,7 @@ from test_model import VOCAB, randomize_tape, tiny
 
 from tapecli.model import PE_NAMES, KVCache, attention
 from tapecli.model.attention import chunked, flex, recompute
+from tapecli.model.pe import fire
 
 BIAS_PES = ("alibi", "t5", "fire")
 TOL = 1e-10  # fp64
@@ -152,6 +153,30 @@ def test_fire_piecewise_bias_is_its_mlp():
     params = list(layer.parameters())
     assert_close(torch.autograd.grad(piecewise, params, g), torch.autograd.grad(definition, params, g), 1e-11)
 
+
+
+def test_fire_features_of_a_chunk_read_one_table_of_distances():
+    """A chunk's queries latest first and its keys in order (how the chunked path asks): z is read as diagonals of
+    one table of psi per distance, equal to psi of every pair's distance, values and gradients (c and L), in fp64;
+    positions that do not step by one take the per-pair formula."""
+    layer = layer_of("fire")
+    with torch.no_grad():
+        layer.c.fill_(0.7)
+        layer.threshold_scale.fill_(0.01)  # L = 5.12
+    q_pos, k_pos = torch.arange(30, 14, -1)[None], torch.arange(3, 31)[None]
+
+    def per_pair(q_pos, k_pos):
+        distance = (q_pos[..., :, None] - k_pos[..., None, :]).double()
+        threshold = torch.abs(layer.threshold_scale * layer.threshold)
+        return layer.psi(distance) / (layer.psi(torch.maximum(q_pos.double(), threshold))[..., :, None] + fire.EPS)
+
+    assert fire.steps_apart(q_pos, k_pos) and not fire.steps_apart(k_pos, k_pos)
+    got, want = layer.features(q_pos, k_pos), per_pair(q_pos, k_pos)
+    assert got.shape == want.shape == (1, 16, 28) and got.is_contiguous()  # searchsorted copies what is not
+    assert (got - want).abs().max() <= 1e-15
+    g = torch.randn_like(want)
+    params = [layer.c, layer.threshold_scale]
+    assert_close(torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g), 1e-12)
 
 def model_loss(model, x, mask):
     logits = model(x, attention_mask=mask)

@@ -84,8 +84,9 @@ class ChunkMasks:
 
     def __init__(self, bias: ScoreBias | None, values: Tensor | None, q_pos: Tensor, k_pos: Tensor,
                  key_mask: Tensor | None, q_len: int, k_len: int, rows: int, dtype: torch.dtype,
-                 window: int | None = None) -> None:
+                 window: int | None = None, in_steps: bool = False) -> None:
         self.bias, self.q_pos, self.k_pos, self.key_mask = bias, q_pos, k_pos, key_mask
+        self.in_steps, self.future = in_steps, {}  # consecutive positions (`consecutive`); causal() masks by size
         self.q_len, self.k_len, self.past, self.dtype, self.window = q_len, k_len, k_len - q_len, dtype, window
         self.reversed = None
         if values is not None:
@@ -111,6 +112,10 @@ class ChunkMasks:
     def build(self, i0: int, i1: int, k0: int, k1: int, bias: Tensor | None = None) -> Tensor:
         """Mask [B|1, H|1, i1 - i0, k1 - k0] built from positions (padding, general positions, pair biases);
         `bias`: this chunk's bias when the caller has it already."""
+        if bias is None and self.bias is not None:
+            bias = self.pairs(i0, i1, k0, k1)
+        if self.in_steps and self.key_mask is None and self.window is None and bias is not None:
+            return self.causal(bias.to(self.dtype), i1 - i0, k1 - k0)
         q_pos = self.q_pos[..., i0:i1].flip(-1)
         rows = torch.arange(self.past + i1 - 1, self.past + i0 - 1, -1, device=q_pos.device)  # key index of itself
         allowed = visible(rows, torch.arange(k0, k1, device=q_pos.device), self.key_mask, True, self.window, q_pos,
@@ -118,8 +123,18 @@ class ChunkMasks:
         if self.bias is None:
             zeros = torch.zeros(allowed.shape, dtype=self.dtype, device=q_pos.device)
             return zeros.masked_fill(~allowed, float("-inf"))
-        bias = self.pairs(i0, i1, k0, k1) if bias is None else bias
         return bias.to(self.dtype).masked_fill(~allowed, float("-inf"))
+
+    def causal(self, bias: Tensor, rows: int, keys: int) -> Tensor:
+        """The mask of a chunk of consecutive positions without padding or window (its keys: every key up to the
+        chunk's last query, so keys >= rows): a copy of its bias with -inf above the diagonal of the last `rows`
+        keys (query rows in reverse order: row c sees keys up to keys - 1 - c), instead of a masked_fill of every
+        pair with a mask built from positions."""
+        if rows not in self.future:
+            self.future[rows] = torch.ones(rows, rows, dtype=torch.bool, device=bias.device).triu(1).flip(0)
+        mask = bias.clone(memory_format=torch.contiguous_format)
+        mask[..., keys - rows:].masked_fill_(self.future[rows], float("-inf"))
+        return mask
 
     def chunk(self, i0: int, i1: int, k0: int, k1: int) -> Tensor:
         return self.view(i0, i1, k0, k1) if self.reversed is not None else self.build(i0, i1, k0, k1)
@@ -189,7 +204,7 @@ class ChunkedAttention(torch.autograd.Function):
         rows = chunk_rows(B, H, Tq, Tk, CHUNK_ELEMENTS if values is not None or plan["bias"] is None
                           else PAIRS_ELEMENTS, window=window)
         masks = ChunkMasks(plan["bias"], values, plan["q_pos"], plan["k_pos"], plan["key_mask"], Tq, Tk, rows,
-                           mask_dtype(q.dtype), window)
+                           mask_dtype(q.dtype), window, plan["consecutive"])
         out = q.new_empty(B, H, Tq, v.shape[-1])
         lse = q.new_empty(B, H, Tq, dtype=torch.promote_types(q.dtype, torch.float32))
         past = Tk - Tq

@@ -121,7 +121,10 @@ class CoPELayer(LayerPE):
 
             future: dict[int, Tensor] = {}
 
-            rows = Tq if forced_path() == "dense" else rows_for(B, H, past + Tq, Tq)
+            # Chunks sized as if there were at most KEY_SPAN keys: past that, a chunk keeps its queries and grows
+            # with the keys (memory still linear in the length), since each chunk's backward also pays a pass over
+            # every key and value (their gradients' slices), which fewer queries per chunk would multiply.
+            rows = Tq if forced_path() == "dense" else rows_for(B, H, min(past + Tq, KEY_SPAN), Tq)
             out = by_query_chunks(chunk, Tq, rows)
         return out.to(out_dtype)
 
@@ -135,7 +138,7 @@ class CoPELayer(LayerPE):
         logits = q @ keys.transpose(-1, -2)  # [B, H, C, K], scaled
         block = hidden.shape[-1]
         # -inf hides a key from both its gate (sigmoid 0: it does not count) and the softmax.
-        logits[..., :block] = logits[..., :block].masked_fill(hidden, float("-inf"))
+        logits[..., :block].masked_fill_(hidden, float("-inf"))  # in place: the matmul's backward never reads it
         gates = torch.sigmoid(logits)
         positions = gates.cumsum(-1)  # sum over t = j..i
         if keys.shape[2] > self.npos_max:  # (a position never exceeds the number of keys)
@@ -147,7 +150,8 @@ class CoPELayer(LayerPE):
         # z[floor p] + w (z[floor p + 1] - z[floor p]): the interpolation between z[floor p] and z[ceil p] (where p
         # is whole, w = 0); the step after the last entry is 0 (p never exceeds npos_max).
         step = torch.nn.functional.pad(z[..., 1:] - z[..., :-1], (0, 1))
-        logits = logits + torch.addcmul(z.gather(-1, index), weight, step.gather(-1, index))
+        # Added in place (the gates' sigmoid keeps its own output for its backward, not the logits).
+        logits = logits.add_(z.gather(-1, index)).addcmul_(weight, step.gather(-1, index))
         weights = (logits if temperature == 1.0 else logits / temperature).softmax(-1)
         if probing_active():
             report_weights(weights.flip(-1), first, positions=positions.flip(-1))
@@ -155,6 +159,7 @@ class CoPELayer(LayerPE):
 
 
 NPOS_CAP = 1024  # the default npos_max for contexts longer than this (module docstring)
+KEY_SPAN = 4096  # chunks of queries are sized for this many keys at most (`CoPELayer.attend`)
 
 
 def saved_args(saved: dict) -> dict:

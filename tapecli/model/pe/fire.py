@@ -27,32 +27,59 @@ EPS = 1e-6
 
 class SegmentLines(torch.autograd.Function):
     """slopes[:, segment] * z + intercepts[:, segment], [H, *z.shape]: each pair's line (`pieces`). Both tables
-    are read with one row lookup per pair (`embedding` of [segments, 2H] rows: faster on the CPU than indexing each
-    [H, segments] table), and the backward sums each segment's gradient with scatter_add_ (a third of the time of
-    the index_put with accumulation that autograd would use: FIRE's largest cost)."""
+    are read with one `index_select` of the [2H, segments] table (heads first, so the bias comes out in the layout
+    attention adds it in, with no transposing copy), and the backward sums each segment's gradient with
+    scatter_add_ (a third of the time of the index_put with accumulation that autograd would use)."""
 
     @staticmethod
     def forward(ctx, z: Tensor, slopes: Tensor, intercepts: Tensor, segment: Tensor) -> Tensor:
         heads = slopes.shape[0]
-        lines = nn.functional.embedding(segment, torch.cat((slopes, intercepts)).T.contiguous())  # [*z, 2H]
-        per_pair = lines[..., :heads]
-        ctx.save_for_backward(z, per_pair, segment)
+        lines = torch.cat((slopes, intercepts)).index_select(1, segment.reshape(-1)).view(2, heads, *z.shape)
+        ctx.save_for_backward(z, lines[0], segment)
         ctx.segments = slopes.shape[1]
-        return torch.addcmul(lines[..., heads:], per_pair, z[..., None]).movedim(-1, 0)
+        return torch.addcmul(lines[1], lines[0], z)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         z, per_pair, segment = ctx.saved_tensors
-        heads = per_pair.shape[-1]
+        heads = per_pair.shape[0]
         index = segment.reshape(1, -1).expand(heads, -1)
 
         def per_segment(values: Tensor) -> Tensor:
             return values.new_zeros(heads, ctx.segments).scatter_add_(1, index, values.reshape(heads, -1))
 
-        d_z = (grad * per_pair.movedim(-1, 0)).sum(0) if ctx.needs_input_grad[0] else None
+        d_z = (grad * per_pair).sum(0) if ctx.needs_input_grad[0] else None
         d_slopes = per_segment(grad * z) if ctx.needs_input_grad[1] else None
         d_intercepts = per_segment(grad) if ctx.needs_input_grad[2] else None
         return d_z, d_slopes, d_intercepts, None
+
+
+class Diagonals(torch.autograd.Function):
+    """table[r + j] as a [R, K] tensor (one strided read of a 1-D table, no per-pair index), whose backward sums
+    each anti-diagonal of the gradient back into its table entry (autograd's own backward of an overlapping
+    `as_strided` view is far slower)."""
+
+    @staticmethod
+    def forward(ctx, table: Tensor, rows: int, keys: int) -> Tensor:
+        ctx.shape = (rows, keys, table.shape[0])
+        return table.as_strided((rows, keys), (1, 1)).clone(memory_format=torch.contiguous_format)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        rows, keys, n = ctx.shape
+        # Row r of grad written at columns r .. r + keys - 1 of a [rows, n] buffer: column sums are the diagonal sums.
+        spread = grad.new_zeros(rows, n)
+        spread.as_strided((rows, keys), (n + 1, 1)).copy_(grad)
+        return spread.sum(0), None, None
+
+
+def steps_apart(q_pos: Tensor, k_pos: Tensor) -> bool:
+    """Whether the query positions fall by one (a chunk's queries, latest first) and the key positions rise by one,
+    in one row of positions: then the distance of pair (r, j) is q_pos[0] - k_pos[0] - (r + j). Never decided while
+    compiling (a data-dependent branch)."""
+    if torch.compiler.is_compiling() or q_pos.shape[0] != 1 or k_pos.shape[0] != 1:
+        return False
+    return bool((q_pos[..., :-1] - q_pos[..., 1:] == 1).all()) and bool((k_pos[..., 1:] - k_pos[..., :-1] == 1).all())
 
 
 def fire_score(h: Tensor, q_pos: Tensor, k_pos: Tensor, c_distance: Tensor, c_query: Tensor, threshold: Tensor,
@@ -88,10 +115,18 @@ class FIRELayer(LayerPE):
     def features(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """z = psi(i - j) / (psi(max(i, L)) + eps), [B|1, Tq, Tk], for positions [B|1, Tq] and [B|1, Tk]."""
         dtype = self.c.dtype  # fp32, or fp64 in an fp64 model
-        distance = (q_pos[..., :, None] - k_pos[..., None, :]).to(dtype)  # [B, Tq, Tk]
+        if steps_apart(q_pos, k_pos):
+            # psi of each distance once (a 1-D table, from the largest distance down), read as [Tq, Tk] diagonals:
+            # the same floats as psi(i - j) computed per pair.
+            Tq, Tk = q_pos.shape[-1], k_pos.shape[-1]
+            largest = q_pos[0, 0] - k_pos[0, 0]
+            distances = largest - torch.arange(Tq + Tk - 1, device=q_pos.device)
+            psi = Diagonals.apply(self.psi(distances.to(dtype)), Tq, Tk)[None]
+        else:
+            psi = self.psi((q_pos[..., :, None] - k_pos[..., None, :]).to(dtype))  # [B, Tq, Tk]
         threshold = torch.abs(self.threshold_scale * self.threshold)
         normaliser = self.psi(torch.maximum(q_pos.to(dtype), threshold))[..., :, None] + EPS
-        return self.psi(distance) / normaliser
+        return psi / normaliser
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The definition: f = the MLP, applied to every pair's z. [B|1, H, Tq, Tk]."""
@@ -119,7 +154,7 @@ class FIRELayer(LayerPE):
         z = self.features(q_pos, k_pos)
         breaks, slopes, intercepts = self.pieces()
         segment = torch.searchsorted(breaks, z.detach())
-        return SegmentLines.apply(z, slopes, intercepts, segment).transpose(0, 1)
+        return SegmentLines.apply(z, slopes, intercepts, segment).transpose(0, 1)  # [H, B|1, ..] -> [B|1, H, ..]
 
     def score_mod_args(self) -> tuple[Tensor, ...]:
         """What `fire_score` reads: c twice, L, the output bias, then each hidden unit's first-layer weight and bias
