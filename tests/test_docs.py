@@ -84,7 +84,7 @@ def extract(markdown: str, name: str = "<text>") -> list[Line]:
                     words = shlex.split(text, comments=True)
                     if len(words) == 1:
                         variables.update([words[0].split("=", 1)])
-            text = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m: variables.get(m.group(1), m.group(0)), text)
+            text = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", lambda m, known=variables: known.get(m.group(1), m.group(0)), text)
             if _LOOKS_LIKE.match(text.strip()):
                 found.append(Line(f"{name}:{start + 1}", text.strip(), strict=info != "text"))
         else:
