@@ -1,10 +1,8 @@
 """HELMET's metrics for its ICL and long-document QA categories (princeton-nlp/HELMET utils.py's `calculate_metrics`
 and data.py's post-processing), written out on top of `helmet_metric` (SQuAD normalisation, SubEM, `parse_output`);
-ROUGE-L through rouge-score, the library HELMET calls.
+ROUGE-L F1 is `helmet_metric.rouge`'s rougeL_f1.
 
 - `exact_match(prediction, answers)`: utils.py's drqa exact match, the max over the answers (a string or a list);
-- `rouge_l_f1(prediction, answers)`: calculate_metrics' rougeL_f1: `RougeScorer(["rougeL", "rougeLsum"],
-  use_stemmer=True).score(target=answer, prediction=prediction)["rougeL"].fmeasure`, the max over the answers;
 - `scores(task, output, answer)`: the metrics HELMET reports for the task (scripts/collect_results.py), as data.py's
   post_process computes them: ICL, exact_match of the output parsed after "label:" (load_icl's post_process);
   infbench_qa_eng, rougeL_f1, and narrativeqa, rougeL_f1 and substring_exact_match, each the larger of the raw and
@@ -17,20 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tapecli.eval.helmet_metric import _flat, normalize_answer, parse_output, substring_exact_match
+from tapecli.eval.helmet_metric import _flat, normalize_answer, parse_output, rouge, substring_exact_match
 
 
 def exact_match(prediction: str, answers: Any) -> bool:
     """Max over the answers of `normalize_answer(prediction) == normalize_answer(answer)`."""
     return max(normalize_answer(prediction) == normalize_answer(a) for a in _flat(answers))
-
-
-def rouge_l_f1(prediction: str, answers: Any) -> float:
-    """calculate_metrics' rougeL_f1: the best ROUGE-L F-measure over the answers (stemmed, rouge-score)."""
-    from rouge_score import rouge_scorer
-
-    scorer = rouge_scorer.RougeScorer(["rougeL", "rougeLsum"], use_stemmer=True)
-    return max(scorer.score(target=a, prediction=prediction)["rougeL"].fmeasure for a in _flat(answers))
 
 
 def scores(task: str, output: str, answer: Any) -> dict[str, float]:
@@ -41,7 +31,7 @@ def scores(task: str, output: str, answer: Any) -> dict[str, float]:
     if task == "infbench_choice_eng":
         em = max(exact_match(output, answer), exact_match(parsed, answer))
         return {"exact_match": float(em or answer[1].lower() in output.lower())}
-    out = {"rougeL_f1": max(rouge_l_f1(output, answer), rouge_l_f1(parsed, answer))}
+    out = {"rougeL_f1": max(rouge(output, answer)["rougeL_f1"], rouge(parsed, answer)["rougeL_f1"])}
     if task == "narrativeqa":
         out["substring_exact_match"] = float(max(substring_exact_match(output, answer),
                                                  substring_exact_match(parsed, answer)))

@@ -1,4 +1,5 @@
-"""HELMET's per-sample metrics (princeton-nlp/HELMET utils.py and data.py), written out: no library computes them.
+"""HELMET's per-sample metrics (princeton-nlp/HELMET utils.py and data.py), written out where no library computes
+them, ROUGE through rouge-score (the library HELMET calls).
 
 - `normalize_answer`: SQuAD's normalisation (lower case, no punctuation, no articles, single spaces);
 - `substring_exact_match(prediction, answers)`: 1 when some normalised answer is a substring of the normalised
@@ -9,13 +10,18 @@
   and `default_post_process` (RAG; prefix "Answer:"): the larger SubEM of the raw output and of the output parsed
   after the prefix;
 - `ruler_recall(output, answers)`: data.py's `load_ruler` post_process: the share of answers found, lower-cased, in
-  the output.
+  the output;
+- `rouge(prediction, answers)`: calculate_metrics' ROUGE part: `RougeScorer(["rougeL", "rougeLsum"],
+  use_stemmer=True)`, `score(target=answer, prediction=prediction)` for each answer (flattened as above), the largest
+  F1 and the largest recall of each over the answers (rougeL_f1, rougeL_recall, rougeLsum_f1, rougeLsum_recall).
+  ROUGE-Lsum splits summaries at new lines, as rouge-score does.
 """
 
 from __future__ import annotations
 
 import re
 import string
+from functools import lru_cache
 from typing import Any
 
 
@@ -63,3 +69,20 @@ def sub_em_score(output: str, answer: Any, prefix: str) -> float:
 def ruler_recall(output: str, answers: list[str]) -> float:
     """load_ruler's post_process: the fraction of answers that occur, lower-cased, in the output."""
     return sum(a.lower() in output.lower() for a in answers) / len(answers)
+
+
+@lru_cache(maxsize=1)
+def _scorer() -> Any:
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer(["rougeL", "rougeLsum"], use_stemmer=True)
+
+
+def rouge(prediction: str, answers: Any) -> dict[str, float]:
+    """calculate_metrics' ROUGE-L and ROUGE-Lsum: the best F1 and recall over the answers."""
+    scores = [_scorer().score(target=a, prediction=prediction) for a in _flat(answers)]
+    out = {}
+    for kind in ("rougeL", "rougeLsum"):
+        out[f"{kind}_f1"] = max(s[kind].fmeasure for s in scores)
+        out[f"{kind}_recall"] = max(s[kind].recall for s in scores)
+    return out

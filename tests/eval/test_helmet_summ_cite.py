@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from tapecli.cli import app
 from tapecli.data import helmet as data
 from tapecli.data import helmet_cite, helmet_cut, helmet_summ
-from tapecli.eval import helmet, helmet_cite_metric, helmet_summ_cite, helmet_summ_metric
+from tapecli.eval import helmet, helmet_cite_metric, helmet_metric, helmet_summ_cite, helmet_summ_metric
 from tapecli.eval.protocol import run
 
 runner = CliRunner()
@@ -91,7 +91,7 @@ def test_rouge_pinned():
     scores = helmet_summ_metric.summ_scores("Summary: the cat sat", "the cat sat on the mat", "Summary:")
     assert scores == pytest.approx({"rougeL_f1": 2 / 3, "rougeL_recall": 0.5, "rougeLsum_f1": 2 / 3,
                                     "rougeLsum_recall": 0.5})
-    assert helmet_summ_metric.rouge("", "a b")["rougeLsum_f1"] == 0
+    assert helmet_metric.rouge("", "a b")["rougeLsum_f1"] == 0
 
 
 # ---- HELMET eval_alce.py, as published (its NLI call `_run_nli_autoais` is the argument `nli`; nltk's sent_tokenize
