@@ -160,6 +160,7 @@ class GRAPEAPLayer(LayerPE):
             if cache is not None and keys is not None:
                 (keys,) = cache.append(grape_ap=keys)
             q, k, v = q.to(compute), k.to(compute), v.to(compute)
+            gate_q = gate_k = None  # bound for every potential: torch.compile reads the closure's cells
             if self.potential in GATED:  # the official gates read the unscaled queries and keys
                 gate_q, gate_k = self.gate(q, self.gate_v), self.gate(k, self.gate_u)
             q = q * d ** -0.5
