@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, check_positive_int
-from tapecli.model.pe.liere import rotate_blocks, rotations
+from tapecli.model.pe.liere import rotate_pair, rotations
 
 VARIANTS = ("ap", "ld")
 
@@ -57,8 +57,7 @@ class ComRoPELayer(LayerPE):
         return blocks if self.theta is None else blocks * self.theta
 
     def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
-        rotation = rotations(self.generator(), state.positions, self.scale)
-        return rotate_blocks(q, rotation), rotate_blocks(k, rotation)
+        return rotate_pair(q, k, rotations(self.generator(), state.positions, self.scale))
 
 
 class ComRoPE(PositionalEncoding):
