@@ -162,3 +162,16 @@ def test_offset_padded_and_non_integer_positions(monkeypatch):
             steps = [model(ids[:, :8], cache=cache)] + [model(ids[:, t:t + 1], start_pos=t, cache=cache)
                                                          for t in range(8, 12)]
             assert (torch.cat(steps, dim=1) - model(ids)).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize(("pe", "args"), CASES[:3], ids=["liere", "liere-blocks-per-head", "comrope"])
+def test_rotated_queries_and_keys_keep_their_features_contiguous(pe, args):
+    """SDPA's fused kernels take only features of stride 1: rotated queries and keys keep them so (one batch row
+    and several, one rotation and one per key head)."""
+    model = tiny(pe, dim=H * D, n_heads=H, n_kv_heads=G, max_seq_len=L, pe_args=args)
+    pe_model, layer = model.model.pe, model.model.layers[0].pe
+    for B in (1, 3):
+        q, k = torch.randn(B, 6, H, D).transpose(1, 2), torch.randn(B, 6, G, D).transpose(1, 2)
+        positions = pe_model.positions(B, 6, 0, q.device)
+        for x in layer.rotate(q, k, pe_model.initial_state(positions, torch.float32)):
+            assert x.stride(-1) == 1

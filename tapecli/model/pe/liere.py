@@ -93,7 +93,8 @@ def rotate_blocks(x: Tensor, rotation: Tensor) -> Tensor:
     X = x.to(R.dtype).reshape(B // rows, rows, S, H // S, T, d // b, b).permute(1, 2, 4, 5, 6, 0, 3).flatten(-2)
     with torch.autocast(x.device.type, enabled=False):
         out = R @ X  # [rows, S, T, n, b, C]
-    return out.unflatten(-1, (B // rows, H // S)).permute(5, 0, 1, 6, 2, 3, 4).reshape(B, H, T, d).to(x.dtype)
+    out = out.unflatten(-1, (B // rows, H // S)).permute(5, 0, 1, 6, 2, 3, 4).reshape(B, H, T, d)
+    return out.contiguous().to(x.dtype)  # features contiguous: SDPA's fused kernels want them so
 
 
 def rotate_pair(q: Tensor, k: Tensor, rotation: Tensor) -> tuple[Tensor, Tensor]:
