@@ -25,11 +25,12 @@ so far by one of them, so each entry costs one [b, b] product instead of a matri
 its rounding grows with the number of binary digits of j, not with j. Tokens read their rotation from the table by
 position (KV-cache decoding: one token at its offset; padding: repeated positions). Positions that are not
 integers, or so sparse that the table would be more than 4 times their number, take one `torch.linalg.matrix_exp`
-each. Everything is computed in fp32 at least (fp64 in fp64 models), also under bf16 autocast. The rotations are
-applied to q and k together (`rotate_pair`): one [b, b] @ [b, C] product per position and block, the heads and
-batch rows that share a rotation as its C columns; attention is then plain q.k attention on every path (SDPA's
-fused kernels included). Time and memory stay linear in T, with a b x b matrix per position and block held for the
-backward (d x d for the dense default, where RoPE holds d numbers).
+each; so do all positions under torch.compile (the table's size depends on the positions' values, which a compiled
+graph cannot). Everything is computed in fp32 at least (fp64 in fp64 models), also under bf16 autocast. The
+rotations are applied to q and k together (`rotate_pair`): one [b, b] @ [b, C] product per position and block, the
+heads and batch rows that share a rotation as its C columns; attention is then plain q.k attention on every path
+(SDPA's fused kernels included). Time and memory stay linear in T, with a b x b matrix per position and block
+held for the backward (d x d for the dense default, where RoPE holds d numbers).
 
 pe_args:
   generator_dim   dims per generator block (0, the default: the whole head, the official dense generator); a
@@ -55,11 +56,13 @@ def rotations(generator: Tensor, positions: Tensor, scale: float) -> Tensor:
     positions [B|1, T] -> [B|1, S, T, n * b * b] in fp32 at least, each block flattened.
 
     Integer positions spanning lo..hi read a table of exp(lo s A) E^j, E = exp(s A) (`power_table`); positions
-    that are not integers, or so sparse that the table would hold more than `SPARSE` entries per position, take
-    one matrix exponential each."""
+    that are not integers, or so sparse that the table would hold more than `SPARSE` entries per position, and
+    positions under torch.compile, take one matrix exponential each."""
     compute = torch.promote_types(generator.dtype, torch.float32)
     generator = generator.to(compute)
-    integral = not positions.is_floating_point() or bool((positions == positions.round()).all())
+    # Under torch.compile the table's size (set by the positions' values) would be data-dependent: no table.
+    compiling = torch.compiler.is_compiling()
+    integral = not compiling and (not positions.is_floating_point() or bool((positions == positions.round()).all()))
     if integral and positions.numel():
         lo, hi = int(positions.min()), int(positions.max())
         if hi - lo + 1 <= SPARSE * positions.numel():
