@@ -16,9 +16,11 @@ import torch
 from test_model import tiny
 
 from tapecli.errors import TapeError
-from tapecli.model import ModelConfig
+from tapecli.model import KVCache, ModelConfig
 from tapecli.model.attention import attend
 from tapecli.model.hf.export import check_exportable
+from tapecli.model.pe import liere
+from tapecli.model.pe.liere import power_table, rotations, skew
 
 H, G, D, L = 4, 2, 8, 32  # L: max_seq_len, the positions' normaliser
 
@@ -107,3 +109,69 @@ def test_bad_pe_args_and_export_are_refused_in_one_line():
     for pe in ("liere", "comrope"):
         with pytest.raises(TapeError, match=f"pe '{pe}' has no Hugging Face Llama equivalent"):
             check_exportable(tiny(pe))
+
+
+def per_position(generator: torch.Tensor, positions: torch.Tensor, scale: float) -> torch.Tensor:
+    """exp(p s A), one matrix exponential per position (fp64): [B, S, T, n * b * b] as `rotations` returns."""
+    p = positions.double()[:, None, :, None, None, None] * scale
+    return torch.linalg.matrix_exp(p * generator.double()[None, :, None]).flatten(-3)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 16, 16), (2, 4, 4, 4)], ids=["dense", "blocks"])
+@pytest.mark.parametrize("lo", [0, 300, -7])
+def test_power_table_equals_one_matrix_exponential_per_position(shape, lo, monkeypatch):
+    """Integer positions lo..lo+299 read the doubling table: equal (fp64, values and the generator's gradient) to
+    exp(p s A) per position, whatever the offset (also negative)."""
+    calls = []
+    monkeypatch.setattr(liere, "power_table", lambda *a: calls.append(a[1:3]) or power_table(*a))
+    torch.manual_seed(0)
+    raw = torch.empty(shape, dtype=torch.float64).uniform_(0, 2 * math.pi).requires_grad_()
+    positions = torch.arange(lo, lo + 300)[None]
+    got, want = rotations(skew(raw), positions, 1 / L), per_position(skew(raw), positions, 1 / L)
+    assert calls == [(lo, 300)] and got.dtype == torch.float64
+    assert (got - want).abs().max() <= 1e-12
+    weight = torch.randn(got.shape, dtype=torch.float64)
+    (a,), (b,) = (torch.autograd.grad((r * weight).sum(), raw) for r in (got, want))
+    assert (a - b).abs().max() <= 1e-12 * b.abs().max()
+
+
+def test_offset_padded_and_non_integer_positions(monkeypatch):
+    """Cache decoding (one token at its offset; a batch whose rows sit at different offsets), padded rows (a
+    position repeated) and positions that are not integers all equal one matrix exponential per position (fp64);
+    positions too sparse for the table and non-integer ones take the per-position fallback, integer-valued floats
+    the table; and a model decoding from its KV cache equals its full forward."""
+    calls = []
+    monkeypatch.setattr(liere, "power_table", lambda *a: calls.append(a[1:3]) or power_table(*a))
+    torch.manual_seed(0)
+    generator = skew(torch.empty(2, 2, 4, 4, dtype=torch.float64).uniform_(0, 2 * math.pi))
+    cases = [(torch.tensor([[41]]), [(41, 1)]), (torch.tensor([[3], [900]]), []),
+             (torch.tensor([[0, 0, 0, 1, 2], [0, 1, 2, 3, 4]]), [(0, 5)]),
+             (torch.tensor([[0.5, 1.25, 7.0]], dtype=torch.float64), []),
+             (torch.tensor([[5.0, 6.0, 8.0]], dtype=torch.float64), [(5, 4)])]
+    for positions, table in cases:
+        calls.clear()
+        got = rotations(generator, positions, 1 / L)
+        assert calls == table and got.shape == (positions.shape[0], 2, positions.shape[1], 2 * 16)
+        assert (got - per_position(generator, positions, 1 / L)).abs().max() <= 1e-12, positions
+
+    for pe in ("liere", "comrope"):
+        model = tiny(pe, dim=H * D, n_heads=H, n_kv_heads=G, max_seq_len=L).double().eval()
+        ids = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
+        cache = KVCache(model.config.n_layers)
+        with torch.no_grad():
+            steps = [model(ids[:, :8], cache=cache)] + [model(ids[:, t:t + 1], start_pos=t, cache=cache)
+                                                         for t in range(8, 12)]
+            assert (torch.cat(steps, dim=1) - model(ids)).abs().max() <= 1e-10
+
+
+@pytest.mark.parametrize(("pe", "args"), CASES[:3], ids=["liere", "liere-blocks-per-head", "comrope"])
+def test_rotated_queries_and_keys_keep_their_features_contiguous(pe, args):
+    """SDPA's fused kernels take only features of stride 1: rotated queries and keys keep them so (one batch row
+    and several, one rotation and one per key head)."""
+    model = tiny(pe, dim=H * D, n_heads=H, n_kv_heads=G, max_seq_len=L, pe_args=args)
+    pe_model, layer = model.model.pe, model.model.layers[0].pe
+    for B in (1, 3):
+        q, k = torch.randn(B, 6, H, D).transpose(1, 2), torch.randn(B, 6, G, D).transpose(1, 2)
+        positions = pe_model.positions(B, 6, 0, q.device)
+        for x in layer.rotate(q, k, pe_model.initial_state(positions, torch.float32)):
+            assert x.stride(-1) == 1

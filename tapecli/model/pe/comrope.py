@@ -15,8 +15,9 @@ trainable scale theta_j (`variant: ld`; the official `multiplier`, initialised N
 Positions are normalised as the official code normalises patch coordinates (`axis_scale`: the training range spans
 [0, 1)). One angle matrix per key head (query heads use their key head's, so the relative property holds with
 grouped-query attention) and per layer (`model.layers.{i}.pe.raw`, and `.theta` for LD). The rotations are
-computed with `torch.linalg.matrix_exp` per block in fp32 at least and applied as block products
-(`tapecli.model.pe.liere`); attention is plain q.k attention on every path.
+LieRE's (`tapecli.model.pe.liere`): a table of exp(p A) per block over the current positions, built from a few matrix
+exponentials by doubling (one [b, b] product per position and block), in fp32 at least, applied to q and k as
+block products; attention is plain q.k attention on every path.
 
 pe_args:
   block_size   b, dims per block (8; a divisor of head_dim, at least 2). The official config class defaults to 2,
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from tapecli.model.pe.base import LayerPE, PositionalEncoding, PositionState, check_positive_int
-from tapecli.model.pe.liere import rotate_blocks, rotations
+from tapecli.model.pe.liere import rotate_pair, rotations
 
 VARIANTS = ("ap", "ld")
 
@@ -57,8 +58,7 @@ class ComRoPELayer(LayerPE):
         return blocks if self.theta is None else blocks * self.theta
 
     def rotate(self, q: Tensor, k: Tensor, state: PositionState) -> tuple[Tensor, Tensor]:
-        rotation = rotations(self.generator(), state.positions, self.scale)
-        return rotate_blocks(q, rotation), rotate_blocks(k, rotation)
+        return rotate_pair(q, k, rotations(self.generator(), state.positions, self.scale))
 
 
 class ComRoPE(PositionalEncoding):
