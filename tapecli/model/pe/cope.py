@@ -88,8 +88,9 @@ class CoPELayer(LayerPE):
     def attend(self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
                key_mask: Tensor | None, cache: LayerCache | None, temperature: float = 1.0,
                window: int | None = None) -> Tensor:
-        """Attention of queries q [B, H, Tq, d] over keys k, v [B, G, Tk, d], one chunk of queries at a time
-        (`tapecli.model.attention.recompute`: chunks are recomputed in the backward)."""
+        """Attention of queries q [B, H, Tq, d] over keys k, v [B, G, Tk, d], one chunk of queries at a time: in
+        training through `CoPEAttention` (each chunk recomputed once in its own backward), otherwise without a
+        graph; the plain formulas (`chunk_attention`, autograd) under attention.forced("dense") and while probed."""
         # `mask` already hides padded keys (key_mask) and keys outside the window, so their gates are zero: they never
         # count as positions.
         out_dtype = v.dtype
@@ -103,37 +104,28 @@ class CoPELayer(LayerPE):
             table = self.pos_emb.to(compute)
             # Keys and values in reverse order, once: each chunk reads its keys as a view of these, latest first.
             k_rev, v_rev = k.flip(2), v.flip(2)
-            Tk = k.shape[2]
+            hidden = Hidden(mask, Tq, past, q.device)
+            if forced_path() == "dense" or probing_active():
+                def chunk(i0: int, i1: int) -> Tensor:
+                    keys, values = (t[:, :, t.shape[2] - past - i1:] for t in (k_rev, v_rev))
+                    return self.chunk_attention(q[:, :, i0:i1], keys, values, hidden(i0, i1), table, past + i0,
+                                                temperature)
 
-            def chunk(i0: int, i1: int) -> Tensor:
-                # Keys up to the chunk's last query, in reverse order, so the positions (sums of the gates from each
-                # key to the query) are one forward cumsum along the keys. Reversed column c is key end - 1 - c.
-                end = past + i1
-                keys, values = k_rev[:, :, Tk - end:], v_rev[:, :, Tk - end:]
-                if mask is None:  # only the first i1 - i0 columns hold future keys: query i sees c >= i1 - 1 - i
-                    C = i1 - i0
-                    if C not in future:  # the same for every chunk of C queries
-                        future[C] = ~torch.ones(C, C, dtype=torch.bool, device=q.device).triu(0).flip(0)
-                    hidden = future[C]
-                else:
-                    hidden = ~visible_keys(mask, Tq, past + Tq, q.device)[..., i0:i1, :end].flip(-1)
-                return self.chunk_attention(q[:, :, i0:i1], keys, values, hidden, table, past + i0, temperature)
-
-            future: dict[int, Tensor] = {}
-
-            # Chunks sized as if there were at most KEY_SPAN keys: past that, a chunk keeps its queries and grows
-            # with the keys (memory still linear in the length), since each chunk's backward also pays a pass over
-            # every key and value (their gradients' slices), which fewer queries per chunk would multiply.
-            rows = Tq if forced_path() == "dense" else rows_for(B, H, min(past + Tq, KEY_SPAN), Tq)
-            out = by_query_chunks(chunk, Tq, rows)
+                rows = Tq if forced_path() == "dense" else chunk_rows(B, H, past, Tq)
+                out = by_query_chunks(chunk, Tq, rows)
+            elif torch.is_grad_enabled() and any(t.requires_grad for t in (q, k_rev, v_rev, table)):
+                out = CoPEAttention.apply(q, k_rev, v_rev, table, hidden, self.npos_max, temperature)
+            else:
+                out = cope_forward(q, k_rev, v_rev, table, hidden, self.npos_max, temperature)[0]
         return out.to(out_dtype)
 
     def chunk_attention(self, q: Tensor, keys: Tensor, values: Tensor, hidden: Tensor, table: Tensor, first: int,
                         temperature: float = 1.0) -> Tensor:
-        """CoPE for queries q [B, H, C, d] over keys and values [B, H, K, d] given in reverse order (latest
-        first); hidden [.., C, K'] (K' <= K): which of the first K' keys each query may not see (it sees the rest);
-        `first`: the key index of the first query. While attention is probed, the weights and the contextual
-        positions are reported in key order (`report_weights`; positions are 0 for unseen keys)."""
+        """CoPE's plain formulas (autograd records every op), for queries q [B, H, C, d] over keys and values
+        [B, H, K, d] given in reverse order (latest first); hidden [.., C, K'] (K' <= K): which of the first K'
+        keys each query may not see (it sees the rest); `first`: the key index of the first query. While attention
+        is probed, the weights and the contextual positions are reported in key order (`report_weights`;
+        positions are 0 for unseen keys). The reference `CoPEAttention` is tested against."""
         q = q * q.shape[-1] ** -0.5  # every logit and table product below is scaled once, here
         logits = q @ keys.transpose(-1, -2)  # [B, H, C, K], scaled
         block = hidden.shape[-1]
@@ -158,8 +150,143 @@ class CoPELayer(LayerPE):
         return weights @ values
 
 
+class Hidden:
+    """hidden(i0, i1): which keys queries i0..i1-1 may not see, as the chunk functions take it ([.., C, K'] over the
+    first K' of the chunk's keys in reverse order), from `attention_mask`'s mask (None: plain causal, the queries
+    the last Tq of past + Tq tokens; then only the first C columns hold future keys, query i sees c >= i1 - 1 - i,
+    the same triangle for every chunk of C queries)."""
+
+    def __init__(self, mask: Tensor | None, q_len: int, past: int, device: torch.device) -> None:
+        self.mask, self.q_len, self.past, self.device = mask, q_len, past, device
+        self.future: dict[int, Tensor] = {}
+
+    def __call__(self, i0: int, i1: int) -> Tensor:
+        if self.mask is None:
+            C = i1 - i0
+            if C not in self.future:
+                self.future[C] = ~torch.ones(C, C, dtype=torch.bool, device=self.device).triu(0).flip(0)
+            return self.future[C]
+        end = self.past + i1
+        return ~visible_keys(self.mask, self.q_len, self.past + self.q_len, self.device)[..., i0:i1, :end].flip(-1)
+
+
+def chunk_rows(batch: int, heads: int, past: int, q_len: int) -> int:
+    """Queries per chunk, sized as if there were at most KEY_SPAN keys: past that, a chunk keeps its queries and grows
+    with the keys (memory still linear in the length), since each chunk's backward also pays a pass over every key
+    and value (their gradients' slices), which fewer queries per chunk would multiply."""
+    return rows_for(batch, heads, min(past + q_len, KEY_SPAN), q_len)
+
+
+def chunk_logits(qs: Tensor, keys: Tensor, hidden: Tensor, z: Tensor, step: Tensor, npos_max: int,
+                 keep: bool) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]:
+    """The logits of `CoPELayer.chunk_attention` before the temperature, for scaled queries qs [B, H, C, d], z = qs
+    e^T and its steps (`step`), in as few passes over the [C, K] block as torch's ops allow (each op writes in
+    place where it can). Returns (logits, gates (when `keep`, else None: their buffer became the positions), the
+    interpolation weights w, floor p as int64, step[floor p])."""
+    logits = qs @ keys.transpose(-1, -2)
+    logits[..., :hidden.shape[-1]].masked_fill_(hidden, float("-inf"))
+    gates = torch.sigmoid(logits)
+    positions = gates.cumsum(-1) if keep else gates.cumsum_(-1)
+    if keys.shape[2] > npos_max:
+        positions.clamp_(max=npos_max)
+    index = positions.long()  # floor p: positions are >= 0
+    weight = positions.frac_()  # p - floor p, in place
+    gathered = torch.gather(z, -1, index)
+    logits.add_(gathered)
+    torch.gather(step, -1, index, out=gathered)
+    logits.addcmul_(weight, gathered)
+    return logits, gates if keep else None, weight, index, gathered
+
+
+def table_terms(qs: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
+    """z = qs e^T [B, H, C, npos_max + 1] and its steps z[n + 1] - z[n] (0 after the last entry)."""
+    z = qs @ table.T
+    return z, torch.nn.functional.pad(z[..., 1:] - z[..., :-1], (0, 1))
+
+
+def cope_forward(q: Tensor, k_rev: Tensor, v_rev: Tensor, table: Tensor, hidden: Hidden, npos_max: int,
+                 temperature: float) -> tuple[Tensor, int]:
+    """CoPE's attention without a graph, one chunk of queries at a time, the last (widest) first (each later
+    chunk's temporaries then fit in memory the allocator already holds); returns the output and the chunk's rows."""
+    B, H, Tq, d = q.shape
+    Tk = k_rev.shape[2]
+    past = Tk - Tq
+    rows = chunk_rows(B, H, past, Tq)
+    out = q.new_empty(B, H, Tq, v_rev.shape[-1])
+    with torch.no_grad():
+        for i0 in reversed(range(0, Tq, rows)):
+            i1 = min(i0 + rows, Tq)
+            qs = q[:, :, i0:i1] * d ** -0.5
+            z, step = table_terms(qs, table)
+            logits = chunk_logits(qs, k_rev[:, :, Tk - past - i1:], hidden(i0, i1), z, step, npos_max, False)[0]
+            if temperature != 1.0:
+                logits.div_(temperature)
+            out[:, :, i0:i1] = logits.softmax(-1) @ v_rev[:, :, Tk - past - i1:]
+    return out, rows
+
+
+class CoPEAttention(torch.autograd.Function):
+    """forward(q, k_rev, v_rev, table, hidden, npos_max, temperature) -> out: `cope_forward`, keeping only its inputs
+    and output. The backward recomputes each chunk's logits once and takes every gradient from them in one sweep:
+    the softmax's (dA = P (dP - rowsum(dO O)) / T), the table lookups' (scatter-added into dz), the interpolation
+    weight's (dA step[floor p], zero where p is clamped: the step there is 0), its reversed running sum (the gates'
+    gradient: the row's total minus the running sum up to the key before) and the sigmoid's."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k_rev: Tensor, v_rev: Tensor, table: Tensor, hidden: Hidden, npos_max: int,
+                temperature: float) -> Tensor:
+        out, rows = cope_forward(q, k_rev, v_rev, table, hidden, npos_max, temperature)
+        ctx.save_for_backward(q, k_rev, v_rev, table, out)
+        ctx.hidden, ctx.npos_max, ctx.temperature, ctx.rows = hidden, npos_max, temperature, rows
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k_rev, v_rev, table, out = ctx.saved_tensors
+        B, H, Tq, d = q.shape
+        Tk = k_rev.shape[2]
+        past, scale, temperature = Tk - Tq, d ** -0.5, ctx.temperature
+        dq, dk, dv, dtable = torch.empty_like(q), torch.zeros_like(k_rev), torch.zeros_like(v_rev), torch.zeros_like(
+            table)
+        for i0 in reversed(range(0, Tq, ctx.rows)):
+            i1 = min(i0 + ctx.rows, Tq)
+            keys, values = k_rev[:, :, Tk - past - i1:], v_rev[:, :, Tk - past - i1:]
+            qs, do = q[:, :, i0:i1] * scale, grad_out[:, :, i0:i1]
+            z, step = table_terms(qs, table)
+            logits, gates, weight, index, steps = chunk_logits(qs, keys, ctx.hidden(i0, i1), z, step, ctx.npos_max,
+                                                               True)
+            if temperature != 1.0:
+                logits.div_(temperature)
+            probs = logits.softmax(-1)
+            del logits
+            dv[:, :, Tk - past - i1:] += probs.transpose(-1, -2) @ do
+            # The softmax's gradient, written over the values' product dP.
+            dlogits = (do @ values.transpose(-1, -2)).sub_((do * out[:, :, i0:i1]).sum(-1, keepdim=True)).mul_(probs)
+            del probs
+            if temperature != 1.0:
+                dlogits.div_(temperature)
+            # z[floor p] + w step[floor p]: dz gets dA at floor p, and the step's gradient dA w moves from n to n + 1.
+            dz = torch.zeros_like(z).scatter_add_(-1, index, dlogits)
+            dstep = torch.zeros_like(z).scatter_add_(-1, index, weight.mul_(dlogits))
+            del weight, index
+            dz[..., 1:] += dstep[..., :-1]
+            dz[..., :-1] -= dstep[..., :-1]
+            # The positions' gradient dA step[floor p]; the gates' is its sum over the later columns (t >= j).
+            dpos = steps.mul_(dlogits)
+            sums = dpos.cumsum(-1)
+            total = sums[..., -1:].clone()
+            dgates = torch.sub(total, sums.sub_(dpos), out=dpos)  # the total minus the sum before each key
+            del sums
+            dlogits.add_(torch.ops.aten.sigmoid_backward(dgates, gates))
+            del dpos, dgates, gates
+            dq[:, :, i0:i1] = (dlogits @ keys + dz @ table) * scale
+            dk[:, :, Tk - past - i1:] += dlogits.transpose(-1, -2) @ qs
+            dtable += dz.flatten(0, -2).T @ qs.flatten(0, -2)
+        return dq, dk, dv, dtable, None, None, None
+
+
 NPOS_CAP = 1024  # the default npos_max for contexts longer than this (module docstring)
-KEY_SPAN = 4096  # chunks of queries are sized for this many keys at most (`CoPELayer.attend`)
+KEY_SPAN = 4096  # chunks of queries are sized for this many keys at most (`chunk_rows`)
 
 
 def saved_args(saved: dict) -> dict:
