@@ -41,6 +41,8 @@ pe_args:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 
@@ -178,24 +180,59 @@ def chunk_rows(batch: int, heads: int, past: int, q_len: int) -> int:
 
 
 def chunk_logits(qs: Tensor, keys: Tensor, hidden: Tensor, z: Tensor, step: Tensor, npos_max: int,
-                 keep: bool) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor]:
+                 keep: bool) -> tuple[Tensor, list[Piece], int]:
     """The logits of `CoPELayer.chunk_attention` before the temperature, for scaled queries qs [B, H, C, d], z = qs
     e^T and its steps (`step`), in as few passes over the [C, K] block as torch's ops allow (each op writes in
-    place where it can). Returns (logits, gates (when `keep`, else None: their buffer became the positions), the
-    interpolation weights w, floor p as int64, step[floor p])."""
+    place where it can). Returns (logits, the pieces of columns whose gates were computed, `saturated`).
+
+    Positions only grow along the columns (the gates are >= 0), so once every row's running sum has reached
+    npos_max, every later position is npos_max (w = 0, the step there is 0): those columns, from `saturated` on,
+    only add z[npos_max], and their gates are never computed. The gates run in pieces of columns until then: the
+    first npos_max + C (no row can reach npos_max before, nor a causal row whose first C columns are the future's),
+    then as many as the slowest row needs at its rate so far (at least a quarter of npos_max). Without the clamp
+    (K <= npos_max), one piece."""
     logits = qs @ keys.transpose(-1, -2)
     logits[..., :hidden.shape[-1]].masked_fill_(hidden, float("-inf"))
-    gates = torch.sigmoid(logits)
-    positions = gates.cumsum(-1) if keep else gates.cumsum_(-1)
-    if keys.shape[2] > npos_max:
-        positions.clamp_(max=npos_max)
-    index = positions.long()  # floor p: positions are >= 0
-    weight = positions.frac_()  # p - floor p, in place
-    gathered = torch.gather(z, -1, index)
-    logits.add_(gathered)
-    torch.gather(step, -1, index, out=gathered)
-    logits.addcmul_(weight, gathered)
-    return logits, gates if keep else None, weight, index, gathered
+    K = logits.shape[-1]
+    clamp = K > npos_max
+    pieces: list[Piece] = []
+    start, stop, carry = 0, min(K, npos_max + qs.shape[2]) if clamp else K, None
+    while start < K:
+        gates = torch.sigmoid(logits[..., start:stop])
+        positions = gates.cumsum(-1) if keep else gates.cumsum_(-1)
+        if carry is not None:
+            positions.add_(carry)
+        carry = positions[..., -1:].clone()  # the running sums so far, unclamped
+        if clamp:
+            positions.clamp_(max=npos_max)
+        index = positions.long()  # floor p: positions are >= 0
+        weight = positions.frac_()  # p - floor p, in place
+        gathered = torch.gather(z, -1, index)
+        block = logits[..., start:stop]
+        block.add_(gathered)
+        torch.gather(step, -1, index, out=gathered)
+        block.addcmul_(weight, gathered)
+        pieces.append(Piece(start, stop, gates if keep else None, weight, index, gathered))
+        start = stop
+        if start < K:
+            least = float(carry.min())
+            if least >= npos_max:
+                logits[..., start:].add_(z[..., npos_max:])
+                return logits, pieces, start
+            more = (npos_max - least) * start / least if least > 0 else K  # at the slowest row's rate so far
+            stop = min(K, start + max(int(more) + 1, npos_max // 4, 1))
+    return logits, pieces, K
+
+
+class Piece(NamedTuple):
+    """Columns start..stop-1 of a chunk's logits with their gates computed (`chunk_logits`): the gates (None when
+    not kept), the interpolation weights w, floor p (int64) and step[floor p], each [B, H, C, stop - start]."""
+    start: int
+    stop: int
+    gates: Tensor | None
+    weight: Tensor
+    index: Tensor
+    steps: Tensor
 
 
 def table_terms(qs: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
@@ -253,8 +290,7 @@ class CoPEAttention(torch.autograd.Function):
             keys, values = k_rev[:, :, Tk - past - i1:], v_rev[:, :, Tk - past - i1:]
             qs, do = q[:, :, i0:i1] * scale, grad_out[:, :, i0:i1]
             z, step = table_terms(qs, table)
-            logits, gates, weight, index, steps = chunk_logits(qs, keys, ctx.hidden(i0, i1), z, step, ctx.npos_max,
-                                                               True)
+            logits, pieces, saturated = chunk_logits(qs, keys, ctx.hidden(i0, i1), z, step, ctx.npos_max, True)
             if temperature != 1.0:
                 logits.div_(temperature)
             probs = logits.softmax(-1)
@@ -266,19 +302,22 @@ class CoPEAttention(torch.autograd.Function):
             if temperature != 1.0:
                 dlogits.div_(temperature)
             # z[floor p] + w step[floor p]: dz gets dA at floor p, and the step's gradient dA w moves from n to n + 1.
-            dz = torch.zeros_like(z).scatter_add_(-1, index, dlogits)
-            dstep = torch.zeros_like(z).scatter_add_(-1, index, weight.mul_(dlogits))
-            del weight, index
+            dz, dstep = torch.zeros_like(z), torch.zeros_like(z)
+            dz[..., ctx.npos_max] += dlogits[..., saturated:].sum(-1)  # columns where p = npos_max and w = 0
+            later = None  # the positions' gradients summed over the later pieces
+            for piece in reversed(pieces):
+                grad = dlogits[..., piece.start:piece.stop]
+                dz.scatter_add_(-1, piece.index, grad)
+                dstep.scatter_add_(-1, piece.index, piece.weight.mul_(grad))
+                # The positions' gradient dA step[floor p]; the gates' is its sum over the later columns (t >= j).
+                dpos = piece.steps.mul_(grad)
+                sums = dpos.cumsum(-1)
+                later = sums[..., -1:].clone() if later is None else sums[..., -1:] + later
+                dgates = torch.sub(later, sums.sub_(dpos), out=dpos)  # the total minus the sum before each key
+                grad.add_(torch.ops.aten.sigmoid_backward(dgates, piece.gates))
+            del pieces
             dz[..., 1:] += dstep[..., :-1]
             dz[..., :-1] -= dstep[..., :-1]
-            # The positions' gradient dA step[floor p]; the gates' is its sum over the later columns (t >= j).
-            dpos = steps.mul_(dlogits)
-            sums = dpos.cumsum(-1)
-            total = sums[..., -1:].clone()
-            dgates = torch.sub(total, sums.sub_(dpos), out=dpos)  # the total minus the sum before each key
-            del sums
-            dlogits.add_(torch.ops.aten.sigmoid_backward(dgates, gates))
-            del dpos, dgates, gates
             dq[:, :, i0:i1] = (dlogits @ keys + dz @ table) * scale
             dk[:, :, Tk - past - i1:] += dlogits.transpose(-1, -2) @ qs
             dtable += dz.flatten(0, -2).T @ qs.flatten(0, -2)
