@@ -222,7 +222,7 @@ def test_cope_training_function_passes_gradcheck():
     q, k, v = (torch.randn(1, 2, 9, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
     table = torch.randn(4, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(
-        lambda q, k, v, table: CoPEAttention.apply(q, k.flip(2), v.flip(2), table, Hidden(None, 9, 0, q.device), 3,
+        lambda q, k, v, table: CoPEAttention.apply(q, k.flip(2), v.flip(2), table, Hidden(None, 0, q.device), 3,
                                                    0.7), (q, k, v, table))
 
 

@@ -13,6 +13,15 @@ q_i . e[p_ij] is computed without materialising e[p_ij]: one small matmul per qu
 z_i[n] = q_i . e[n] for n = 0..npos_max, then z_i[floor p] and z_i[ceil p] are gathered and interpolated (the
 interpolation weight w carries the gradient to the gates; floor and ceil do not).
 
+Training (`CoPEAttention`, the path `cope-recompute`): queries in chunks; the forward keeps only q, k, v, the table
+and the output, and the backward recomputes each chunk's logits once and takes every gradient from them (the
+softmax's, the lookups' into z, the interpolation weight's, its reversed running sum's for the gates, the
+sigmoid's), each a torch op over the chunk's [queries, keys] block, in place where possible. Positions only grow
+along the keys (gates are >= 0): once every query of a chunk has counted npos_max, every earlier key sits at
+npos_max (w = 0), so its gates are not computed (`chunk_logits`). Without gradients the same forward runs alone;
+the plain formulas with autograd (`CoPELayer.chunk_attention`) serve attention.forced("dense") and probing, and are
+what the tests hold the function to.
+
 Choices, stated:
 - The table e[0..npos_max] is one per layer and shared by all heads, as in the official code; it starts at zero
   like there, so a fresh CoPE model computes exactly NoPE's attention. Parameter: `model.layers.{i}.pe.pos_emb`,
@@ -60,14 +69,6 @@ from tapecli.model.pe.base import (
 )
 
 
-def visible_keys(mask: Tensor | None, q_len: int, k_len: int, device: torch.device) -> Tensor:
-    """Boolean [..., Tq, Tk]: which keys each query may see, from `attention_mask`'s (mask, is_causal) for causal
-    models (mask None means plain causal: the queries are the last q_len of k_len tokens)."""
-    if mask is None:
-        return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)
-    return mask if mask.dtype == torch.bool else mask > float("-inf")
-
-
 class CoPELayer(LayerPE):
     def __init__(self, head_dim: int, npos_max: int) -> None:
         super().__init__()
@@ -106,7 +107,7 @@ class CoPELayer(LayerPE):
             table = self.pos_emb.to(compute)
             # Keys and values in reverse order, once: each chunk reads its keys as a view of these, latest first.
             k_rev, v_rev = k.flip(2), v.flip(2)
-            hidden = Hidden(mask, Tq, past, q.device)
+            hidden = Hidden(mask, past, q.device)
             if forced_path() == "dense" or probing_active():
                 def chunk(i0: int, i1: int) -> Tensor:
                     keys, values = (t[:, :, t.shape[2] - past - i1:] for t in (k_rev, v_rev))
@@ -158,8 +159,8 @@ class Hidden:
     the last Tq of past + Tq tokens; then only the first C columns hold future keys, query i sees c >= i1 - 1 - i,
     the same triangle for every chunk of C queries)."""
 
-    def __init__(self, mask: Tensor | None, q_len: int, past: int, device: torch.device) -> None:
-        self.mask, self.q_len, self.past, self.device = mask, q_len, past, device
+    def __init__(self, mask: Tensor | None, past: int, device: torch.device) -> None:
+        self.mask, self.past, self.device = mask, past, device
         self.future: dict[int, Tensor] = {}
 
     def __call__(self, i0: int, i1: int) -> Tensor:
@@ -168,8 +169,8 @@ class Hidden:
             if C not in self.future:
                 self.future[C] = ~torch.ones(C, C, dtype=torch.bool, device=self.device).triu(0).flip(0)
             return self.future[C]
-        end = self.past + i1
-        return ~visible_keys(self.mask, self.q_len, self.past + self.q_len, self.device)[..., i0:i1, :end].flip(-1)
+        mask = self.mask[..., i0:i1, :self.past + i1]
+        return ~(mask if mask.dtype == torch.bool else mask > float("-inf")).flip(-1)
 
 
 def chunk_rows(batch: int, heads: int, past: int, q_len: int) -> int:
