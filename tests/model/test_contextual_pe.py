@@ -157,6 +157,75 @@ def test_cope_attention_equals_the_naive_loop(npos_max):
     assert (got - naive_cope(layer, q, k, v)).abs().max() <= 1e-12
 
 
+def cope_case(case):
+    """Inputs of CoPE's attention for one case of the function test below: (layer, q, k, v, mask, temperature)."""
+    npos_max, T, past, G, scale = {"causal": (32, 23, 0, 4, 1.0), "saturated": (3, 40, 0, 4, 1.0),
+                                   "padded-window": (4, 23, 0, 2, 2.0), "prefill-gqa": (5, 19, 7, 2, 2.0)}[case]
+    layer = randomize_pe(tiny("cope", pe_args={"npos_max": npos_max})).double().model.layers[0].pe
+    gen = torch.Generator().manual_seed(5)
+    q = scale * torch.randn(2, 4, T, 8, generator=gen, dtype=torch.float64)
+    k, v = (scale * torch.randn(2, G, past + T, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    mask = None
+    if case == "padded-window":  # two left-padded keys in the first row (a padded query sees itself), window 9
+        i, j = torch.arange(T)[:, None], torch.arange(T)
+        mask = ((j <= i) & (i - j < 9)).expand(2, 1, T, T).clone()
+        mask[0, :, :, :2] = False
+        mask[0, :, [0, 1], [0, 1]] = True
+    return layer, q, k, v, mask, 0.7 if case == "prefill-gqa" else 1.0
+
+
+@pytest.mark.parametrize("case", ["causal", "saturated", "padded-window", "prefill-gqa"])
+def test_cope_training_function_gives_the_gradients_of_the_plain_formulas(monkeypatch, case):
+    """CoPE's training path (`CoPEAttention`: its own backward, each chunk recomputed once, the gates computed in
+    pieces of columns until every row's position reached npos_max) gives the output and the gradients (queries,
+    keys, values, table) that autograd gives through the plain formulas (`CoPELayer.chunk_attention` on one chunk,
+    attention.forced("dense")): fp64, to 1e-12. Chunks of 5 queries; "saturated" has positions clamped after a few
+    keys (skipped gates), "padded-window" a padding and window mask, "prefill-gqa" 7 earlier keys, grouped keys
+    and a temperature."""
+    from tapecli.model import attention
+    from tapecli.model.attention import recompute
+    from tapecli.model.pe import cope
+
+    layer, q, k, v, mask, temperature = cope_case(case)
+    monkeypatch.setattr(recompute, "SCORE_ELEMENTS", 2 * 4 * k.shape[2] * 5)
+    seen, logits = [], cope.chunk_logits
+
+    def recorded(*args):
+        out = logits(*args)
+        seen.append((out[0].shape[-1], out[2], len(out[1])))
+        return out
+
+    monkeypatch.setattr(cope, "chunk_logits", recorded)
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)] + [layer.pos_emb]
+    grad = torch.randn(2, 4, q.shape[2], 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+
+    def run():
+        out = layer.attend(None, *inputs[:3], mask, mask is None, None, None, temperature=temperature)
+        return (out, *torch.autograd.grad(out, inputs, grad))
+
+    got = run()
+    with attention.forced("dense"):
+        want = run()
+    assert len(seen) == 2 * math.ceil(q.shape[2] / 5)  # the function's forward and backward, chunks of 5
+    for a, b in zip(got, want, strict=True):
+        assert (a - b).abs().max() <= 1e-12
+    assert min(g.abs().max() for g in got) > 1e-3  # every gradient is non-trivial
+    if case == "saturated":  # later columns skipped, gates in more than one piece
+        assert any(stop < width for width, stop, _ in seen) and max(pieces for *_, pieces in seen) > 1
+
+
+def test_cope_training_function_passes_gradcheck():
+    """`CoPEAttention` against finite differences (fp64), positions clamped at npos_max = 3 after a few keys."""
+    from tapecli.model.pe.cope import CoPEAttention, Hidden
+
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 9, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    table = torch.randn(4, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, table: CoPEAttention.apply(q, k.flip(2), v.flip(2), table, Hidden(None, 0, q.device), 3,
+                                                   0.7), (q, k, v, table))
+
+
 @pytest.mark.parametrize("pe,overrides", [
     ("cope", {}), ("cope", {"n_kv_heads": 2, "pe_args": {"npos_max": 4}}),
     ("path", {"pe_args": {"chunk_size": 3}}), ("path", {"n_kv_heads": 2, "pe_args": {"conv_size": 4}}),

@@ -1,5 +1,5 @@
-"""Query chunks for PEs that compute attention themselves (CoPE; PaTH sizes its chunks with `rows_for`): memory
-linear in the sequence length.
+"""Query chunks for PEs that compute attention themselves (DAPE, GRAPE-AP, CoPE's reference path; PaTH and CoPE's
+training function size their chunks with `rows_for`): memory linear in the sequence length.
 
     out = by_query_chunks(fn, q_len, rows)      # = torch.cat([fn(i0, i1) for each chunk], dim=-2)
 
