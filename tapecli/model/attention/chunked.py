@@ -301,7 +301,7 @@ def pairs_grads(d_parameters: list[Tensor | None], parameters: list[Tensor], bia
     """Pull dS of one chunk back through its bias (built by `ScoreBias.pairs` with autograd) to the tensors it
     reads."""
     wanted = [i for i, g in enumerate(d_parameters) if g is not None]
-    ds = ds.sum(0, keepdim=True) if bias.shape[0] == 1 else ds
+    ds = ds.sum(0, keepdim=True) if bias.shape[0] == 1 < ds.shape[0] else ds  # (a sum over one row is a copy)
     grads = torch.autograd.grad(bias, [parameters[i] for i in wanted], ds.to(bias.dtype), allow_unused=True)
     for i, g in zip(wanted, grads, strict=True):
         if g is not None:
