@@ -141,6 +141,29 @@ def test_the_table_path_needs_consecutive_positions(small_chunks, monkeypatch):
         assert bool(used) == table
 
 
+def test_a_bias_that_pairs_keeps_gets_its_values_back(small_chunks):
+    """The chunk's causal mask is written into the bias `pairs` returned (no copy of the block); a tensor that
+    `pairs` keeps (a cache) has its values back after each chunk's forward and backward, and the attention is
+    still the reference's."""
+    from tapecli.model.attention import ScoreBias
+
+    layer = layer_of("alibi")
+    returned = []
+
+    def keeping(q_pos, k_pos):
+        bias = layer.bias(q_pos, k_pos).contiguous()
+        returned.append((bias, bias.clone()))
+        return bias
+
+    q, k, v = qkv(Tq=12, Tk=12)
+    pos = torch.arange(12)[None]
+    got = chunked.chunked_attention(q, k, v, ScoreBias(pairs=keeping), pos, pos, None, 8 ** -0.5)
+    want = naive_attention(q, k, v, layer.bias, pos, pos)
+    assert (got - want).abs().max() <= TOL
+    assert_close(grads(got, [q, k, v]), grads(want, [q, k, v]))
+    assert len(returned) == 6 and all(torch.equal(bias, values) for bias, values in returned)  # 3 chunks, twice
+
+
 def test_fire_piecewise_bias_is_its_mlp():
     layer = layer_of("fire")
     with torch.no_grad():

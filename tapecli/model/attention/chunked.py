@@ -36,6 +36,9 @@ entry of a distance table accounts for.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -87,6 +90,7 @@ class ChunkMasks:
                  window: int | None = None, in_steps: bool = False) -> None:
         self.bias, self.q_pos, self.k_pos, self.key_mask = bias, q_pos, k_pos, key_mask
         self.in_steps, self.future = in_steps, {}  # consecutive positions (`consecutive`); causal() masks by size
+        self.kept: tuple[Tensor, Tensor] | None = None  # (a bias's last keys, their values) while `chunk` lends it
         self.q_len, self.k_len, self.past, self.dtype, self.window = q_len, k_len, k_len - q_len, dtype, window
         self.reversed = None
         if values is not None:
@@ -130,17 +134,34 @@ class ChunkMasks:
 
     def causal(self, bias: Tensor, rows: int, keys: int, shift: Tensor | None = None) -> Tensor:
         """The mask of a chunk of consecutive positions without padding or window (its keys: every key up to the
-        chunk's last query, so keys >= rows): a copy of its bias with -inf above the diagonal of the last `rows`
-        keys (query rows in reverse order: row c sees keys up to keys - 1 - c), instead of a masked_fill of every
-        pair with a mask built from positions."""
+        chunk's last query, so keys >= rows): its bias with -inf above the diagonal of the last `rows` keys (query
+        rows in reverse order: row c sees keys up to keys - 1 - c), instead of a masked_fill of every pair with a
+        mask built from positions; written into a contiguous bias itself (`chunk` gives it back), else into a copy,
+        or into bias - shift."""
         if rows not in self.future:
             self.future[rows] = torch.ones(rows, rows, dtype=torch.bool, device=bias.device).triu(1).flip(0)
-        mask = bias.clone(memory_format=torch.contiguous_format) if shift is None else bias - shift[..., None]
+        if shift is not None:
+            mask = bias - shift[..., None]
+        elif bias.is_contiguous():  # the bias itself: its last `rows` keys are given back by `chunk`
+            mask = bias
+            self.kept = (bias[..., keys - rows:], bias[..., keys - rows:].clone())
+        else:
+            mask = bias.clone(memory_format=torch.contiguous_format)
         mask[..., keys - rows:].masked_fill_(self.future[rows], float("-inf"))
         return mask
 
-    def chunk(self, i0: int, i1: int, k0: int, k1: int) -> Tensor:
-        return self.view(i0, i1, k0, k1) if self.reversed is not None else self.build(i0, i1, k0, k1)
+    @contextlib.contextmanager
+    def chunk(self, i0: int, i1: int, k0: int, k1: int) -> Iterator[Tensor]:
+        """The chunk's mask (`view` or `build`) for the duration of the block. A bias that `causal` masked in place
+        (no copy of the chunk's block) gets its last keys' values back at the end, so `pairs` may return a tensor
+        it keeps."""
+        self.kept = None
+        try:
+            yield self.view(i0, i1, k0, k1) if self.reversed is not None else self.build(i0, i1, k0, k1)
+        finally:
+            if self.kept is not None:
+                self.kept[0].copy_(self.kept[1])
+                self.kept = None
 
 
 def score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
@@ -222,9 +243,9 @@ class ChunkedAttention(torch.autograd.Function):
         for i0, k0 in zip(chunks, firsts, strict=True):
             i1 = min(i0 + rows, Tq)
             kend = past + i1
-            o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q[:, :, i0:i1].flip(2), k[:, :, k0:kend], v[:, :, k0:kend], attn_mask=masks.chunk(i0, i1, k0, kend),
-                scale=scale)
+            with masks.chunk(i0, i1, k0, kend) as mask:
+                o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q[:, :, i0:i1].flip(2), k[:, :, k0:kend], v[:, :, k0:kend], attn_mask=mask, scale=scale)
             if sinks is not None:
                 o, m = rescale(o, m, sinks)
             out[:, :, i0:i1] = o.flip(2)
@@ -258,16 +279,15 @@ class ChunkedAttention(torch.autograd.Function):
                 with torch.enable_grad():
                     bias = masks.pairs(i0, i1, k0, kend)
                 offset = masks.build(i0, i1, k0, kend, bias.detach(), shift=l_c)  # mask - lse
-            else:
-                mask = masks.chunk(i0, i1, k0, kend)
-            if pairs_grad:  # dS is needed for the bias: P and dS give dq, dk, dv too
+                # dS is needed for the bias: P and dS give dq, dk, dv too
                 probs, ds = probs_and_score_grad(q_c, k_c, v_c, offset, do_c, o_c, l_c, scale, shifted=True)
                 g_q, g_k, g_v = input_grads(q_c, k_c, v_c, do_c, probs, ds, scale)
                 del probs
                 pairs_grads(d_parameters, parameters, bias, ds)
             else:
-                g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    do_c, q_c, k_c, v_c, o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
+                with masks.chunk(i0, i1, k0, kend) as mask:
+                    g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                        do_c, q_c, k_c, v_c, o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
             dq[:, :, i0:i1] = g_q.flip(2)
             dk[:, :, k0:kend] += g_k
             dv[:, :, k0:kend] += g_v

@@ -1,6 +1,12 @@
 """FIRE (Li et al. 2024): a learned per-layer bias b_h(i, j) = f_h( psi(i - j) / (psi(max(i, L)) + eps) ) with
 psi(z) = log(|c z| + 1) and f a small MLP (1 -> hidden -> heads). c and L are learned (init 0.1 and threshold).
 
+f is piecewise linear in z (its breaks are where hidden units switch), so the bias of a pair is one multiply-add
+with its segment's slope and intercept (`FIRELayer.piecewise_bias`). On the chunked path (a chunk's queries latest
+first, its keys in order) psi is computed once per distance and read as diagonals (`Diagonals`), and each row's
+segments are runs of keys found once per row and break (`segment_runs`), their lines read and their gradients
+summed run by run (`SegmentRuns`); other positions search every pair (`SegmentLines`). Both give the same bias.
+
 pe_args:
   hidden      width of f (32)
   init_c      initial c (0.1)
