@@ -90,7 +90,6 @@ class ChunkMasks:
                  window: int | None = None, in_steps: bool = False) -> None:
         self.bias, self.q_pos, self.k_pos, self.key_mask = bias, q_pos, k_pos, key_mask
         self.in_steps, self.future = in_steps, {}  # consecutive positions (`consecutive`); causal() masks by size
-        self.kept: tuple[Tensor, Tensor] | None = None  # (a bias's last keys, their values) while `chunk` lends it
         self.q_len, self.k_len, self.past, self.dtype, self.window = q_len, k_len, k_len - q_len, dtype, window
         self.reversed = None
         if values is not None:
@@ -114,14 +113,15 @@ class ChunkMasks:
         return self.bias.pairs(self.q_pos[..., i0:i1].flip(-1), self.k_pos[..., k0:k1])
 
     def build(self, i0: int, i1: int, k0: int, k1: int, bias: Tensor | None = None,
-              shift: Tensor | None = None) -> Tensor:
+              shift: Tensor | None = None, kept: list | None = None) -> Tensor:
         """Mask [B|1, H|1, i1 - i0, k1 - k0] built from positions (padding, general positions, pair biases);
         `bias`: this chunk's bias when the caller has it already; `shift` [B, H, i1 - i0] (the backward's
-        log-sum-exp of each row): subtracted from each row, in the same pass as the causal mask's copy."""
+        log-sum-exp of each row): subtracted from each row, in the same pass as the causal mask's copy; `kept`: see
+        `causal`."""
         if bias is None and self.bias is not None:
             bias = self.pairs(i0, i1, k0, k1)
         if self.in_steps and self.key_mask is None and self.window is None and bias is not None:
-            return self.causal(bias.to(self.dtype), i1 - i0, k1 - k0, shift)
+            return self.causal(bias.to(self.dtype), i1 - i0, k1 - k0, shift, kept)
         q_pos = self.q_pos[..., i0:i1].flip(-1)
         rows = torch.arange(self.past + i1 - 1, self.past + i0 - 1, -1, device=q_pos.device)  # key index of itself
         allowed = visible(rows, torch.arange(k0, k1, device=q_pos.device), self.key_mask, True, self.window, q_pos,
@@ -132,19 +132,20 @@ class ChunkMasks:
         mask = bias.to(self.dtype).masked_fill(~allowed, float("-inf"))
         return mask if shift is None else mask - shift.to(self.dtype)[..., None]
 
-    def causal(self, bias: Tensor, rows: int, keys: int, shift: Tensor | None = None) -> Tensor:
+    def causal(self, bias: Tensor, rows: int, keys: int, shift: Tensor | None = None,
+               kept: list | None = None) -> Tensor:
         """The mask of a chunk of consecutive positions without padding or window (its keys: every key up to the
         chunk's last query, so keys >= rows): its bias with -inf above the diagonal of the last `rows` keys (query
         rows in reverse order: row c sees keys up to keys - 1 - c), instead of a masked_fill of every pair with a
-        mask built from positions; written into a contiguous bias itself (`chunk` gives it back), else into a copy,
-        or into bias - shift."""
+        mask built from positions; written into bias - shift, or with a `kept` list into a contiguous bias itself
+        (its last keys and their values appended to `kept`, for `chunk` to give back), else into a copy."""
         if rows not in self.future:
             self.future[rows] = torch.ones(rows, rows, dtype=torch.bool, device=bias.device).triu(1).flip(0)
         if shift is not None:
             mask = bias - shift[..., None]
-        elif bias.is_contiguous():  # the bias itself: its last `rows` keys are given back by `chunk`
+        elif kept is not None and bias.is_contiguous():
             mask = bias
-            self.kept = (bias[..., keys - rows:], bias[..., keys - rows:].clone())
+            kept.append((bias[..., keys - rows:], bias[..., keys - rows:].clone()))
         else:
             mask = bias.clone(memory_format=torch.contiguous_format)
         mask[..., keys - rows:].masked_fill_(self.future[rows], float("-inf"))
@@ -155,13 +156,12 @@ class ChunkMasks:
         """The chunk's mask (`view` or `build`) for the duration of the block. A bias that `causal` masked in place
         (no copy of the chunk's block) gets its last keys' values back at the end, so `pairs` may return a tensor
         it keeps."""
-        self.kept = None
+        kept = []
         try:
-            yield self.view(i0, i1, k0, k1) if self.reversed is not None else self.build(i0, i1, k0, k1)
+            yield self.view(i0, i1, k0, k1) if self.reversed is not None else self.build(i0, i1, k0, k1, kept=kept)
         finally:
-            if self.kept is not None:
-                self.kept[0].copy_(self.kept[1])
-                self.kept = None
+            for keys, values in kept:
+                keys.copy_(values)
 
 
 def score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
