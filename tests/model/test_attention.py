@@ -141,6 +141,29 @@ def test_the_table_path_needs_consecutive_positions(small_chunks, monkeypatch):
         assert bool(used) == table
 
 
+def test_a_bias_that_pairs_keeps_gets_its_values_back(small_chunks):
+    """The chunk's causal mask is written into the bias `pairs` returned (no copy of the block); a tensor that
+    `pairs` keeps (a cache) has its values back after each chunk's forward and backward, and the attention is
+    still the reference's."""
+    from tapecli.model.attention import ScoreBias
+
+    layer = layer_of("alibi")
+    returned = []
+
+    def keeping(q_pos, k_pos):
+        bias = layer.bias(q_pos, k_pos).contiguous()
+        returned.append((bias, bias.clone()))
+        return bias
+
+    q, k, v = qkv(Tq=12, Tk=12)
+    pos = torch.arange(12)[None]
+    got = chunked.chunked_attention(q, k, v, ScoreBias(pairs=keeping), pos, pos, None, 8 ** -0.5)
+    want = naive_attention(q, k, v, layer.bias, pos, pos)
+    assert (got - want).abs().max() <= TOL
+    assert_close(grads(got, [q, k, v]), grads(want, [q, k, v]))
+    assert len(returned) == 6 and all(torch.equal(bias, values) for bias, values in returned)  # 3 chunks, twice
+
+
 def test_fire_piecewise_bias_is_its_mlp():
     layer = layer_of("fire")
     with torch.no_grad():
@@ -177,6 +200,47 @@ def test_fire_features_of_a_chunk_read_one_table_of_distances():
     g = torch.randn_like(want)
     params = [layer.c, layer.threshold_scale]
     assert_close(torch.autograd.grad(got, params, g), torch.autograd.grad(want, params, g), 1e-12)
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fire_segments_of_a_chunk_as_runs_equal_the_search_per_pair(dtype):
+    """A chunk's segments found per row and break (`segment_runs`) are those of `torch.searchsorted` on every
+    pair's z, so the bias is the same floats as SegmentLines' (fp32 and fp64; rows with future keys, keys that
+    start past the queries' reach or after position 0, one unit that never switches: an infinite break); the
+    gradients (summed per run instead of scattered per pair) agree to rounding."""
+    gen = torch.Generator().manual_seed(0)
+    checked = 0
+    for c, threshold, q_last, rows, k_first, keys in ((0.7, 0.01, 40, 16, 0, 41), (0.1, 1.0, 700, 32, 600, 101),
+                                                      (2.0, 0.002, 30, 12, 5, 20), (0.05, 0.01, 25, 8, 30, 6)):
+        layer = layer_of("fire").to(dtype)
+        with torch.no_grad():
+            for weight in layer.mlp.parameters():
+                weight.copy_(torch.randn(weight.shape, generator=gen, dtype=dtype))
+            layer.mlp[0].weight[3] = 0
+            layer.c.fill_(c)
+            layer.threshold_scale.fill_(threshold)
+        q_pos, k_pos = torch.arange(q_last, q_last - rows, -1)[None], torch.arange(k_first, k_first + keys)[None]
+        z, diagonals = layer.normalised(q_pos, k_pos)
+        breaks, slopes, intercepts = layer.pieces()
+        ids, lengths = fire.segment_runs(*diagonals[:2], breaks, diagonals[2], keys)
+        want = torch.searchsorted(breaks, z.detach())
+        assert torch.equal(ids.repeat(rows).repeat_interleave(lengths.reshape(-1)).view_as(want), want)
+        checked += int(want.max() > want.min())
+        got, ref = fire.SegmentRuns.apply(z, slopes, intercepts, ids, lengths), fire.SegmentLines.apply(
+            z, slopes, intercepts, want)
+        assert torch.equal(got, ref)
+        g = torch.randn(got.shape, generator=gen, dtype=dtype)
+        params = list(layer.parameters())
+        tol = 1e-12 if dtype == torch.float64 else 1e-5
+        assert_close(torch.autograd.grad(got, params, g, retain_graph=True), torch.autograd.grad(ref, params, g), tol)
+    assert checked == 4  # every case crosses breaks
+    # Ties: z equal to a break stays below it, as in the search (a table |distance| for distances 6 .. -3).
+    psi, normaliser = torch.tensor([6, 5, 4, 3, 2, 1, 0, 1, 2, 3], dtype=dtype), torch.tensor([1, 2, 0.5], dtype=dtype)
+    breaks = torch.tensor([0.5, 1, 2, 3, 4, float("inf")], dtype=dtype)
+    ids, lengths = fire.segment_runs(psi, normaliser, breaks, 6, 8)
+    want = torch.searchsorted(breaks, fire.Diagonals.apply(psi, 3, 8) / normaliser[:, None])
+    assert torch.equal(ids.repeat(3).repeat_interleave(lengths.reshape(-1)).view_as(want), want)
+    assert fire.segment_runs(torch.tensor([1.0, 3.0, 2.0]), torch.ones(2), breaks.float(), 2, 2) is None
+
 
 def model_loss(model, x, mask):
     logits = model(x, attention_mask=mask)

@@ -36,6 +36,9 @@ entry of a distance table accounts for.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -109,13 +112,16 @@ class ChunkMasks:
         """The bias [B|1, H, i1 - i0, k1 - k0] of queries i1-1 .. i0 and keys k0..k1-1, unmasked."""
         return self.bias.pairs(self.q_pos[..., i0:i1].flip(-1), self.k_pos[..., k0:k1])
 
-    def build(self, i0: int, i1: int, k0: int, k1: int, bias: Tensor | None = None) -> Tensor:
+    def build(self, i0: int, i1: int, k0: int, k1: int, bias: Tensor | None = None,
+              shift: Tensor | None = None, kept: list | None = None) -> Tensor:
         """Mask [B|1, H|1, i1 - i0, k1 - k0] built from positions (padding, general positions, pair biases);
-        `bias`: this chunk's bias when the caller has it already."""
+        `bias`: this chunk's bias when the caller has it already; `shift` [B, H, i1 - i0] (the backward's
+        log-sum-exp of each row): subtracted from each row, in the same pass as the causal mask's copy; `kept`: see
+        `causal`."""
         if bias is None and self.bias is not None:
             bias = self.pairs(i0, i1, k0, k1)
         if self.in_steps and self.key_mask is None and self.window is None and bias is not None:
-            return self.causal(bias.to(self.dtype), i1 - i0, k1 - k0)
+            return self.causal(bias.to(self.dtype), i1 - i0, k1 - k0, shift, kept)
         q_pos = self.q_pos[..., i0:i1].flip(-1)
         rows = torch.arange(self.past + i1 - 1, self.past + i0 - 1, -1, device=q_pos.device)  # key index of itself
         allowed = visible(rows, torch.arange(k0, k1, device=q_pos.device), self.key_mask, True, self.window, q_pos,
@@ -123,21 +129,39 @@ class ChunkMasks:
         if self.bias is None:
             zeros = torch.zeros(allowed.shape, dtype=self.dtype, device=q_pos.device)
             return zeros.masked_fill(~allowed, float("-inf"))
-        return bias.to(self.dtype).masked_fill(~allowed, float("-inf"))
+        mask = bias.to(self.dtype).masked_fill(~allowed, float("-inf"))
+        return mask if shift is None else mask - shift.to(self.dtype)[..., None]
 
-    def causal(self, bias: Tensor, rows: int, keys: int) -> Tensor:
+    def causal(self, bias: Tensor, rows: int, keys: int, shift: Tensor | None = None,
+               kept: list | None = None) -> Tensor:
         """The mask of a chunk of consecutive positions without padding or window (its keys: every key up to the
-        chunk's last query, so keys >= rows): a copy of its bias with -inf above the diagonal of the last `rows`
-        keys (query rows in reverse order: row c sees keys up to keys - 1 - c), instead of a masked_fill of every
-        pair with a mask built from positions."""
+        chunk's last query, so keys >= rows): its bias with -inf above the diagonal of the last `rows` keys (query
+        rows in reverse order: row c sees keys up to keys - 1 - c), instead of a masked_fill of every pair with a
+        mask built from positions; written into bias - shift, or with a `kept` list into a contiguous bias itself
+        (its last keys and their values appended to `kept`, for `chunk` to give back), else into a copy."""
         if rows not in self.future:
             self.future[rows] = torch.ones(rows, rows, dtype=torch.bool, device=bias.device).triu(1).flip(0)
-        mask = bias.clone(memory_format=torch.contiguous_format)
+        if shift is not None:
+            mask = bias - shift[..., None]
+        elif kept is not None and bias.is_contiguous():
+            mask = bias
+            kept.append((bias[..., keys - rows:], bias[..., keys - rows:].clone()))
+        else:
+            mask = bias.clone(memory_format=torch.contiguous_format)
         mask[..., keys - rows:].masked_fill_(self.future[rows], float("-inf"))
         return mask
 
-    def chunk(self, i0: int, i1: int, k0: int, k1: int) -> Tensor:
-        return self.view(i0, i1, k0, k1) if self.reversed is not None else self.build(i0, i1, k0, k1)
+    @contextlib.contextmanager
+    def chunk(self, i0: int, i1: int, k0: int, k1: int) -> Iterator[Tensor]:
+        """The chunk's mask (`view` or `build`) for the duration of the block. A bias that `causal` masked in place
+        (no copy of the chunk's block) gets its last keys' values back at the end, so `pairs` may return a tensor
+        it keeps."""
+        kept = []
+        try:
+            yield self.view(i0, i1, k0, k1) if self.reversed is not None else self.build(i0, i1, k0, k1, kept=kept)
+        finally:
+            for keys, values in kept:
+                keys.copy_(values)
 
 
 def score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
@@ -147,30 +171,36 @@ def score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: T
 
 
 def probs_and_score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
-                         scale: float) -> tuple[Tensor, Tensor]:
-    """The chunk's attention weights P and dS (`score_grad`), fp32 at least."""
+                         scale: float, shifted: bool = False) -> tuple[Tensor, Tensor]:
+    """The chunk's attention weights P and dS (`score_grad`), fp32 at least. Each is one batched matmul over the
+    (batch, key head) pairs with its query heads' rows stacked, P's adding mask - lse in the same call
+    (`baddbmm`), then one pass (exp; the row term and the product with P, in place). `shifted`: the mask is
+    mask - lse already (`ChunkMasks.build` with `shift`)."""
     B, H, C, d = q.shape
-    G = k.shape[1]
+    G, K = k.shape[1], k.shape[2]
     compute = torch.promote_types(q.dtype, torch.float32)
     q, k, v, do, out = (t.to(compute) for t in (q, k, v, do, out))
-    grouped = (B, G, H // G)
-    scores = (q.view(*grouped, C, d) @ k.unsqueeze(2).transpose(-1, -2)).view(B, H, C, -1) * scale + mask
-    probs = (scores - lse.to(compute)[..., None]).exp_()
-    dp = (do.view(*grouped, C, -1) @ v.unsqueeze(2).transpose(-1, -2)).view(B, H, C, -1)
-    return probs, probs * dp.sub_((do * out).sum(-1, keepdim=True))
+    stacked = (B * G, H // G * C)  # [B, G, H / G, C] rows: the layout of [B, H, C]
+    offset = mask.to(compute) if shifted else mask.to(compute) - lse.to(compute)[..., None]
+    offset = offset.expand(B, H, C, K).reshape(*stacked, K)
+    probs = torch.baddbmm(offset, q.reshape(*stacked, d), k.reshape(B * G, K, d).transpose(-1, -2), alpha=scale)
+    probs = probs.exp_().view(B, H, C, K)
+    dp = torch.bmm(do.reshape(*stacked, -1), v.reshape(B * G, K, -1).transpose(-1, -2)).view(B, H, C, K)
+    return probs, dp.sub_((do * out).sum(-1, keepdim=True)).mul_(probs)
 
 
 def input_grads(q: Tensor, k: Tensor, v: Tensor, do: Tensor, probs: Tensor, ds: Tensor,
                 scale: float) -> tuple[Tensor, Tensor, Tensor]:
     """The chunk's dq [B, H, C, d], dk, dv [B, G, K, d] from its P and dS: the kernel's backward by hand, for chunks
-    whose P and dS exist anyway (a learned pair bias needs dS)."""
+    whose P and dS exist anyway (a learned pair bias needs dS). One batched matmul each, with the rows of a key
+    head's query heads stacked (dk and dv sum over them inside the matmul)."""
     B, H, C, d = q.shape
     G, K = k.shape[1], k.shape[2]
-    grouped = (B, G, H // G, C)
-    ds, probs = ds.view(*grouped, K), probs.view(*grouped, K)
-    dq = (ds @ k.to(ds.dtype).unsqueeze(2)).view(B, H, C, d) * scale
-    dk = (ds.transpose(-1, -2) @ q.to(ds.dtype).view(*grouped, d)).sum(2) * scale
-    dv = (probs.transpose(-1, -2) @ do.to(ds.dtype).view(*grouped, -1)).sum(2)
+    stacked = (B * G, H // G * C)
+    ds, probs = ds.reshape(*stacked, K), probs.reshape(*stacked, K)
+    dq = torch.bmm(ds, k.to(ds.dtype).reshape(B * G, K, d)).view(B, H, C, d).mul_(scale)
+    dk = torch.bmm(ds.transpose(-1, -2), q.to(ds.dtype).reshape(*stacked, d)).view(B, G, K, d).mul_(scale)
+    dv = torch.bmm(probs.transpose(-1, -2), do.to(ds.dtype).reshape(*stacked, -1)).view(B, G, K, -1)
     return dq, dk, dv
 
 
@@ -213,9 +243,9 @@ class ChunkedAttention(torch.autograd.Function):
         for i0, k0 in zip(chunks, firsts, strict=True):
             i1 = min(i0 + rows, Tq)
             kend = past + i1
-            o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q[:, :, i0:i1].flip(2), k[:, :, k0:kend], v[:, :, k0:kend], attn_mask=masks.chunk(i0, i1, k0, kend),
-                scale=scale)
+            with masks.chunk(i0, i1, k0, kend) as mask:
+                o, m = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q[:, :, i0:i1].flip(2), k[:, :, k0:kend], v[:, :, k0:kend], attn_mask=mask, scale=scale)
             if sinks is not None:
                 o, m = rescale(o, m, sinks)
             out[:, :, i0:i1] = o.flip(2)
@@ -248,17 +278,16 @@ class ChunkedAttention(torch.autograd.Function):
             if pairs_grad:  # the chunk's bias, with its graph to the parameters, serves the mask too
                 with torch.enable_grad():
                     bias = masks.pairs(i0, i1, k0, kend)
-                mask = masks.build(i0, i1, k0, kend, bias.detach())
-            else:
-                mask = masks.chunk(i0, i1, k0, kend)
-            if pairs_grad:  # dS is needed for the bias: P and dS give dq, dk, dv too
-                probs, ds = probs_and_score_grad(q_c, k_c, v_c, mask, do_c, o_c, l_c, scale)
+                offset = masks.build(i0, i1, k0, kend, bias.detach(), shift=l_c)  # mask - lse
+                # dS is needed for the bias: P and dS give dq, dk, dv too
+                probs, ds = probs_and_score_grad(q_c, k_c, v_c, offset, do_c, o_c, l_c, scale, shifted=True)
                 g_q, g_k, g_v = input_grads(q_c, k_c, v_c, do_c, probs, ds, scale)
                 del probs
                 pairs_grads(d_parameters, parameters, bias, ds)
             else:
-                g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    do_c, q_c, k_c, v_c, o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
+                with masks.chunk(i0, i1, k0, kend) as mask:
+                    g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                        do_c, q_c, k_c, v_c, o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
             dq[:, :, i0:i1] = g_q.flip(2)
             dk[:, :, k0:kend] += g_k
             dv[:, :, k0:kend] += g_v
@@ -292,7 +321,7 @@ def pairs_grads(d_parameters: list[Tensor | None], parameters: list[Tensor], bia
     """Pull dS of one chunk back through its bias (built by `ScoreBias.pairs` with autograd) to the tensors it
     reads."""
     wanted = [i for i, g in enumerate(d_parameters) if g is not None]
-    ds = ds.sum(0, keepdim=True) if bias.shape[0] == 1 else ds
+    ds = ds.sum(0, keepdim=True) if bias.shape[0] == 1 < ds.shape[0] else ds  # (a sum over one row is a copy)
     grads = torch.autograd.grad(bias, [parameters[i] for i in wanted], ds.to(bias.dtype), allow_unused=True)
     for i, g in zip(wanted, grads, strict=True):
         if g is not None:

@@ -113,7 +113,8 @@ def probed_attention(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_
         end, C = past + i1, i1 - i0  # the keys the chunk's last query sees
         backwards = (q[:, :, i0:i1].flip(2).to(compute) * scale).view(B, G, H // G, C, d)
         scores = (backwards @ keys[..., :end, :].transpose(-1, -2)).view(B, H, C, end)
-        scores = scores + masks.chunk(i0, i1, 0, end)
+        with masks.chunk(i0, i1, 0, end) as mask:
+            scores = scores + mask
         if sinks is not None:  # the sink's column joins the softmax, then leaves
             column = sinks.to(compute)[None, :, None, None].expand(B, H, C, 1)
             weights = torch.cat((scores, column), -1).softmax(-1)[..., :-1].flip(2)

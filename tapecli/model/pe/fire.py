@@ -1,6 +1,12 @@
 """FIRE (Li et al. 2024): a learned per-layer bias b_h(i, j) = f_h( psi(i - j) / (psi(max(i, L)) + eps) ) with
 psi(z) = log(|c z| + 1) and f a small MLP (1 -> hidden -> heads). c and L are learned (init 0.1 and threshold).
 
+f is piecewise linear in z (its breaks are where hidden units switch), so the bias of a pair is one multiply-add
+with its segment's slope and intercept (`FIRELayer.piecewise_bias`). On the chunked path (a chunk's queries latest
+first, its keys in order) psi is computed once per distance and read as diagonals (`Diagonals`), and each row's
+segments are runs of keys found once per row and break (`segment_runs`), their lines read and their gradients
+summed run by run (`SegmentRuns`); other positions search every pair (`SegmentLines`). Both give the same bias.
+
 pe_args:
   hidden      width of f (32)
   init_c      initial c (0.1)
@@ -52,6 +58,86 @@ class SegmentLines(torch.autograd.Function):
         d_slopes = per_segment(grad * z) if ctx.needs_input_grad[1] else None
         d_intercepts = per_segment(grad) if ctx.needs_input_grad[2] else None
         return d_z, d_slopes, d_intercepts, None
+
+
+class SegmentRuns(torch.autograd.Function):
+    """`SegmentLines` for rows whose segments are runs of consecutive keys (`segment_runs`): each pair's segment
+    is written run by run (`repeat_interleave`, no search), its line read with one `gather` of the [2H, segments]
+    table, and the backward sums each run with `segment_reduce` (contiguous runs: no scatter over every pair),
+    then each segment over its runs.
+    `ids` [runs per row] is the segment of each run, `lengths` [rows, runs per row] its number of keys."""
+
+    @staticmethod
+    def forward(ctx, z: Tensor, slopes: Tensor, intercepts: Tensor, ids: Tensor, lengths: Tensor) -> Tensor:
+        heads, rows = slopes.shape[0], lengths.shape[0]
+        segment = ids.repeat(rows).repeat_interleave(lengths.reshape(-1), output_size=z.numel())  # of each pair
+        lines = torch.cat((slopes, intercepts)).gather(1, segment.expand(2 * heads, -1)).view(2, heads, *z.shape)
+        ctx.save_for_backward(z, lines[0], ids, lengths)
+        ctx.segments = slopes.shape[1]
+        return torch.addcmul(lines[1], lines[0], z)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        z, per_pair, ids, lengths = ctx.saved_tensors
+        heads, rows = per_pair.shape[0], lengths.shape[0]
+        runs = lengths.reshape(1, -1).expand(heads, -1).contiguous()
+
+        def per_segment(values: Tensor) -> Tensor:
+            per_run = torch.segment_reduce(values.reshape(heads, -1), "sum", lengths=runs, axis=1)
+            return values.new_zeros(heads, ctx.segments).index_add_(1, ids, per_run.view(heads, rows, -1).sum(1))
+
+        d_z = (grad * per_pair).sum(0) if ctx.needs_input_grad[0] else None
+        d_slopes = per_segment(grad * z) if ctx.needs_input_grad[1] else None
+        d_intercepts = per_segment(grad) if ctx.needs_input_grad[2] else None
+        return d_z, d_slopes, d_intercepts, None, None
+
+
+def break_points(normaliser: Tensor, breaks: Tensor) -> Tensor | None:
+    """theta [R, U]: the largest float x with x / normaliser[r] <= breaks[u] (float division, as `features`
+    divides), so that psi / normaliser[r] > breaks[u] exactly when psi > theta (x -> x / n is monotone for n > 0).
+    Starts from breaks x normaliser and steps by one float; None where that does not settle within a few steps."""
+    n, b = normaliser[:, None], breaks[None, :]
+    up, down = torch.tensor(float("inf"), dtype=n.dtype), torch.tensor(float("-inf"), dtype=n.dtype)
+    x = b * n
+    for _ in range(4):
+        x = torch.where(x / n > b, torch.nextafter(x, down), x)
+    for _ in range(4):
+        step = torch.nextafter(x, up)
+        x = torch.where(step / n <= b, step, x)
+    settled = (x / n <= b) & ((torch.nextafter(x, up) / n > b) | (x == up))
+    return x if bool(settled.all()) else None
+
+
+def segment_runs(psi: Tensor, normaliser: Tensor, breaks: Tensor, largest: int, keys: int) -> tuple | None:
+    """Each pair's segment (`torch.searchsorted(breaks, z)`, the number of breaks below z) as runs of keys, for
+    the [R, K] block that `Diagonals` reads from psi (entry t at distance largest - t; row r, key j at t = r + j)
+    divided by normaliser [R]. In a row z falls with the distance down to 0, then rises again (future keys,
+    masked by attention but given their bias all the same), so each row is at most 2 (U + 1) runs of one segment:
+    the first key of each is found per (row, break) with `break_points` and one searchsorted over the 1-D table,
+    never per pair. The same segments as searching every pair, as long as psi is monotone in |distance| on each
+    side of 0 (checked; None otherwise, and for dtypes without exact steps). Returns (ids [2(U+1)], lengths
+    [R, 2(U+1)]): the segment of each run, past runs first (segments U..0), then future ones (0..U)."""
+    if psi.dtype not in (torch.float32, torch.float64):
+        return None
+    past = min(max(largest + 1, 0), psi.shape[0])  # entries at distances >= 0, the largest first
+    near, far = psi[:past].flip(0), psi[past:]  # psi by |distance|, ascending on each side
+    if not (bool((near[1:] >= near[:-1]).all()) and bool((far[1:] >= far[:-1]).all())):
+        return None
+    theta = break_points(normaliser, breaks)
+    if theta is None:
+        return None
+    rows = torch.arange(normaliser.shape[0], device=psi.device)[:, None]
+    seen = (past - rows).clamp(0, keys)  # keys at distances >= 0 in each row
+    # Past keys (j < seen): segment >= u + 1 where j <= past - 1 - r - (entries of near <= theta_u).
+    above = (past - rows - torch.searchsorted(near, theta, right=True)).clamp(min=0).minimum(seen)
+    edges = torch.cat((seen, above, torch.zeros_like(seen)), 1)  # [R, U + 2], falling
+    falling = (edges[:, :-1] - edges[:, 1:]).flip(1)  # runs of segments U .. 0
+    # Future keys (j >= seen): segment <= u where j < past - r + (entries of far <= theta_u).
+    below = (past - rows + torch.searchsorted(far, theta, right=True)).clamp(max=keys).maximum(seen) - seen
+    edges = torch.cat((torch.zeros_like(seen), below, keys - seen), 1)  # rising
+    rising = edges[:, 1:] - edges[:, :-1]  # runs of segments 0 .. U
+    segments = torch.arange(breaks.shape[0] + 1, device=psi.device)
+    return torch.cat((segments.flip(0), segments)), torch.cat((falling, rising), 1)
 
 
 class Diagonals(torch.autograd.Function):
@@ -114,19 +200,24 @@ class FIRELayer(LayerPE):
 
     def features(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """z = psi(i - j) / (psi(max(i, L)) + eps), [B|1, Tq, Tk], for positions [B|1, Tq] and [B|1, Tk]."""
+        return self.normalised(q_pos, k_pos)[0]
+
+    def normalised(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, tuple | None]:
+        """`features`, and for positions in steps (`steps_apart`) what `segment_runs` reads: (psi per distance
+        [Tq + Tk - 1], largest first; the normaliser [Tq]; the largest distance); None otherwise."""
         dtype = self.c.dtype  # fp32, or fp64 in an fp64 model
+        threshold = torch.abs(self.threshold_scale * self.threshold)
+        normaliser = self.psi(torch.maximum(q_pos.to(dtype), threshold))[..., :, None] + EPS
         if steps_apart(q_pos, k_pos):
             # psi of each distance once (a 1-D table, from the largest distance down), read as [Tq, Tk] diagonals:
             # the same floats as psi(i - j) computed per pair.
             Tq, Tk = q_pos.shape[-1], k_pos.shape[-1]
-            largest = q_pos[0, 0] - k_pos[0, 0]
-            distances = largest - torch.arange(Tq + Tk - 1, device=q_pos.device)
-            psi = Diagonals.apply(self.psi(distances.to(dtype)), Tq, Tk)[None]
-        else:
-            psi = self.psi((q_pos[..., :, None] - k_pos[..., None, :]).to(dtype))  # [B, Tq, Tk]
-        threshold = torch.abs(self.threshold_scale * self.threshold)
-        normaliser = self.psi(torch.maximum(q_pos.to(dtype), threshold))[..., :, None] + EPS
-        return psi / normaliser
+            largest = int(q_pos[0, 0] - k_pos[0, 0])
+            table = self.psi((largest - torch.arange(Tq + Tk - 1, device=q_pos.device)).to(dtype))
+            z = Diagonals.apply(table, Tq, Tk)[None] / normaliser
+            return z, (table.detach(), normaliser.detach()[0, :, 0], largest)
+        psi = self.psi((q_pos[..., :, None] - k_pos[..., None, :]).to(dtype))  # [B, Tq, Tk]
+        return psi / normaliser, None
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The definition: f = the MLP, applied to every pair's z. [B|1, H, Tq, Tk]."""
@@ -150,9 +241,14 @@ class FIRELayer(LayerPE):
 
     def piecewise_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """`bias` without the [.., hidden] activation: each pair's segment, then one multiply-add per head
-        (equal to the MLP up to float rounding, and so are its gradients). [B|1, H, Tq, Tk]."""
-        z = self.features(q_pos, k_pos)
+        (equal to the MLP up to float rounding, and so are its gradients). [B|1, H, Tq, Tk]. For positions in
+        steps (a chunk of the chunked path) the segments are runs of keys found per row (`segment_runs`, the
+        same segments as a search per pair), else searched per pair."""
+        z, diagonals = self.normalised(q_pos, k_pos)
         breaks, slopes, intercepts = self.pieces()
+        runs = None if diagonals is None else segment_runs(*diagonals[:2], breaks, diagonals[2], z.shape[-1])
+        if runs is not None:
+            return SegmentRuns.apply(z, slopes, intercepts, *runs).transpose(0, 1)  # [H, 1, ..] -> [1, H, ..]
         segment = torch.searchsorted(breaks, z.detach())
         return SegmentLines.apply(z, slopes, intercepts, segment).transpose(0, 1)  # [H, B|1, ..] -> [B|1, H, ..]
 
