@@ -12,9 +12,9 @@ machine, wall time also counts the others), all in this process:
   rope   SDPA's fused causal kernel, forward + backward: the reference
   tape   the same kernel over [V | E]: values twice as wide, queries and keys zero-padded to that width (the fused
          CPU kernel wants equal widths; SDPA's math path takes unequal ones but materialises every score)
-  fire   RoPE's attention, plus per pair: the segment of the pair's normalised distance in the MLP's breakpoints
-         (searchsorted over keys sorted by distance, as FIRE's are) and one exp (the learned bias needs its score
-         gradient dS = P (dP - rowsum(dO O)), so P is formed once more in the backward)
+  fire   RoPE's attention, plus per pair: the value of the MLP's piecewise-linear line at the pair's normalised
+         distance (one multiply-add; the segments are found per row of keys, not per pair) and one exp (the learned
+         bias needs its score gradient dS = P (dP - rowsum(dO O)), so P is formed once more in the backward)
   cope   RoPE's attention, plus per pair: the gate sigmoid(q.k), the running sum of the gates (cumsum) and one exp
          (the softmax over logits that are not q.k plus a fixed bias, so materialised)
 
@@ -64,12 +64,12 @@ def main() -> None:
 
     rows = P // T  # the pairs as [rows, T]: a row of keys per query, as the chunked paths hold them
     distance = torch.linspace(0, 1, T).expand(rows, T).contiguous()  # sorted along each row, like FIRE's inputs
-    breaks = torch.linspace(0, 1, 33)
+    slope, intercept = torch.randn(rows, 1), torch.randn(rows, 1)
     scores = torch.randn(rows, T)
     pieces = {
         "rope: attention (SDPA, fwd + bwd)": lambda: attention(q, k, v),
         "tape: attention over [V | E] (padded, fwd + bwd)": lambda: attention(pad(q), pad(k), wide, scale=d ** -0.5),
-        "fire: searchsorted per pair": lambda: torch.searchsorted(breaks, distance),
+        "fire: a line's multiply-add per pair": lambda: torch.addcmul(intercept, slope, distance),
         "fire, cope: exp per pair": lambda: torch.exp(scores),
         "cope: sigmoid per pair": lambda: torch.sigmoid(scores),
         "cope: cumsum along the keys": lambda: torch.cumsum(scores, -1),
