@@ -10,6 +10,9 @@ rebuilt, one chunk at a time, in the backward, so nothing of size [Tq, Tk] per h
 gradients the chunks simply run one after another, the last (widest) first: each later chunk's temporaries then fit
 in memory the allocator already holds (in order, every chunk asks for slightly more than any freed block, and the
 process's resident memory grows with the sum of all chunks, ~1 GiB at 16K tokens, instead of the largest).
+Every half second of chunks, forward and recomputation alike, glibc's freed heap pages go back to the system (heap.py):
+without that the small tensors each chunk keeps pin the freed temporaries, and the heap grows with the number of
+chunks.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
+
+from tapecli.model.attention.heap import trimming
 
 SCORE_ELEMENTS = 1 << 21  # [B, H, chunk, Tk] elements per chunk: each of a chunk's few temporaries is 8 MiB in fp32
 
@@ -36,6 +41,8 @@ def by_query_chunks(fn: Callable[[int, int], Tensor], q_len: int, rows: int) -> 
     in the backward when gradients are recorded."""
     grad = torch.is_grad_enabled()
     starts = range(0, q_len, rows)
+    if len(starts) > 1:
+        fn = trimming(fn)
     outputs = []
     for i0 in starts if grad else reversed(starts):
         i1 = min(i0 + rows, q_len)
