@@ -184,18 +184,18 @@ def test_cope_training_function_gives_the_gradients_of_the_plain_formulas(monkey
     and a temperature."""
     from tapecli.model import attention
     from tapecli.model.attention import recompute
-    from tapecli.model.pe import cope
+    from tapecli.model.pe import cope_ops
 
     layer, q, k, v, mask, temperature = cope_case(case)
     monkeypatch.setattr(recompute, "SCORE_ELEMENTS", 2 * 4 * k.shape[2] * 5)
-    seen, logits = [], cope.chunk_logits
+    seen, logits = [], cope_ops.chunk_logits
 
     def recorded(*args):
         out = logits(*args)
         seen.append((out[0].shape[-1], out[2], len(out[1])))
         return out
 
-    monkeypatch.setattr(cope, "chunk_logits", recorded)
+    monkeypatch.setattr(cope_ops, "chunk_logits", recorded)
     inputs = [t.clone().requires_grad_() for t in (q, k, v)] + [layer.pos_emb]
     grad = torch.randn(2, 4, q.shape[2], 8, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
 
@@ -216,7 +216,7 @@ def test_cope_training_function_gives_the_gradients_of_the_plain_formulas(monkey
 
 def test_cope_training_function_passes_gradcheck():
     """`CoPEAttention` against finite differences (fp64), positions clamped at npos_max = 3 after a few keys."""
-    from tapecli.model.pe.cope import CoPEAttention, Hidden
+    from tapecli.model.pe.cope_ops import CoPEAttention, Hidden
 
     gen = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(1, 2, 9, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3))
