@@ -126,6 +126,30 @@ def test_t5_table_gradients_cover_distances_past_max_distance(small_chunks):
     assert (expected[3][-1].abs() > 1e-3).all()  # the far bucket really carries gradient
 
 
+@pytest.mark.parametrize("band_rows", [1, 2, 3])
+@pytest.mark.parametrize(("Tq", "Tk", "window"), [(23, 23, None), (19, 22, None), (23, 23, 4)])
+def test_t5_table_gradients_from_blocks_of_the_band(small_chunks, monkeypatch, band_rows, Tq, Tk, window):
+    """The table's gradient scores only the band: blocks of `BAND_ROWS` queries, each over the m - 2 keys before it
+    (zeros before key 0, masked) and its own. Blocks smaller than a chunk and a last, shorter block, from the first
+    query on or after a KV cache, with grouped heads and with a window: the naive gradient."""
+    monkeypatch.setattr(chunked, "BAND_ROWS", band_rows)
+    layer = layer_of("t5", pe_args={"num_buckets": 8, "max_distance": 6})
+    q, k, v = qkv(Tq=Tq, Tk=Tk)
+    k_pos = torch.arange(Tk)[None]
+    q_pos = k_pos[:, Tk - Tq:]
+    weight = layer.relative_attention_bias.weight
+
+    def windowed(q_pos, k_pos):
+        bias = layer.bias(q_pos, k_pos)
+        far = q_pos[..., :, None] - k_pos[..., None, :] >= (window or Tk)
+        return bias.masked_fill(far[:, None], float("-inf"))
+
+    got = chunked.chunked_attention(q, k, v, layer.need(None, False), q_pos, k_pos, None, 8 ** -0.5, window=window)
+    want = naive_attention(q, k, v, windowed, q_pos, k_pos)
+    assert (got - want).abs().max() <= TOL
+    assert_close(grads(got, [q, k, v, weight]), grads(want, [q, k, v, weight]))
+
+
 def test_the_table_path_needs_consecutive_positions(small_chunks, monkeypatch):
     """ALiBi's table view is used for consecutive positions only; with a gap it builds each chunk from pairs."""
     layer = layer_of("alibi")

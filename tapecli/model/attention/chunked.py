@@ -23,8 +23,10 @@ positions that are not consecutive, FIRE) each chunk's mask is built from `Score
 positions.
 
 Gradients of the bias: for a table (T5's learned buckets) only distances below its last entry need the score
-gradient dS = P (dP - rowsum(dO * O)), on a band of keys per chunk; the last entry, which stands for every longer
-distance, gets minus the band's sum (each row of dS sums to zero: softmax is shift-invariant). Any other learned
+gradient dS = P (dP - rowsum(dO * O)), on the band of those distances: blocks of `BAND_ROWS` queries, each scored
+over the keys from m - 2 before it to its last query only, each distance's entries summed as one column of a strided
+view of dS (once per distance, not per pair); the last entry, which stands for every longer distance, gets minus
+the band's sum (each row of dS sums to zero: softmax is shift-invariant). Any other learned
 bias (FIRE) gets dS on all visible keys of the chunk, pulled back through `pairs` by autograd; those chunks take dq,
 dk and dv from the same P and dS (`input_grads`) instead of also running the kernel's backward.
 
@@ -48,6 +50,7 @@ from tapecli.model.attention.sinks import rescale, sink_grad
 
 CHUNK_ELEMENTS = 1 << 23  # mask / score elements per chunk (B x H x C x Tk): 32 MiB in fp32
 PAIRS_ELEMENTS = 1 << 21  # the same when each chunk's bias is built from pairs (several temporaries of that size)
+BAND_ROWS = 64  # queries per block of `band_grad`: each block scores its rows x (rows + band) keys
 
 
 def kernel_available() -> bool:
@@ -164,17 +167,12 @@ class ChunkMasks:
                 keys.copy_(values)
 
 
-def score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
-               scale: float) -> Tensor:
-    """dS = P (dP - rowsum(dO * O)) [B, H, C, K] for queries q [B, H, C, d] and keys k, v [B, G, K, d]."""
-    return probs_and_score_grad(q, k, v, mask, do, out, lse, scale)[1]
-
-
 def probs_and_score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
                          scale: float, shifted: bool = False) -> tuple[Tensor, Tensor]:
-    """The chunk's attention weights P and dS (`score_grad`), fp32 at least. Each is one batched matmul over the
-    (batch, key head) pairs with its query heads' rows stacked, P's adding mask - lse in the same call
-    (`baddbmm`), then one pass (exp; the row term and the product with P, in place). `shifted`: the mask is
+    """The chunk's attention weights P and dS = P (dP - rowsum(dO * O)) [B, H, C, K] for queries q [B, H, C, d]
+    and keys k, v [B, G, K, d], fp32 at least. Each is one batched matmul over the (batch, key head) pairs with its
+    query heads' rows stacked, P's adding mask - lse in the same call (`baddbmm`), then one pass (exp; the row term
+    and the product with P, in place). `shifted`: the mask is
     mask - lse already (`ChunkMasks.build` with `shift`)."""
     B, H, C, d = q.shape
     G, K = k.shape[1], k.shape[2]
@@ -264,6 +262,8 @@ class ChunkedAttention(torch.autograd.Function):
         table_grad = values is not None and ctx.needs_input_grad[3]
         pairs_grad = any(ctx.needs_input_grad[7:])
         d_values = torch.zeros_like(values) if table_grad else None
+        band = band_mask(values, BAND_ROWS, masks.window, torch.promote_types(q.dtype, torch.float32)) if table_grad \
+            else None
         d_sinks = None if sinks is None else torch.zeros(
             sinks.shape, dtype=torch.promote_types(sinks.dtype, torch.float32), device=sinks.device)
         d_parameters = [torch.zeros_like(p) if ctx.needs_input_grad[7 + i] else None for i, p in enumerate(parameters)]
@@ -292,29 +292,81 @@ class ChunkedAttention(torch.autograd.Function):
             dk[:, :, k0:kend] += g_k
             dv[:, :, k0:kend] += g_v
             if table_grad:
-                band_grad(d_values, q_c, k, v, do_c, o_c, l_c, masks, i0, i1, scale, d_sink)
+                band_grad(d_values, q, k, v, grad_out, out, lse, band, past, i0, i1, scale, d_sink)
         d_sinks = None if d_sinks is None else d_sinks.to(sinks.dtype)
         return dq, dk, dv, d_values, d_sinks, None, None, *d_parameters
 
 
-def band_grad(d_values: Tensor, q_c: Tensor, k: Tensor, v: Tensor, do_c: Tensor, o_c: Tensor, l_c: Tensor,
-              masks: ChunkMasks, i0: int, i1: int, scale: float, d_sink: Tensor | None = None) -> None:
-    """Add this chunk's gradient of a distance table [H, m]: dS summed per distance 0..m-2 over the band of keys
-    that close, and minus that total to entry m-1 (every row of dS sums to zero; with sinks, `d_sink` [H] is the
-    chunk's sum of the sink's column, which the real keys' rows sum to minus)."""
+def band_mask(values: Tensor, rows: int, window: int | None, dtype: torch.dtype) -> Tensor:
+    """[H, rows, rows + m - 2]: the mask of a block of `rows` consecutive queries (in order) over the keys from
+    m - 2 before its first query to its last one, for a distance table [H, m]: row r, column j at distance
+    m - 2 + r - j (-inf in the future and from the window on). The same for every block."""
+    m = values.shape[-1]
+    distance = (m - 2) + torch.arange(rows, device=values.device)[:, None] - torch.arange(
+        rows + m - 2, device=values.device)
+    hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)
+    return values.detach().to(dtype)[:, distance.clamp(0, m - 1)].masked_fill(hidden, float("-inf"))
+
+
+def band_grad(d_values: Tensor, q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, out: Tensor, lse: Tensor,
+              mask: Tensor, past: int, i0: int, i1: int, scale: float, d_sink: Tensor | None = None) -> None:
+    """Add the gradient of a distance table [H, m] from queries i0..i1-1 (in order; `mask` is `band_mask`): dS
+    summed per distance 0..m-2, and minus that total to entry m-1 (every row of dS sums to zero; with sinks,
+    `d_sink` [H] is the chunk's sum of the sink's column, which the real keys' rows sum to minus).
+    Only the band is scored: the queries in blocks of `BAND_ROWS`, each over the m - 2 keys before it and its
+    own (one batched matmul per product over every block), and each distance's entries read as a column of a
+    strided view of dS (entry (r, r + u) is distance m - 2 - u), so the sum per distance is one reduction."""
     m = d_values.shape[-1]
-    past = masks.past
-    k0, k1 = max(0, past + i0 - (m - 2)), past + i1
-    ds = score_grad(q_c, k[:, :, k0:k1], v[:, :, k0:k1], masks.view(i0, i1, k0, k1), do_c, o_c, l_c, scale)
-    # Row c (reversed) is query past + i1 - 1 - c; the key at distance t sits at column past + i1 - 1 - c - t - k0.
-    rows = torch.arange(ds.shape[2], device=ds.device)[:, None]
-    column = (past + i1 - 1 - k0) - rows - torch.arange(m - 1, device=ds.device)
-    band = ds.gather(-1, column.clamp(min=0).expand(*ds.shape[:2], -1, -1)) * (column >= 0)
-    per_distance = band.sum((0, 2)).to(d_values.dtype)  # [H, m - 1]
-    d_values[:, :-1] += per_distance
-    d_values[:, -1] -= per_distance.sum(-1)
+    if m > 1:
+        per_distance = 0
+        rows = min(BAND_ROWS, i1 - i0)
+        whole = (i1 - i0) // rows * rows
+        for a, b in ((i0, i0 + whole), (i0 + whole, i1)):
+            if b > a:
+                s = rows if b - a >= rows else b - a
+                per_distance = per_distance + band_sums(q, k, v, grad_out, out, lse, mask[:, :s, :s + m - 2],
+                                                        past, a, b, s, scale)
+        per_distance = per_distance.to(d_values.dtype)  # [H, m - 1]
+        d_values[:, :-1] += per_distance
+        d_values[:, -1] -= per_distance.sum(-1)
     if d_sink is not None:
         d_values[:, -1] -= d_sink.to(d_values.dtype)
+
+
+def band_sums(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, out: Tensor, lse: Tensor, mask: Tensor,
+              past: int, a: int, b: int, rows: int, scale: float) -> Tensor:
+    """dS summed per distance 0..D-1 [H, D] (D = mask.shape[-1] - rows + 1) over queries a..b-1, in blocks of
+    `rows` (b - a a multiple of it): block n's keys are the D - 1 before its first query and its own."""
+    B, H, _, d = q.shape
+    G = k.shape[1]
+    D = mask.shape[-1] - rows + 1
+    blocks, keys = (b - a) // rows, mask.shape[-1]
+    compute = torch.promote_types(q.dtype, torch.float32)
+    first = past + a - (D - 1)  # the first key of the first block; before key 0 the keys are zeros, masked below
+    k_c, v_c = (t[:, :, max(0, first):past + b].to(compute) for t in (k, v))
+    if first < 0:
+        k_c, v_c = (torch.cat((t.new_zeros(B, G, -first, t.shape[-1]), t), 2) for t in (k_c, v_c))
+
+    def windows(t: Tensor) -> Tensor:  # [B * H * blocks, keys, d]: block n's keys, shared by a key head's queries
+        s = t.stride()
+        view = t.as_strided((B, G, 1, blocks, keys, t.shape[-1]), (s[0], s[1], 0, rows * s[2], s[2], s[3]))
+        return view.expand(B, G, H // G, blocks, keys, t.shape[-1]).reshape(B * H * blocks, keys, t.shape[-1])
+
+    def per_block(t: Tensor) -> Tensor:  # queries a..b-1 of [B, H, T, ...] as [B * H * blocks, rows, ...]
+        return t[:, :, a:b].to(compute).reshape(B * H * blocks, rows, *t.shape[3:])
+
+    q_b, do_b, l_b = per_block(q), per_block(grad_out), per_block(lse)
+    term = (do_b * per_block(out)).sum(-1, keepdim=True)  # rowsum(dO * O)
+    offset = mask.to(compute)[None, :, None] - l_b.view(B, H, blocks, rows, 1)
+    probs = offset.view(-1, rows, keys).baddbmm_(q_b, windows(k_c).transpose(-1, -2), alpha=scale).exp_()
+    ds = torch.bmm(do_b, windows(v_c).transpose(-1, -2)).sub_(term).mul_(probs).view(B, H, blocks, rows, keys)
+    for n in range(blocks):  # the zero keys before key 0 (the first blocks of the sequence only)
+        before = -(first + n * rows)
+        if before <= 0:
+            break
+        ds[:, :, n, :, :before] = 0
+    band = ds.as_strided((B, H, blocks, rows, D), (*ds.stride()[:3], keys + 1, 1))  # (r, u): distance D - 1 - u
+    return band.sum((0, 2, 3)).flip(-1)
 
 
 def pairs_grads(d_parameters: list[Tensor | None], parameters: list[Tensor], bias: Tensor, ds: Tensor) -> None:
