@@ -261,7 +261,7 @@ def test_fire_segments_of_a_chunk_as_runs_equal_the_search_per_pair(dtype):
     psi, normaliser = torch.tensor([6, 5, 4, 3, 2, 1, 0, 1, 2, 3], dtype=dtype), torch.tensor([1, 2, 0.5], dtype=dtype)
     breaks = torch.tensor([0.5, 1, 2, 3, 4, float("inf")], dtype=dtype)
     ids, lengths = fire.segment_runs(psi, normaliser, breaks, 6, 8)
-    want = torch.searchsorted(breaks, fire.Diagonals.apply(psi, 3, 8) / normaliser[:, None])
+    want = torch.searchsorted(breaks, fire.Diagonals.apply(psi, normaliser[:, None], 3, 8))
     assert torch.equal(ids.repeat(3).repeat_interleave(lengths.reshape(-1)).view_as(want), want)
     assert fire.segment_runs(torch.tensor([1.0, 3.0, 2.0]), torch.ones(2), breaks.float(), 2, 2) is None
 

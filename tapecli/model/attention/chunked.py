@@ -116,15 +116,13 @@ class ChunkMasks:
         return self.bias.pairs(self.q_pos[..., i0:i1].flip(-1), self.k_pos[..., k0:k1])
 
     def build(self, i0: int, i1: int, k0: int, k1: int, bias: Tensor | None = None,
-              shift: Tensor | None = None, kept: list | None = None) -> Tensor:
+              kept: list | None = None) -> Tensor:
         """Mask [B|1, H|1, i1 - i0, k1 - k0] built from positions (padding, general positions, pair biases);
-        `bias`: this chunk's bias when the caller has it already; `shift` [B, H, i1 - i0] (the backward's
-        log-sum-exp of each row): subtracted from each row, in the same pass as the causal mask's copy; `kept`: see
-        `causal`."""
+        `bias`: this chunk's bias when the caller has it already; `kept`: see `causal`."""
         if bias is None and self.bias is not None:
             bias = self.pairs(i0, i1, k0, k1)
-        if self.in_steps and self.key_mask is None and self.window is None and bias is not None:
-            return self.causal(bias.to(self.dtype), i1 - i0, k1 - k0, shift, kept)
+        if self.only_causal() and bias is not None:
+            return self.causal(bias.to(self.dtype), i1 - i0, k1 - k0, kept)
         q_pos = self.q_pos[..., i0:i1].flip(-1)
         rows = torch.arange(self.past + i1 - 1, self.past + i0 - 1, -1, device=q_pos.device)  # key index of itself
         allowed = visible(rows, torch.arange(k0, k1, device=q_pos.device), self.key_mask, True, self.window, q_pos,
@@ -132,26 +130,38 @@ class ChunkMasks:
         if self.bias is None:
             zeros = torch.zeros(allowed.shape, dtype=self.dtype, device=q_pos.device)
             return zeros.masked_fill(~allowed, float("-inf"))
-        mask = bias.to(self.dtype).masked_fill(~allowed, float("-inf"))
-        return mask if shift is None else mask - shift.to(self.dtype)[..., None]
+        return bias.to(self.dtype).masked_fill(~allowed, float("-inf"))
 
-    def causal(self, bias: Tensor, rows: int, keys: int, shift: Tensor | None = None,
-               kept: list | None = None) -> Tensor:
+    def only_causal(self) -> bool:
+        """Whether the causal triangle is all a chunk's mask hides (consecutive positions, no padding or window)."""
+        return self.in_steps and self.key_mask is None and self.window is None
+
+    def unmasked(self, i0: int, i1: int, k0: int, k1: int, bias: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(mask, future) for the backward of a chunk whose bias it has: where only the causal triangle hides
+        keys, the bias itself (no copy) and `future` [rows, rows], True for the hidden pairs among the last rows
+        keys (the caller zeroes their weights, `probs_and_score_grad`); else the mask `build` makes, and None."""
+        if self.only_causal():
+            return bias, self.triangle(i1 - i0, bias.device)
+        return self.build(i0, i1, k0, k1, bias), None
+
+    def triangle(self, rows: int, device: torch.device) -> Tensor:
+        """[rows, rows], True above the diagonal of the last `rows` keys, for query rows in reverse order."""
+        if rows not in self.future:
+            self.future[rows] = torch.ones(rows, rows, dtype=torch.bool, device=device).triu(1).flip(0)
+        return self.future[rows]
+
+    def causal(self, bias: Tensor, rows: int, keys: int, kept: list | None = None) -> Tensor:
         """The mask of a chunk of consecutive positions without padding or window (its keys: every key up to the
         chunk's last query, so keys >= rows): its bias with -inf above the diagonal of the last `rows` keys (query
         rows in reverse order: row c sees keys up to keys - 1 - c), instead of a masked_fill of every pair with a
-        mask built from positions; written into bias - shift, or with a `kept` list into a contiguous bias itself
-        (its last keys and their values appended to `kept`, for `chunk` to give back), else into a copy."""
-        if rows not in self.future:
-            self.future[rows] = torch.ones(rows, rows, dtype=torch.bool, device=bias.device).triu(1).flip(0)
-        if shift is not None:
-            mask = bias - shift[..., None]
-        elif kept is not None and bias.is_contiguous():
+        mask built from positions; written with a `kept` list into a contiguous bias itself (its last keys and their
+        values appended to `kept`, for `chunk` to give back), else into a copy."""
+        if kept is not None and bias.is_contiguous():
             mask = bias
             kept.append((bias[..., keys - rows:], bias[..., keys - rows:].clone()))
         else:
             mask = bias.clone(memory_format=torch.contiguous_format)
-        mask[..., keys - rows:].masked_fill_(self.future[rows], float("-inf"))
+        mask[..., keys - rows:].masked_fill_(self.triangle(rows, bias.device), float("-inf"))
         return mask
 
     @contextlib.contextmanager
@@ -168,38 +178,53 @@ class ChunkMasks:
 
 
 def probs_and_score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
-                         scale: float, shifted: bool = False) -> tuple[Tensor, Tensor]:
-    """The chunk's attention weights P and dS = P (dP - rowsum(dO * O)) [B, H, C, K] for queries q [B, H, C, d]
-    and keys k, v [B, G, K, d], fp32 at least. Each is one batched matmul over the (batch, key head) pairs with its
-    query heads' rows stacked, P's adding mask - lse in the same call (`baddbmm`), then one pass (exp; the row term
-    and the product with P, in place). `shifted`: the mask is
-    mask - lse already (`ChunkMasks.build` with `shift`)."""
+                         scale: float, future: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The chunk's attention weights P = exp(scale q k^T + mask - lse) and dS = P (dP - rowsum(dO * O))
+    [B, H, C, K] for queries q [B, H, C, d] and keys k, v [B, G, K, d], fp32 at least; `future` [C, C]: weights of
+    the last C keys to zero (`ChunkMasks.unmasked`: pairs the mask leaves visible). Each is one batched matmul over
+    the (batch, key head) pairs with its query heads' rows stacked, adding the rest in the same call (`baddbmm`):
+    P the mask, and -lse as one more column of the (scaled) queries against a column of ones in the keys; dP minus
+    the row term. Then one pass each, in place: exp, and the product with P."""
     B, H, C, d = q.shape
     G, K = k.shape[1], k.shape[2]
     compute = torch.promote_types(q.dtype, torch.float32)
     q, k, v, do, out = (t.to(compute) for t in (q, k, v, do, out))
     stacked = (B * G, H // G * C)  # [B, G, H / G, C] rows: the layout of [B, H, C]
-    offset = mask.to(compute) if shifted else mask.to(compute) - lse.to(compute)[..., None]
-    offset = offset.expand(B, H, C, K).reshape(*stacked, K)
-    probs = torch.baddbmm(offset, q.reshape(*stacked, d), k.reshape(B * G, K, d).transpose(-1, -2), alpha=scale)
-    probs = probs.exp_().view(B, H, C, K)
-    dp = torch.bmm(do.reshape(*stacked, -1), v.reshape(B * G, K, -1).transpose(-1, -2)).view(B, H, C, K)
-    return probs, dp.sub_((do * out).sum(-1, keepdim=True)).mul_(probs)
+    q_lse = torch.cat((q * scale, -lse.to(compute)[..., None]), -1).reshape(*stacked, d + 1)
+    k_one = torch.cat((k, k.new_ones(B, G, K, 1)), -1).reshape(B * G, K, d + 1)
+    offset = mask.to(compute).expand(B, H, C, K).reshape(*stacked, K)
+    probs = torch.baddbmm(offset, q_lse, k_one.transpose(-1, -2)).exp_().view(B, H, C, K)
+    if future is not None:
+        probs[..., K - C:].masked_fill_(future, 0)
+    term = (do * out).sum(-1, keepdim=True).neg_().reshape(*stacked, 1)
+    dp = torch.baddbmm(term.expand(*stacked, K), do.reshape(*stacked, -1), v.reshape(B * G, K, -1).transpose(-1, -2))
+    return probs, dp.view(B, H, C, K).mul_(probs)
 
 
-def input_grads(q: Tensor, k: Tensor, v: Tensor, do: Tensor, probs: Tensor, ds: Tensor,
-                scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The chunk's dq [B, H, C, d], dk, dv [B, G, K, d] from its P and dS: the kernel's backward by hand, for chunks
-    whose P and dS exist anyway (a learned pair bias needs dS). One batched matmul each, with the rows of a key
-    head's query heads stacked (dk and dv sum over them inside the matmul)."""
+def input_grads(q: Tensor, k: Tensor, v: Tensor, do: Tensor, probs: Tensor, ds: Tensor, scale: float,
+                dk: Tensor, dv: Tensor) -> Tensor:
+    """The chunk's dq [B, H, C, d] from its P and dS, and its dk, dv added into `dk`, `dv` [B, G, K, d]: the
+    kernel's backward by hand, for chunks whose P and dS exist anyway (a learned pair bias needs dS). One batched
+    matmul each, with the rows of a key head's query heads stacked (dk and dv sum over them inside the matmul, and
+    add into `dk`, `dv` there where their layout allows)."""
     B, H, C, d = q.shape
     G, K = k.shape[1], k.shape[2]
     stacked = (B * G, H // G * C)
     ds, probs = ds.reshape(*stacked, K), probs.reshape(*stacked, K)
     dq = torch.bmm(ds, k.to(ds.dtype).reshape(B * G, K, d)).view(B, H, C, d).mul_(scale)
-    dk = torch.bmm(ds.transpose(-1, -2), q.to(ds.dtype).reshape(*stacked, d)).view(B, G, K, d).mul_(scale)
-    dv = torch.bmm(probs.transpose(-1, -2), do.to(ds.dtype).reshape(*stacked, -1)).view(B, G, K, -1)
-    return dq, dk, dv
+    for into, weights, rows, alpha in ((dk, ds, q, scale), (dv, probs, do, 1.0)):
+        rows = rows.to(ds.dtype).reshape(*stacked, -1)
+        matrices = into.view(B * G, K, -1) if into.dtype == ds.dtype and mergeable(into) else None
+        if matrices is not None:
+            matrices.baddbmm_(weights.transpose(-1, -2), rows, alpha=alpha)
+        else:
+            into += torch.bmm(weights.transpose(-1, -2), rows).view(into.shape).mul_(alpha).to(into.dtype)
+    return dq
+
+
+def mergeable(t: Tensor) -> bool:
+    """Whether t's first two dimensions view as one (`t.view(-1, *t.shape[2:])` without a copy)."""
+    return t.shape[0] == 1 or t.shape[1] == 1 or t.stride(0) == t.shape[1] * t.stride(1)
 
 
 def key_starts(q_pos: Tensor, k_pos: Tensor, past: int, starts: list[int], window: int | None,
@@ -278,19 +303,20 @@ class ChunkedAttention(torch.autograd.Function):
             if pairs_grad:  # the chunk's bias, with its graph to the parameters, serves the mask too
                 with torch.enable_grad():
                     bias = masks.pairs(i0, i1, k0, kend)
-                offset = masks.build(i0, i1, k0, kend, bias.detach(), shift=l_c)  # mask - lse
+                mask, future = masks.unmasked(i0, i1, k0, kend, bias.detach())
                 # dS is needed for the bias: P and dS give dq, dk, dv too
-                probs, ds = probs_and_score_grad(q_c, k_c, v_c, offset, do_c, o_c, l_c, scale, shifted=True)
-                g_q, g_k, g_v = input_grads(q_c, k_c, v_c, do_c, probs, ds, scale)
+                probs, ds = probs_and_score_grad(q_c, k_c, v_c, mask, do_c, o_c, l_c, scale, future)
+                del mask
+                g_q = input_grads(q_c, k_c, v_c, do_c, probs, ds, scale, dk[:, :, k0:kend], dv[:, :, k0:kend])
                 del probs
                 pairs_grads(d_parameters, parameters, bias, ds)
             else:
                 with masks.chunk(i0, i1, k0, kend) as mask:
                     g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                         do_c, q_c, k_c, v_c, o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
+                dk[:, :, k0:kend] += g_k
+                dv[:, :, k0:kend] += g_v
             dq[:, :, i0:i1] = g_q.flip(2)
-            dk[:, :, k0:kend] += g_k
-            dv[:, :, k0:kend] += g_v
             if table_grad:
                 band_grad(d_values, q, k, v, grad_out, out, lse, band, past, i0, i1, scale, d_sink)
         d_sinks = None if d_sinks is None else d_sinks.to(sinks.dtype)
