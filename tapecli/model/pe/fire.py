@@ -62,8 +62,8 @@ class SegmentLines(torch.autograd.Function):
 
 class SegmentRuns(torch.autograd.Function):
     """`SegmentLines` for rows whose segments are runs of consecutive keys (`segment_runs`): each pair's segment
-    is written run by run (`repeat_interleave`, no search), its line read with one `gather` of the [2H, segments]
-    table, and the backward sums each run with `segment_reduce` (contiguous runs: no scatter over every pair),
+    is written run by run (`repeat_interleave`, no search), its line read with one `index_select` of the
+    [2H, segments] table, and the backward sums each run with `segment_reduce` (contiguous runs: no scatter over every pair),
     then each segment over its runs.
     `ids` [runs per row] is the segment of each run, `lengths` [rows, runs per row] its number of keys."""
 
@@ -71,7 +71,7 @@ class SegmentRuns(torch.autograd.Function):
     def forward(ctx, z: Tensor, slopes: Tensor, intercepts: Tensor, ids: Tensor, lengths: Tensor) -> Tensor:
         heads, rows = slopes.shape[0], lengths.shape[0]
         segment = ids.repeat(rows).repeat_interleave(lengths.reshape(-1), output_size=z.numel())  # of each pair
-        lines = torch.cat((slopes, intercepts)).gather(1, segment.expand(2 * heads, -1)).view(2, heads, *z.shape)
+        lines = torch.cat((slopes, intercepts)).index_select(1, segment).view(2, heads, *z.shape)
         ctx.save_for_backward(z, lines[0], ids, lengths)
         ctx.segments = slopes.shape[1]
         return torch.addcmul(lines[1], lines[0], z)
