@@ -188,6 +188,32 @@ def test_a_bias_that_pairs_keeps_gets_its_values_back(small_chunks):
     assert len(returned) == 6 and all(torch.equal(bias, values) for bias, values in returned)  # 3 chunks, twice
 
 
+def test_input_grads_add_into_key_and_value_gradients_of_any_layout():
+    """A chunk's dk and dv are added inside their matmuls where the gradients' first two dimensions merge, else
+    added after: both give the hand-written products (fp64; a [B, T, G, d] layout transposed, and bf16 buffers)."""
+    gen = torch.Generator().manual_seed(0)
+    B, H, G, C, K, d = 2, 4, 2, 5, 9, 8
+    q, do = (torch.randn(B, H, C, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, G, K, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    probs, ds = (torch.randn(B, H, C, K, generator=gen, dtype=torch.float64) for _ in range(2))
+    start = torch.randn(B, G, K, d, generator=gen, dtype=torch.float64)
+    grouped = (B, G, H // G, C)
+    want_dk = start + 0.3 * torch.einsum("bgrck,bgrcd->bgkd", ds.view(*grouped, K), q.view(*grouped, d))
+    want_dv = start + torch.einsum("bgrck,bgrcd->bgkd", probs.view(*grouped, K), do.view(*grouped, d))
+    want_dq = 0.3 * ds @ k.repeat_interleave(H // G, 1)
+    for layout in ("contiguous", "transposed", "bf16"):
+        if layout == "transposed":  # [B, T, G, d] storage: B and G do not merge
+            dk, dv = (start.transpose(1, 2).contiguous().transpose(1, 2) for _ in range(2))
+            assert not chunked.mergeable(dk)
+        else:
+            dtype = torch.bfloat16 if layout == "bf16" else torch.float64
+            dk, dv = start.to(dtype, copy=True), start.to(dtype, copy=True)
+        dq = chunked.input_grads(q, k, v, do, probs, ds, 0.3, dk, dv)
+        tol = 1e-2 if layout == "bf16" else 1e-12
+        for got, want in ((dq, want_dq), (dk, want_dk), (dv, want_dv)):
+            assert (got.double() - want).abs().max() <= tol * want.abs().max(), layout
+
+
 def test_fire_piecewise_bias_is_its_mlp():
     layer = layer_of("fire")
     with torch.no_grad():
