@@ -63,8 +63,8 @@ class SegmentLines(torch.autograd.Function):
 class SegmentRuns(torch.autograd.Function):
     """`SegmentLines` for rows whose segments are runs of consecutive keys (`segment_runs`): each pair's segment
     is written run by run (`repeat_interleave`, no search), its line read with one `index_select` of the
-    [2H, segments] table, and the backward sums each run with `segment_reduce` (contiguous runs: no scatter over every pair),
-    then each segment over its runs.
+    [2H, segments] table, and the backward sums each run with `segment_reduce` (contiguous runs: no scatter over
+    every pair), then each segment over its runs.
     `ids` [runs per row] is the segment of each run, `lengths` [rows, runs per row] its number of keys."""
 
     @staticmethod
