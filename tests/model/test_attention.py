@@ -126,6 +126,30 @@ def test_t5_table_gradients_cover_distances_past_max_distance(small_chunks):
     assert (expected[3][-1].abs() > 1e-3).all()  # the far bucket really carries gradient
 
 
+@pytest.mark.parametrize("band_rows", [1, 2, 3])
+@pytest.mark.parametrize(("Tq", "Tk", "window"), [(23, 23, None), (19, 22, None), (23, 23, 4)])
+def test_t5_table_gradients_from_blocks_of_the_band(small_chunks, monkeypatch, band_rows, Tq, Tk, window):
+    """The table's gradient scores only the band: blocks of `BAND_ROWS` queries, each over the m - 2 keys before it
+    (zeros before key 0, masked) and its own. Blocks smaller than a chunk and a last, shorter block, from the first
+    query on or after a KV cache, with grouped heads and with a window: the naive gradient."""
+    monkeypatch.setattr(chunked, "BAND_ROWS", band_rows)
+    layer = layer_of("t5", pe_args={"num_buckets": 8, "max_distance": 6})
+    q, k, v = qkv(Tq=Tq, Tk=Tk)
+    k_pos = torch.arange(Tk)[None]
+    q_pos = k_pos[:, Tk - Tq:]
+    weight = layer.relative_attention_bias.weight
+
+    def windowed(q_pos, k_pos):
+        bias = layer.bias(q_pos, k_pos)
+        far = q_pos[..., :, None] - k_pos[..., None, :] >= (window or Tk)
+        return bias.masked_fill(far[:, None], float("-inf"))
+
+    got = chunked.chunked_attention(q, k, v, layer.need(None, False), q_pos, k_pos, None, 8 ** -0.5, window=window)
+    want = naive_attention(q, k, v, windowed, q_pos, k_pos)
+    assert (got - want).abs().max() <= TOL
+    assert_close(grads(got, [q, k, v, weight]), grads(want, [q, k, v, weight]))
+
+
 def test_the_table_path_needs_consecutive_positions(small_chunks, monkeypatch):
     """ALiBi's table view is used for consecutive positions only; with a gap it builds each chunk from pairs."""
     layer = layer_of("alibi")
@@ -162,6 +186,32 @@ def test_a_bias_that_pairs_keeps_gets_its_values_back(small_chunks):
     assert (got - want).abs().max() <= TOL
     assert_close(grads(got, [q, k, v]), grads(want, [q, k, v]))
     assert len(returned) == 6 and all(torch.equal(bias, values) for bias, values in returned)  # 3 chunks, twice
+
+
+def test_input_grads_add_into_key_and_value_gradients_of_any_layout():
+    """A chunk's dk and dv are added inside their matmuls where the gradients' first two dimensions merge, else
+    added after: both give the hand-written products (fp64; a [B, T, G, d] layout transposed, and bf16 buffers)."""
+    gen = torch.Generator().manual_seed(0)
+    B, H, G, C, K, d = 2, 4, 2, 5, 9, 8
+    q, do = (torch.randn(B, H, C, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, G, K, d, generator=gen, dtype=torch.float64) for _ in range(2))
+    probs, ds = (torch.randn(B, H, C, K, generator=gen, dtype=torch.float64) for _ in range(2))
+    start = torch.randn(B, G, K, d, generator=gen, dtype=torch.float64)
+    grouped = (B, G, H // G, C)
+    want_dk = start + 0.3 * torch.einsum("bgrck,bgrcd->bgkd", ds.view(*grouped, K), q.view(*grouped, d))
+    want_dv = start + torch.einsum("bgrck,bgrcd->bgkd", probs.view(*grouped, K), do.view(*grouped, d))
+    want_dq = 0.3 * ds @ k.repeat_interleave(H // G, 1)
+    for layout in ("contiguous", "transposed", "bf16"):
+        if layout == "transposed":  # [B, T, G, d] storage: B and G do not merge
+            dk, dv = (start.transpose(1, 2).contiguous().transpose(1, 2) for _ in range(2))
+            assert not chunked.mergeable(dk)
+        else:
+            dtype = torch.bfloat16 if layout == "bf16" else torch.float64
+            dk, dv = start.to(dtype, copy=True), start.to(dtype, copy=True)
+        dq = chunked.input_grads(q, k, v, do, probs, ds, 0.3, dk, dv)
+        tol = 1e-2 if layout == "bf16" else 1e-12
+        for got, want in ((dq, want_dq), (dk, want_dk), (dv, want_dv)):
+            assert (got.double() - want).abs().max() <= tol * want.abs().max(), layout
 
 
 def test_fire_piecewise_bias_is_its_mlp():
@@ -237,7 +287,7 @@ def test_fire_segments_of_a_chunk_as_runs_equal_the_search_per_pair(dtype):
     psi, normaliser = torch.tensor([6, 5, 4, 3, 2, 1, 0, 1, 2, 3], dtype=dtype), torch.tensor([1, 2, 0.5], dtype=dtype)
     breaks = torch.tensor([0.5, 1, 2, 3, 4, float("inf")], dtype=dtype)
     ids, lengths = fire.segment_runs(psi, normaliser, breaks, 6, 8)
-    want = torch.searchsorted(breaks, fire.Diagonals.apply(psi, 3, 8) / normaliser[:, None])
+    want = torch.searchsorted(breaks, fire.Diagonals.apply(psi, normaliser[:, None], 3, 8))
     assert torch.equal(ids.repeat(3).repeat_interleave(lengths.reshape(-1)).view_as(want), want)
     assert fire.segment_runs(torch.tensor([1.0, 3.0, 2.0]), torch.ones(2), breaks.float(), 2, 2) is None
 

@@ -23,8 +23,10 @@ positions that are not consecutive, FIRE) each chunk's mask is built from `Score
 positions.
 
 Gradients of the bias: for a table (T5's learned buckets) only distances below its last entry need the score
-gradient dS = P (dP - rowsum(dO * O)), on a band of keys per chunk; the last entry, which stands for every longer
-distance, gets minus the band's sum (each row of dS sums to zero: softmax is shift-invariant). Any other learned
+gradient dS = P (dP - rowsum(dO * O)), on the band of those distances: blocks of `BAND_ROWS` queries, each scored
+over the keys from m - 2 before it to its last query only, each distance's entries summed as one column of a strided
+view of dS (once per distance, not per pair); the last entry, which stands for every longer distance, gets minus
+the band's sum (each row of dS sums to zero: softmax is shift-invariant). Any other learned
 bias (FIRE) gets dS on all visible keys of the chunk, pulled back through `pairs` by autograd; those chunks take dq,
 dk and dv from the same P and dS (`input_grads`) instead of also running the kernel's backward.
 
@@ -48,6 +50,7 @@ from tapecli.model.attention.sinks import rescale, sink_grad
 
 CHUNK_ELEMENTS = 1 << 23  # mask / score elements per chunk (B x H x C x Tk): 32 MiB in fp32
 PAIRS_ELEMENTS = 1 << 21  # the same when each chunk's bias is built from pairs (several temporaries of that size)
+BAND_ROWS = 64  # queries per block of `band_grad`: each block scores its rows x (rows + band) keys
 
 
 def kernel_available() -> bool:
@@ -113,15 +116,13 @@ class ChunkMasks:
         return self.bias.pairs(self.q_pos[..., i0:i1].flip(-1), self.k_pos[..., k0:k1])
 
     def build(self, i0: int, i1: int, k0: int, k1: int, bias: Tensor | None = None,
-              shift: Tensor | None = None, kept: list | None = None) -> Tensor:
+              kept: list | None = None) -> Tensor:
         """Mask [B|1, H|1, i1 - i0, k1 - k0] built from positions (padding, general positions, pair biases);
-        `bias`: this chunk's bias when the caller has it already; `shift` [B, H, i1 - i0] (the backward's
-        log-sum-exp of each row): subtracted from each row, in the same pass as the causal mask's copy; `kept`: see
-        `causal`."""
+        `bias`: this chunk's bias when the caller has it already; `kept`: see `causal`."""
         if bias is None and self.bias is not None:
             bias = self.pairs(i0, i1, k0, k1)
-        if self.in_steps and self.key_mask is None and self.window is None and bias is not None:
-            return self.causal(bias.to(self.dtype), i1 - i0, k1 - k0, shift, kept)
+        if self.only_causal() and bias is not None:
+            return self.causal(bias.to(self.dtype), i1 - i0, k1 - k0, kept)
         q_pos = self.q_pos[..., i0:i1].flip(-1)
         rows = torch.arange(self.past + i1 - 1, self.past + i0 - 1, -1, device=q_pos.device)  # key index of itself
         allowed = visible(rows, torch.arange(k0, k1, device=q_pos.device), self.key_mask, True, self.window, q_pos,
@@ -129,26 +130,38 @@ class ChunkMasks:
         if self.bias is None:
             zeros = torch.zeros(allowed.shape, dtype=self.dtype, device=q_pos.device)
             return zeros.masked_fill(~allowed, float("-inf"))
-        mask = bias.to(self.dtype).masked_fill(~allowed, float("-inf"))
-        return mask if shift is None else mask - shift.to(self.dtype)[..., None]
+        return bias.to(self.dtype).masked_fill(~allowed, float("-inf"))
 
-    def causal(self, bias: Tensor, rows: int, keys: int, shift: Tensor | None = None,
-               kept: list | None = None) -> Tensor:
+    def only_causal(self) -> bool:
+        """Whether the causal triangle is all a chunk's mask hides (consecutive positions, no padding or window)."""
+        return self.in_steps and self.key_mask is None and self.window is None
+
+    def unmasked(self, i0: int, i1: int, k0: int, k1: int, bias: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(mask, future) for the backward of a chunk whose bias it has: where only the causal triangle hides
+        keys, the bias itself (no copy) and `future` [rows, rows], True for the hidden pairs among the last rows
+        keys (the caller zeroes their weights, `probs_and_score_grad`); else the mask `build` makes, and None."""
+        if self.only_causal():
+            return bias, self.triangle(i1 - i0, bias.device)
+        return self.build(i0, i1, k0, k1, bias), None
+
+    def triangle(self, rows: int, device: torch.device) -> Tensor:
+        """[rows, rows], True above the diagonal of the last `rows` keys, for query rows in reverse order."""
+        if rows not in self.future:
+            self.future[rows] = torch.ones(rows, rows, dtype=torch.bool, device=device).triu(1).flip(0)
+        return self.future[rows]
+
+    def causal(self, bias: Tensor, rows: int, keys: int, kept: list | None = None) -> Tensor:
         """The mask of a chunk of consecutive positions without padding or window (its keys: every key up to the
         chunk's last query, so keys >= rows): its bias with -inf above the diagonal of the last `rows` keys (query
         rows in reverse order: row c sees keys up to keys - 1 - c), instead of a masked_fill of every pair with a
-        mask built from positions; written into bias - shift, or with a `kept` list into a contiguous bias itself
-        (its last keys and their values appended to `kept`, for `chunk` to give back), else into a copy."""
-        if rows not in self.future:
-            self.future[rows] = torch.ones(rows, rows, dtype=torch.bool, device=bias.device).triu(1).flip(0)
-        if shift is not None:
-            mask = bias - shift[..., None]
-        elif kept is not None and bias.is_contiguous():
+        mask built from positions; written with a `kept` list into a contiguous bias itself (its last keys and their
+        values appended to `kept`, for `chunk` to give back), else into a copy."""
+        if kept is not None and bias.is_contiguous():
             mask = bias
             kept.append((bias[..., keys - rows:], bias[..., keys - rows:].clone()))
         else:
             mask = bias.clone(memory_format=torch.contiguous_format)
-        mask[..., keys - rows:].masked_fill_(self.future[rows], float("-inf"))
+        mask[..., keys - rows:].masked_fill_(self.triangle(rows, bias.device), float("-inf"))
         return mask
 
     @contextlib.contextmanager
@@ -164,44 +177,54 @@ class ChunkMasks:
                 keys.copy_(values)
 
 
-def score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
-               scale: float) -> Tensor:
-    """dS = P (dP - rowsum(dO * O)) [B, H, C, K] for queries q [B, H, C, d] and keys k, v [B, G, K, d]."""
-    return probs_and_score_grad(q, k, v, mask, do, out, lse, scale)[1]
-
-
 def probs_and_score_grad(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, do: Tensor, out: Tensor, lse: Tensor,
-                         scale: float, shifted: bool = False) -> tuple[Tensor, Tensor]:
-    """The chunk's attention weights P and dS (`score_grad`), fp32 at least. Each is one batched matmul over the
-    (batch, key head) pairs with its query heads' rows stacked, P's adding mask - lse in the same call
-    (`baddbmm`), then one pass (exp; the row term and the product with P, in place). `shifted`: the mask is
-    mask - lse already (`ChunkMasks.build` with `shift`)."""
+                         scale: float, future: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """The chunk's attention weights P = exp(scale q k^T + mask - lse) and dS = P (dP - rowsum(dO * O))
+    [B, H, C, K] for queries q [B, H, C, d] and keys k, v [B, G, K, d], fp32 at least; `future` [C, C]: weights of
+    the last C keys to zero (`ChunkMasks.unmasked`: pairs the mask leaves visible). Each is one batched matmul over
+    the (batch, key head) pairs with its query heads' rows stacked, adding the rest in the same call (`baddbmm`):
+    P the mask, and -lse as one more column of the (scaled) queries against a column of ones in the keys; dP minus
+    the row term. Then one pass each, in place: exp, and the product with P."""
     B, H, C, d = q.shape
     G, K = k.shape[1], k.shape[2]
     compute = torch.promote_types(q.dtype, torch.float32)
     q, k, v, do, out = (t.to(compute) for t in (q, k, v, do, out))
     stacked = (B * G, H // G * C)  # [B, G, H / G, C] rows: the layout of [B, H, C]
-    offset = mask.to(compute) if shifted else mask.to(compute) - lse.to(compute)[..., None]
-    offset = offset.expand(B, H, C, K).reshape(*stacked, K)
-    probs = torch.baddbmm(offset, q.reshape(*stacked, d), k.reshape(B * G, K, d).transpose(-1, -2), alpha=scale)
-    probs = probs.exp_().view(B, H, C, K)
-    dp = torch.bmm(do.reshape(*stacked, -1), v.reshape(B * G, K, -1).transpose(-1, -2)).view(B, H, C, K)
-    return probs, dp.sub_((do * out).sum(-1, keepdim=True)).mul_(probs)
+    q_lse = torch.cat((q * scale, -lse.to(compute)[..., None]), -1).reshape(*stacked, d + 1)
+    k_one = torch.cat((k, k.new_ones(B, G, K, 1)), -1).reshape(B * G, K, d + 1)
+    offset = mask.to(compute).expand(B, H, C, K).reshape(*stacked, K)
+    probs = torch.baddbmm(offset, q_lse, k_one.transpose(-1, -2)).exp_().view(B, H, C, K)
+    if future is not None:
+        probs[..., K - C:].masked_fill_(future, 0)
+    term = (do * out).sum(-1, keepdim=True).neg_().reshape(*stacked, 1)
+    dp = torch.baddbmm(term.expand(*stacked, K), do.reshape(*stacked, -1), v.reshape(B * G, K, -1).transpose(-1, -2))
+    return probs, dp.view(B, H, C, K).mul_(probs)
 
 
-def input_grads(q: Tensor, k: Tensor, v: Tensor, do: Tensor, probs: Tensor, ds: Tensor,
-                scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """The chunk's dq [B, H, C, d], dk, dv [B, G, K, d] from its P and dS: the kernel's backward by hand, for chunks
-    whose P and dS exist anyway (a learned pair bias needs dS). One batched matmul each, with the rows of a key
-    head's query heads stacked (dk and dv sum over them inside the matmul)."""
+def input_grads(q: Tensor, k: Tensor, v: Tensor, do: Tensor, probs: Tensor, ds: Tensor, scale: float,
+                dk: Tensor, dv: Tensor) -> Tensor:
+    """The chunk's dq [B, H, C, d] from its P and dS, and its dk, dv added into `dk`, `dv` [B, G, K, d]: the
+    kernel's backward by hand, for chunks whose P and dS exist anyway (a learned pair bias needs dS). One batched
+    matmul each, with the rows of a key head's query heads stacked (dk and dv sum over them inside the matmul, and
+    add into `dk`, `dv` there where their layout allows)."""
     B, H, C, d = q.shape
     G, K = k.shape[1], k.shape[2]
     stacked = (B * G, H // G * C)
     ds, probs = ds.reshape(*stacked, K), probs.reshape(*stacked, K)
     dq = torch.bmm(ds, k.to(ds.dtype).reshape(B * G, K, d)).view(B, H, C, d).mul_(scale)
-    dk = torch.bmm(ds.transpose(-1, -2), q.to(ds.dtype).reshape(*stacked, d)).view(B, G, K, d).mul_(scale)
-    dv = torch.bmm(probs.transpose(-1, -2), do.to(ds.dtype).reshape(*stacked, -1)).view(B, G, K, -1)
-    return dq, dk, dv
+    for into, weights, rows, alpha in ((dk, ds, q, scale), (dv, probs, do, 1.0)):
+        rows = rows.to(ds.dtype).reshape(*stacked, -1)
+        matrices = into.view(B * G, K, -1) if into.dtype == ds.dtype and mergeable(into) else None
+        if matrices is not None:
+            matrices.baddbmm_(weights.transpose(-1, -2), rows, alpha=alpha)
+        else:
+            into += torch.bmm(weights.transpose(-1, -2), rows).view(into.shape).mul_(alpha).to(into.dtype)
+    return dq
+
+
+def mergeable(t: Tensor) -> bool:
+    """Whether t's first two dimensions view as one (`t.view(-1, *t.shape[2:])` without a copy)."""
+    return t.shape[0] == 1 or t.shape[1] == 1 or t.stride(0) == t.shape[1] * t.stride(1)
 
 
 def key_starts(q_pos: Tensor, k_pos: Tensor, past: int, starts: list[int], window: int | None,
@@ -264,6 +287,8 @@ class ChunkedAttention(torch.autograd.Function):
         table_grad = values is not None and ctx.needs_input_grad[3]
         pairs_grad = any(ctx.needs_input_grad[7:])
         d_values = torch.zeros_like(values) if table_grad else None
+        band = band_mask(values, BAND_ROWS, masks.window, torch.promote_types(q.dtype, torch.float32)) if table_grad \
+            else None
         d_sinks = None if sinks is None else torch.zeros(
             sinks.shape, dtype=torch.promote_types(sinks.dtype, torch.float32), device=sinks.device)
         d_parameters = [torch.zeros_like(p) if ctx.needs_input_grad[7 + i] else None for i, p in enumerate(parameters)]
@@ -278,43 +303,96 @@ class ChunkedAttention(torch.autograd.Function):
             if pairs_grad:  # the chunk's bias, with its graph to the parameters, serves the mask too
                 with torch.enable_grad():
                     bias = masks.pairs(i0, i1, k0, kend)
-                offset = masks.build(i0, i1, k0, kend, bias.detach(), shift=l_c)  # mask - lse
+                mask, future = masks.unmasked(i0, i1, k0, kend, bias.detach())
                 # dS is needed for the bias: P and dS give dq, dk, dv too
-                probs, ds = probs_and_score_grad(q_c, k_c, v_c, offset, do_c, o_c, l_c, scale, shifted=True)
-                g_q, g_k, g_v = input_grads(q_c, k_c, v_c, do_c, probs, ds, scale)
+                probs, ds = probs_and_score_grad(q_c, k_c, v_c, mask, do_c, o_c, l_c, scale, future)
+                del mask
+                g_q = input_grads(q_c, k_c, v_c, do_c, probs, ds, scale, dk[:, :, k0:kend], dv[:, :, k0:kend])
                 del probs
                 pairs_grads(d_parameters, parameters, bias, ds)
             else:
                 with masks.chunk(i0, i1, k0, kend) as mask:
                     g_q, g_k, g_v = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                         do_c, q_c, k_c, v_c, o_c, l_c, 0.0, False, attn_mask=mask, scale=scale)
+                dk[:, :, k0:kend] += g_k
+                dv[:, :, k0:kend] += g_v
             dq[:, :, i0:i1] = g_q.flip(2)
-            dk[:, :, k0:kend] += g_k
-            dv[:, :, k0:kend] += g_v
             if table_grad:
-                band_grad(d_values, q_c, k, v, do_c, o_c, l_c, masks, i0, i1, scale, d_sink)
+                band_grad(d_values, q, k, v, grad_out, out, lse, band, past, i0, i1, scale, d_sink)
         d_sinks = None if d_sinks is None else d_sinks.to(sinks.dtype)
         return dq, dk, dv, d_values, d_sinks, None, None, *d_parameters
 
 
-def band_grad(d_values: Tensor, q_c: Tensor, k: Tensor, v: Tensor, do_c: Tensor, o_c: Tensor, l_c: Tensor,
-              masks: ChunkMasks, i0: int, i1: int, scale: float, d_sink: Tensor | None = None) -> None:
-    """Add this chunk's gradient of a distance table [H, m]: dS summed per distance 0..m-2 over the band of keys
-    that close, and minus that total to entry m-1 (every row of dS sums to zero; with sinks, `d_sink` [H] is the
-    chunk's sum of the sink's column, which the real keys' rows sum to minus)."""
+def band_mask(values: Tensor, rows: int, window: int | None, dtype: torch.dtype) -> Tensor:
+    """[H, rows, rows + m - 2]: the mask of a block of `rows` consecutive queries (in order) over the keys from
+    m - 2 before its first query to its last one, for a distance table [H, m]: row r, column j at distance
+    m - 2 + r - j (-inf in the future and from the window on). The same for every block."""
+    m = values.shape[-1]
+    distance = (m - 2) + torch.arange(rows, device=values.device)[:, None] - torch.arange(
+        rows + m - 2, device=values.device)
+    hidden = distance < 0 if window is None else (distance < 0) | (distance >= window)
+    return values.detach().to(dtype)[:, distance.clamp(0, m - 1)].masked_fill(hidden, float("-inf"))
+
+
+def band_grad(d_values: Tensor, q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, out: Tensor, lse: Tensor,
+              mask: Tensor, past: int, i0: int, i1: int, scale: float, d_sink: Tensor | None = None) -> None:
+    """Add the gradient of a distance table [H, m] from queries i0..i1-1 (in order; `mask` is `band_mask`): dS
+    summed per distance 0..m-2, and minus that total to entry m-1 (every row of dS sums to zero; with sinks,
+    `d_sink` [H] is the chunk's sum of the sink's column, which the real keys' rows sum to minus).
+    Only the band is scored: the queries in blocks of `BAND_ROWS`, each over the m - 2 keys before it and its
+    own (one batched matmul per product over every block), and each distance's entries read as a column of a
+    strided view of dS (entry (r, r + u) is distance m - 2 - u), so the sum per distance is one reduction."""
     m = d_values.shape[-1]
-    past = masks.past
-    k0, k1 = max(0, past + i0 - (m - 2)), past + i1
-    ds = score_grad(q_c, k[:, :, k0:k1], v[:, :, k0:k1], masks.view(i0, i1, k0, k1), do_c, o_c, l_c, scale)
-    # Row c (reversed) is query past + i1 - 1 - c; the key at distance t sits at column past + i1 - 1 - c - t - k0.
-    rows = torch.arange(ds.shape[2], device=ds.device)[:, None]
-    column = (past + i1 - 1 - k0) - rows - torch.arange(m - 1, device=ds.device)
-    band = ds.gather(-1, column.clamp(min=0).expand(*ds.shape[:2], -1, -1)) * (column >= 0)
-    per_distance = band.sum((0, 2)).to(d_values.dtype)  # [H, m - 1]
-    d_values[:, :-1] += per_distance
-    d_values[:, -1] -= per_distance.sum(-1)
+    if m > 1:
+        per_distance = 0
+        rows = min(BAND_ROWS, i1 - i0)
+        whole = (i1 - i0) // rows * rows
+        for a, b in ((i0, i0 + whole), (i0 + whole, i1)):
+            if b > a:
+                s = rows if b - a >= rows else b - a
+                per_distance = per_distance + band_sums(q, k, v, grad_out, out, lse, mask[:, :s, :s + m - 2],
+                                                        past, a, b, s, scale)
+        per_distance = per_distance.to(d_values.dtype)  # [H, m - 1]
+        d_values[:, :-1] += per_distance
+        d_values[:, -1] -= per_distance.sum(-1)
     if d_sink is not None:
         d_values[:, -1] -= d_sink.to(d_values.dtype)
+
+
+def band_sums(q: Tensor, k: Tensor, v: Tensor, grad_out: Tensor, out: Tensor, lse: Tensor, mask: Tensor,
+              past: int, a: int, b: int, rows: int, scale: float) -> Tensor:
+    """dS summed per distance 0..D-1 [H, D] (D = mask.shape[-1] - rows + 1) over queries a..b-1, in blocks of
+    `rows` (b - a a multiple of it): block n's keys are the D - 1 before its first query and its own."""
+    B, H, _, d = q.shape
+    G = k.shape[1]
+    D = mask.shape[-1] - rows + 1
+    blocks, keys = (b - a) // rows, mask.shape[-1]
+    compute = torch.promote_types(q.dtype, torch.float32)
+    first = past + a - (D - 1)  # the first key of the first block; before key 0 the keys are zeros, masked below
+    k_c, v_c = (t[:, :, max(0, first):past + b].to(compute) for t in (k, v))
+    if first < 0:
+        k_c, v_c = (torch.cat((t.new_zeros(B, G, -first, t.shape[-1]), t), 2) for t in (k_c, v_c))
+
+    def windows(t: Tensor) -> Tensor:  # [B * H * blocks, keys, d]: block n's keys, shared by a key head's queries
+        s = t.stride()
+        view = t.as_strided((B, G, 1, blocks, keys, t.shape[-1]), (s[0], s[1], 0, rows * s[2], s[2], s[3]))
+        return view.expand(B, G, H // G, blocks, keys, t.shape[-1]).reshape(B * H * blocks, keys, t.shape[-1])
+
+    def per_block(t: Tensor) -> Tensor:  # queries a..b-1 of [B, H, T, ...] as [B * H * blocks, rows, ...]
+        return t[:, :, a:b].to(compute).reshape(B * H * blocks, rows, *t.shape[3:])
+
+    q_b, do_b, l_b = per_block(q), per_block(grad_out), per_block(lse)
+    term = (do_b * per_block(out)).sum(-1, keepdim=True)  # rowsum(dO * O)
+    offset = mask.to(compute)[None, :, None] - l_b.view(B, H, blocks, rows, 1)
+    probs = offset.view(-1, rows, keys).baddbmm_(q_b, windows(k_c).transpose(-1, -2), alpha=scale).exp_()
+    ds = torch.bmm(do_b, windows(v_c).transpose(-1, -2)).sub_(term).mul_(probs).view(B, H, blocks, rows, keys)
+    for n in range(blocks):  # the zero keys before key 0 (the first blocks of the sequence only)
+        before = -(first + n * rows)
+        if before <= 0:
+            break
+        ds[:, :, n, :, :before] = 0
+    band = ds.as_strided((B, H, blocks, rows, D), (*ds.stride()[:3], keys + 1, 1))  # (r, u): distance D - 1 - u
+    return band.sum((0, 2, 3)).flip(-1)
 
 
 def pairs_grads(d_parameters: list[Tensor | None], parameters: list[Tensor], bias: Tensor, ds: Tensor) -> None:

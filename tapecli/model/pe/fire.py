@@ -54,7 +54,7 @@ class SegmentLines(torch.autograd.Function):
         def per_segment(values: Tensor) -> Tensor:
             return values.new_zeros(heads, ctx.segments).scatter_add_(1, index, values.reshape(heads, -1))
 
-        d_z = (grad * per_pair).sum(0) if ctx.needs_input_grad[0] else None
+        d_z = head_sum(grad, per_pair) if ctx.needs_input_grad[0] else None
         d_slopes = per_segment(grad * z) if ctx.needs_input_grad[1] else None
         d_intercepts = per_segment(grad) if ctx.needs_input_grad[2] else None
         return d_z, d_slopes, d_intercepts, None
@@ -62,16 +62,16 @@ class SegmentLines(torch.autograd.Function):
 
 class SegmentRuns(torch.autograd.Function):
     """`SegmentLines` for rows whose segments are runs of consecutive keys (`segment_runs`): each pair's segment
-    is written run by run (`repeat_interleave`, no search), its line read with one `gather` of the [2H, segments]
-    table, and the backward sums each run with `segment_reduce` (contiguous runs: no scatter over every pair),
-    then each segment over its runs.
+    is written run by run (`repeat_interleave`, no search), its line read with one `index_select` of the
+    [2H, segments] table, and the backward sums each run with `segment_reduce` (contiguous runs: no scatter over
+    every pair), then each segment over its runs.
     `ids` [runs per row] is the segment of each run, `lengths` [rows, runs per row] its number of keys."""
 
     @staticmethod
     def forward(ctx, z: Tensor, slopes: Tensor, intercepts: Tensor, ids: Tensor, lengths: Tensor) -> Tensor:
         heads, rows = slopes.shape[0], lengths.shape[0]
         segment = ids.repeat(rows).repeat_interleave(lengths.reshape(-1), output_size=z.numel())  # of each pair
-        lines = torch.cat((slopes, intercepts)).gather(1, segment.expand(2 * heads, -1)).view(2, heads, *z.shape)
+        lines = torch.cat((slopes, intercepts)).index_select(1, segment).view(2, heads, *z.shape)
         ctx.save_for_backward(z, lines[0], ids, lengths)
         ctx.segments = slopes.shape[1]
         return torch.addcmul(lines[1], lines[0], z)
@@ -86,10 +86,19 @@ class SegmentRuns(torch.autograd.Function):
             per_run = torch.segment_reduce(values.reshape(heads, -1), "sum", lengths=runs, axis=1)
             return values.new_zeros(heads, ctx.segments).index_add_(1, ids, per_run.view(heads, rows, -1).sum(1))
 
-        d_z = (grad * per_pair).sum(0) if ctx.needs_input_grad[0] else None
+        d_z = head_sum(grad, per_pair) if ctx.needs_input_grad[0] else None
         d_slopes = per_segment(grad * z) if ctx.needs_input_grad[1] else None
         d_intercepts = per_segment(grad) if ctx.needs_input_grad[2] else None
         return d_z, d_slopes, d_intercepts, None, None
+
+
+def head_sum(grad: Tensor, per_pair: Tensor) -> Tensor:
+    """sum_h grad[h] * per_pair[h] over the leading (head) dimension, accumulated in place head by head (no
+    [H, ...] product in memory)."""
+    out = grad[0] * per_pair[0]
+    for h in range(1, grad.shape[0]):
+        out.addcmul_(grad[h], per_pair[h])
+    return out
 
 
 def break_points(normaliser: Tensor, breaks: Tensor) -> Tensor | None:
@@ -141,22 +150,33 @@ def segment_runs(psi: Tensor, normaliser: Tensor, breaks: Tensor, largest: int, 
 
 
 class Diagonals(torch.autograd.Function):
-    """table[r + j] as a [R, K] tensor (one strided read of a 1-D table, no per-pair index), whose backward sums
-    each anti-diagonal of the gradient back into its table entry (autograd's own backward of an overlapping
-    `as_strided` view is far slower)."""
+    """table[r + j] / normaliser[r] as a [R, K] tensor: one strided read of a 1-D table (no per-pair index),
+    divided in the same pass. Its backward sums each anti-diagonal of grad / normaliser back into its table entry
+    and gives the normaliser -sum_j grad z / normaliser (autograd's own backward of an overlapping `as_strided`
+    view is far slower, and that of the division takes several passes over the block)."""
 
     @staticmethod
-    def forward(ctx, table: Tensor, rows: int, keys: int) -> Tensor:
+    def forward(ctx, table: Tensor, normaliser: Tensor, rows: int, keys: int) -> Tensor:
+        z = torch.div(table.as_strided((rows, keys), (1, 1)), normaliser,  # normaliser [R, 1]
+                      out=table.new_empty(rows, keys))  # contiguous (the view's strides would give 1, 1)
+        ctx.save_for_backward(z, normaliser)
         ctx.shape = (rows, keys, table.shape[0])
-        return table.as_strided((rows, keys), (1, 1)).clone(memory_format=torch.contiguous_format)
+        return z
 
     @staticmethod
     def backward(ctx, grad: Tensor):
+        z, normaliser = ctx.saved_tensors
         rows, keys, n = ctx.shape
-        # Row r of grad written at columns r .. r + keys - 1 of a [rows, n] buffer: column sums are the diagonal sums.
-        spread = grad.new_zeros(rows, n)
-        spread.as_strided((rows, keys), (n + 1, 1)).copy_(grad)
-        return spread.sum(0), None, None
+        d_table = d_normaliser = None
+        if ctx.needs_input_grad[0]:
+            # Row r of grad / normaliser written at columns r .. r + keys - 1 of a [rows, n] buffer: column sums
+            # are the diagonal sums.
+            spread = grad.new_zeros(rows, n)
+            torch.div(grad, normaliser, out=spread.as_strided((rows, keys), (n + 1, 1)))
+            d_table = spread.sum(0)
+        if ctx.needs_input_grad[1]:
+            d_normaliser = -torch.linalg.vecdot(grad, z).unsqueeze(-1) / normaliser
+        return d_table, d_normaliser, None, None
 
 
 def steps_apart(q_pos: Tensor, k_pos: Tensor) -> bool:
@@ -214,7 +234,7 @@ class FIRELayer(LayerPE):
             Tq, Tk = q_pos.shape[-1], k_pos.shape[-1]
             largest = int(q_pos[0, 0] - k_pos[0, 0])
             table = self.psi((largest - torch.arange(Tq + Tk - 1, device=q_pos.device)).to(dtype))
-            z = Diagonals.apply(table, Tq, Tk)[None] / normaliser
+            z = Diagonals.apply(table, normaliser[0], Tq, Tk)[None]
             return z, (table.detach(), normaliser.detach()[0, :, 0], largest)
         psi = self.psi((q_pos[..., :, None] - k_pos[..., None, :]).to(dtype))  # [B, Tq, Tk]
         return psi / normaliser, None
