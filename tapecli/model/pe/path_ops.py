@@ -25,10 +25,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from tapecli.model.pe.base import probing_active, report_weights, rows_for
-from tapecli.model.pe.path_groups import QueryGroups
+from tapecli.model.pe.path_groups import QueryGroups, fused_available
 
 MERGE = 8  # chunks per merged chunk of the training arrangement (`merge_chunks`)
 
@@ -158,7 +157,6 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
                               mask.new_ones(*mask.shape[:2], pad, N * C)), dim=-2)
     if mask is not None:
         mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (G, H // G))
-    # The pieces are linear in T (T x S C logits per head at most): recomputed in the backward rather than kept.
-    pieces = checkpoint(training_pieces, q, k, w, beta, C, S, use_reentrant=False, preserve_rng_state=False)
-    out = QueryGroups.apply(*pieces, v, mask)
+    pieces = training_pieces(q, k, w, beta, C, S)
+    out = QueryGroups.apply(*pieces, v, mask, fused_available(q.device))
     return out[..., :T, :].reshape(B, H, T, d)
