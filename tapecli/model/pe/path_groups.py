@@ -1,26 +1,29 @@
 """PaTH's training attention, one chunk of queries at a time, with its backward written out (no autograd graph).
 
-    out = QueryGroups.apply(q_own, own, keys, maps, v, mask, fused)     # [B, G, r, N C, d]
+    out = QueryGroups.apply(q_own, own, keys, maps, v, mask, sub, fused)     # [B, G, r, N C, d]
 
 The inputs are what `path_ops.training_pieces` returns (merged chunks), for N chunks of C tokens, G key heads
 with r query heads each: q_own [B, G, r, N, C, d] (each query after its own chunk's maps up to itself), own
 [B, G, r, N, C, C] (each chunk's logits against its own keys, -inf above the diagonal), keys [B, G, N, d, C] (chunk
 m's keys carried to the chunk's end, transposed), maps [B, G, N, d, d] (M_m^T, the chunk's map of a row vector);
-v [B, G, N C, d]; mask: bool [B|1, G|1, r|1, N C, N C] or None (causal); fused: whether the earlier chunks' blocks
-go through torch's fused CPU flash kernel (`fused_available`) or are materialised.
+v [B, G, N C, d]; mask: bool [B|1, G|1, r|1, N C, N C] or None (causal); sub: the tokens of the unmerged chunks
+(a divisor of C: a row block of `sub` queries sees only the first keys of its own chunk up to its own block);
+fused: whether the earlier chunks' blocks go through torch's fused CPU flash kernel (`fused_available`) or are
+materialised.
 
 The queries of chunk a walk the earlier key chunks m = a-1, ..., 0 backwards: X_{a-1} = q_own[a], logits
 L_m = X_m keys[m], then X_{m-1} = X_m maps[m]. Each block L_m is a plain dot product of its own queries and keys,
 so it is ordinary attention of X_m over chunk m's keys and values; only the own block (a's queries against its own
-keys) holds logits that are no dot product, and it is always materialised.
+keys) holds logits that are no dot product: it is materialised, one row block of `sub` queries at a time over the
+keys that row block can reach (half the block, not all of it, for eight merged chunks). The parts of a row (own
+block, earlier blocks) are each normalised on their own and merged by their log-sum-exps.
 
 Fused (CPU): the a blocks of chunk a are one batched call of the flash kernel (`_scaled_dot_product_flash_attention_
-for_cpu`, the batch being the key chunk), which keeps each block's output and log-sum-exp only; the blocks and the
-own block are merged by their log-sum-exps. In the backward the kernel's own backward, given the whole row's output
-and log-sum-exp, gives each block's share of dX_m, d keys[m] and dv exactly (the flash-attention recipe: P = exp(L -
-lse) of the whole row, dS = P (dP - rowsum(dO * O))). Materialised (other devices): the logits live key chunk first
-([m, rows, C]), so each L_m is written by its matmul in place and every later step (softmax, P V summed over m, and
-in the backward dP, dV and dS) is one batched call.
+for_cpu`, the batch being the key chunk), which keeps each block's output and log-sum-exp only. In the backward the
+kernel's own backward, given the whole row's output and log-sum-exp, gives each block's share of dX_m, d keys[m]
+and dv exactly (the flash-attention recipe: P = exp(L - lse) of the whole row, dS = P (dP - rowsum(dO * O))).
+Materialised (other devices): the logits live key chunk first ([m, rows, C]), so each L_m is written by its matmul
+in place and every later step (softmax, P V summed over m, and in the backward dP, dV and dS) is one batched call.
 
 The forward keeps the output and one log-sum-exp per row. The backward rebuilds one query chunk at a time (its X_m,
 [rows, d] each, and its own block), and walks the chain forwards, m = 0 .. a-1: dX_m = (the block's dX_m) +
@@ -52,14 +55,57 @@ def carried(q_own: Tensor, maps: Tensor, a: int) -> Tensor:
     return xs
 
 
-def own_block(own: Tensor, mask: Tensor | None, a: int) -> Tensor:
-    """Chunk a's own block [B, G, r C, C] with the padding mask applied (a view of `own` where it can be: not to be
-    written)."""
+def own_rows(own: Tensor, mask: Tensor | None, a: int, sub: int) -> list[tuple[slice, Tensor]]:
+    """Chunk a's own block by rows of `sub` queries (the unmerged chunks'): each row block's logits against the
+    keys it can reach, the chunk's first (s + 1) sub, [B, G, r, sub, (s + 1) sub], padding masked (views of
+    `own` without a mask: not to be written). The keys after those are the later sub-chunks' (-inf in `own`)."""
+    C = own.shape[-1]
+    blocks = []
+    for s0 in range(0, C, sub):
+        rows, reach = slice(s0, s0 + sub), s0 + sub
+        block = own[:, :, :, a, rows, :reach]
+        if mask is not None:
+            block = block.masked_fill(~mask[..., a * C + s0:a * C + reach, a * C:a * C + reach], float("-inf"))
+        blocks.append((rows, block))
+    return blocks
+
+
+def finite(top: Tensor) -> Tensor:
+    """A row maximum with -inf (a row that sees no key) replaced by 0, so exp(logits - top) is 0 there, not nan."""
+    return top.masked_fill(top == float("-inf"), 0.0)
+
+
+def normalised(num: Tensor, total: Tensor, top: Tensor) -> tuple[Tensor, Tensor]:
+    """Output and log-sum-exp from sum_j p_j v_j, sum_j p_j with p_j = exp(logit_j - top): 0 and -inf for a row
+    that sees no key."""
+    return num / total.clamp_min(torch.finfo(total.dtype).tiny), top + total.log()
+
+
+def own_forward(own: Tensor, values: Tensor, mask: Tensor | None, a: int, sub: int) -> tuple[Tensor, Tensor]:
+    """Attention of chunk a's queries over its own keys alone: output [B, G, r, C, d] and log-sum-exp
+    [B, G, r, C, 1]; values [B, G, C, d] are the chunk's."""
     B, G, r, N, C, _ = own.shape
-    block = own[:, :, :, a]
-    if mask is not None:
-        block = block.masked_fill(~mask[..., a * C:(a + 1) * C, a * C:(a + 1) * C], float("-inf"))
-    return block.reshape(B, G, r * C, C)
+    out = own.new_empty(B, G, r, C, values.shape[-1])
+    lse = own.new_empty(B, G, r, C, 1)
+    for rows, block in own_rows(own, mask, a, sub):
+        top = finite(block.amax(-1, keepdim=True))
+        probs = (block - top).exp_()
+        num = probs @ values[:, :, None, :block.shape[-1]]
+        out[..., rows, :], lse[..., rows, :] = normalised(num, probs.sum(-1, keepdim=True), top)
+    return out, lse
+
+
+def own_backward(d_own: Tensor, own: Tensor, values: Tensor, d_values: Tensor, mask: Tensor | None, a: int,
+                 sub: int, do: Tensor, lse: Tensor, delta: Tensor) -> None:
+    """Chunk a's own block's gradients: written into d_own [B, G, r, C, C] (the reachable keys of each row block;
+    the rest stays as it is) and added to d_values [B, G, C, d]; do [B, G, r, C, d], lse and delta
+    (rowsum(dO * O)) [B, G, r, C, 1] are the chunk's rows'."""
+    for rows, block in own_rows(own, mask, a, sub):
+        reach = block.shape[-1]
+        probs = (block - lse[..., rows, :]).exp_()
+        d_values[:, :, :reach] += (probs.transpose(-1, -2) @ do[..., rows, :]).sum(2)
+        d_block = do[..., rows, :] @ values[:, :, None, :reach].transpose(-1, -2)
+        d_own[..., rows, :reach] = d_block.sub_(delta[..., rows, :]).mul_(probs)
 
 
 def earlier_mask(mask: Tensor | None, a: int, shape: torch.Size) -> Tensor | None:
@@ -138,38 +184,33 @@ class QueryGroups(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q_own: Tensor, own: Tensor, keys: Tensor, maps: Tensor, v: Tensor, mask: Tensor | None,
-                fused: bool) -> Tensor:
+                sub: int, fused: bool) -> Tensor:
         B, G, r, N, C, d = q_own.shape
         out = q_own.new_empty(B, G, r, N * C, d)
         lse = q_own.new_empty(B, G, r, N * C, 1)
         values = v.unflatten(2, (N, C)).movedim(2, 0)  # [N, B, G, C, d]
         flash = FlashBlocks(keys, v, mask, q_own.shape) if fused else None
         for a in range(N):
-            block = own_block(own, mask, a)
-            top = block.amax(-1, keepdim=True)
+            o, m = own_forward(own, values[a], mask, a, sub)
+            o, m = o.view(B, G, r * C, d)[None], m.view(B, G, r * C, 1)[None]
             if a and flash is not None:
                 o_m, lse_m = flash.forward(carried(q_own, maps, a), a)
-                top = torch.maximum(top, lse_m.amax(0))
-                scales = lse_m.sub_(top).exp_()  # each block's share of the row, before normalising
-                block = (block - top).exp_()
-                total = block.sum(-1, keepdim=True) + scales.sum(0)
-                o = torch.baddbmm((scales * o_m).sum(0).view(-1, r * C, d), block.view(-1, r * C, C),
-                                  values[a].reshape(-1, C, d)).view(B, G, r * C, d)
+                o, m = torch.cat((o, o_m)), torch.cat((m, lse_m))
             elif a:
                 logits, _ = materialised_logits(q_own, keys, maps, mask, a)
-                top = torch.maximum(top, logits.amax((0, -1)).unsqueeze(-1))
-                block = (block - top).exp_()
+                top = finite(logits.amax((0, -1)).unsqueeze(-1))
                 probs = logits.sub_(top).exp_()
-                total = block.sum(-1, keepdim=True) + probs.sum((0, -1)).unsqueeze(-1)
-                o = block @ values[a] + (probs @ values[:a]).sum(0)
-            else:
-                block = (block - top).exp_()
-                total = block.sum(-1, keepdim=True)
-                o = block @ values[a]
-            out[..., a * C:(a + 1) * C, :] = (o / total).view(B, G, r, C, d)
-            lse[..., a * C:(a + 1) * C, :] = (top + total.log()).view(B, G, r, C, 1)
+                o_m, lse_m = normalised((probs @ values[:a]).sum(0), probs.sum((0, -1)).unsqueeze(-1), top)
+                o, m = torch.cat((o, o_m[None])), torch.cat((m, lse_m[None]))
+            if a:  # merge the parts by their log-sum-exps
+                top = m.amax(0)
+                scales = (m - top).exp_()
+                total = scales.sum(0)
+                o, m = (scales * o).sum(0) / total, top + total.log()
+            out[..., a * C:(a + 1) * C, :] = o.view(B, G, r, C, d)
+            lse[..., a * C:(a + 1) * C, :] = m.view(B, G, r, C, 1)
         ctx.save_for_backward(q_own, own, keys, maps, v, out, lse, mask)
-        ctx.fused = fused
+        ctx.fused, ctx.sub = fused, sub
         return out
 
     @staticmethod
@@ -178,7 +219,7 @@ class QueryGroups(torch.autograd.Function):
         B, G, r, N, C, d = q_own.shape
         flash = FlashBlocks(keys, v, mask, q_own.shape) if ctx.fused else None
         d_q_own, d_maps = torch.zeros_like(q_own), torch.zeros_like(maps)
-        d_own = own.new_empty(N, B, G, r, C, C)  # chunk first: each chunk's gradient written in place
+        d_own = own.new_zeros(N, B, G, r, C, C)  # chunk first: each chunk's gradient written in place
         values = v.unflatten(2, (N, C)).movedim(2, 0)  # [N, B, G, C, d]
         # Gradients of keys and values by chunk, [N, B, G, C, d]
         d_keys = keys.new_zeros(N, B, G, C, d)
@@ -189,10 +230,8 @@ class QueryGroups(torch.autograd.Function):
             do = grad_out[..., rows, :].reshape(B, G, r * C, d)
             row_lse = lse[..., rows, :].reshape(B, G, r * C, 1)
             row_delta = delta[..., rows, :].reshape(B, G, r * C, 1)
-            block = (own_block(own, mask, a) - row_lse).exp_()
-            d_values[a] += block.transpose(-1, -2) @ do
-            d_block = d_own[a].view(B, G, r * C, C)
-            torch.matmul(do, values[a].transpose(-1, -2), out=d_block).sub_(row_delta).mul_(block)
+            own_backward(d_own[a], own, values[a], d_values[a], mask, a, ctx.sub, do.view(B, G, r, C, d),
+                         row_lse.view(B, G, r, C, 1), row_delta.view(B, G, r, C, 1))
             if not a:
                 continue
             if flash is not None:
@@ -219,4 +258,4 @@ class QueryGroups(torch.autograd.Function):
             d_q_own[:, :, :, a] = dx.view(B, G, r, C, d)
         d_keys = d_keys.permute(1, 2, 0, 4, 3)
         dv = d_values.permute(1, 2, 0, 3, 4).reshape(B, G, N * C, d)
-        return d_q_own, d_own.permute(1, 2, 3, 0, 4, 5), d_keys, d_maps, dv, None, None
+        return d_q_own, d_own.permute(1, 2, 3, 0, 4, 5), d_keys, d_maps, dv, None, None, None

@@ -15,9 +15,11 @@ with q'_i the query after its own chunk's maps up to itself, k^_j the key after 
 to the chunk's end, and M_b = I - W_b^T (A D)_b^T W_b the d x d map of chunk b (keys <- keys M_b). For training,
 `training_pieces` first merges S consecutive chunks into one (`merge_chunks`: each merged chunk's keys carried to
 its end, its map the product of its chunks', its own logits; linear in T), so the walk over earlier chunks pays
-one d x d map per S C keys instead of per C; those pieces are recomputed in the backward (a checkpoint). Then
-`path_groups.QueryGroups` runs the walk one merged chunk of queries at a time, with its backward written out, so
-training keeps O(T (d + S C)) per head. Both arrangements are tested against a naive fp64 loop over all (i, j).
+one d x d map per S C keys instead of per C; autograd keeps those pieces' intermediates (linear in T: about a
+dozen tensors of T x C per head) rather than recomputing them in the backward. Then `path_groups.QueryGroups` runs
+the walk one merged chunk of queries at a time, with its backward written out (on the CPU the blocks against
+earlier chunks go through torch's fused flash kernel), so training keeps O(T (d + S C)) per head. Both arrangements
+are tested against a naive fp64 loop over all (i, j).
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
                               chunk_size: int) -> Tensor:
     """`path_attention` of T tokens with no earlier ones (same arguments; k, v [B, G, T, d]), by merged chunks of
     queries carried back (module docstring): memory O(T (d + S C)) per head plus one merged chunk's [S C, T]
-    logits. T is padded to whole merged chunks."""
+    logits (on the CPU its blocks' outputs only). T is padded to whole merged chunks."""
     B, H, T, d = q.shape
     G, C = k.shape[1], chunk_size
     N = -(-T // C)
@@ -158,5 +160,5 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
     if mask is not None:
         mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (G, H // G))
     pieces = training_pieces(q, k, w, beta, C, S)
-    out = QueryGroups.apply(*pieces, v, mask, fused_available(q.device))
+    out = QueryGroups.apply(*pieces, v, mask, C, fused_available(q.device))
     return out[..., :T, :].reshape(B, H, T, d)
