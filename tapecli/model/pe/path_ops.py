@@ -147,8 +147,11 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
     B, H, T, d = q.shape
     G, C = k.shape[1], chunk_size
     N = -(-T // C)
-    # Chunks per merged chunk: up to MERGE, as many as keep one merged chunk's logits [B, H, S C, T] in budget.
-    S = max(1, min(MERGE, N, rows_for(B, H, N * C, N * C, budget=4) // C))
+    fused = fused_available(q.device)
+    if fused and mask is None:  # only a merged chunk's own block [S C, S C] is materialised: up to MERGE
+        S = max(1, min(MERGE, N))
+    else:  # up to MERGE, as many as keep one merged chunk's logits (or mask) [B, H, S C, T] in budget
+        S = max(1, min(MERGE, N, rows_for(B, H, N * C, N * C, budget=4) // C))
     N = -(-N // S) * S
     if N * C != T:  # pad to whole chunks: H = I there (w = 0, beta = 0), and real queries never see those keys
         pad = N * C - T
@@ -160,5 +163,5 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
     if mask is not None:
         mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (G, H // G))
     pieces = training_pieces(q, k, w, beta, C, S)
-    out = QueryGroups.apply(*pieces, v, mask, C, fused_available(q.device))
+    out = QueryGroups.apply(*pieces, v, mask, C, fused)
     return out[..., :T, :].reshape(B, H, T, d)
