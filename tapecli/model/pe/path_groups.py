@@ -129,7 +129,7 @@ def materialised_logits(q_own: Tensor, keys: Tensor, maps: Tensor, mask: Tensor 
 
 class FlashBlocks:
     """Chunk a's blocks through the fused CPU kernel: keys and values by chunk, [N, B, G, C, d] contiguous (the
-    kernel reads a transposed or broadcast operand wrongly), and each chunk's additive mask."""
+    kernel misreads an operand whose last dimension is not contiguous), and each chunk's additive mask."""
 
     def __init__(self, keys: Tensor, v: Tensor, mask: Tensor | None, q_shape: torch.Size) -> None:
         B, G, r, N, C, d = q_shape
