@@ -15,7 +15,7 @@ The queries of chunk a walk the earlier key chunks m = a-1, ..., 0 backwards: X_
 L_m = X_m keys[m], then X_{m-1} = X_m maps[m]. Each block L_m is a plain dot product of its own queries and keys,
 so it is ordinary attention of X_m over chunk m's keys and values; only the own block (a's queries against its own
 keys) holds logits that are no dot product: it is materialised, one row block of `sub` queries at a time over the
-keys that row block can reach (half the block, not all of it, for eight merged chunks). The parts of a row (own
+keys that row block can reach (36 of the block's 64 pieces for eight merged chunks). The parts of a row (own
 block, earlier blocks) are each normalised on their own and merged by their log-sum-exps.
 
 Fused (CPU): the a blocks of chunk a are one batched call of the flash kernel (`_scaled_dot_product_flash_attention_

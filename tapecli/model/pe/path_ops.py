@@ -15,8 +15,8 @@ with q'_i the query after its own chunk's maps up to itself, k^_j the key after 
 to the chunk's end, and M_b = I - W_b^T (A D)_b^T W_b the d x d map of chunk b (keys <- keys M_b). For training,
 `training_pieces` first merges S consecutive chunks into one (`merge_chunks`: each merged chunk's keys carried to
 its end, its map the product of its chunks', its own logits; linear in T), so the walk over earlier chunks pays
-one d x d map per S C keys instead of per C; autograd keeps those pieces' intermediates (linear in T: about a
-dozen tensors of T x C per head) rather than recomputing them in the backward. Then `path_groups.QueryGroups` runs
+one d x d map per S C keys instead of per C; the chunks' own pieces are recomputed in the backward (a
+checkpoint), the merge's intermediates kept (linear in T). Then `path_groups.QueryGroups` runs
 the walk one merged chunk of queries at a time, with its backward written out (on the CPU the blocks against
 earlier chunks go through torch's fused flash kernel), so training keeps O(T (d + S C)) per head. Both arrangements
 are tested against a naive fp64 loop over all (i, j).
@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from tapecli.model.pe.base import probing_active, report_weights, rows_for
 from tapecli.model.pe.path_groups import QueryGroups, fused_available
@@ -122,7 +123,15 @@ def merge_chunks(q_own: Tensor, own: Tensor, keys: Tensor, maps: Tensor,
 def training_pieces(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, C: int,
                     S: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """`QueryGroups`'s inputs (q_own, own, keys, maps) for chunks of S C tokens, from q [B, H, N C, d] and k, w
-    [B, G, N C, d], beta [B, G, N C] (N a multiple of S)."""
+    [B, G, N C, d], beta [B, G, N C] (N a multiple of S). The chunks' own pieces are recomputed in the backward
+    (their factors' intermediates, a dozen tensors of T x C per head, are not kept: a checkpoint); the merge, whose
+    forward costs more, is kept."""
+    pieces = checkpoint(chunk_pieces, q, k, w, beta, C, use_reentrant=False, preserve_rng_state=False)
+    return pieces if S == 1 else merge_chunks(*pieces, S)
+
+
+def chunk_pieces(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, C: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`QueryGroups`'s inputs for the unmerged chunks of C tokens (`training_pieces`)."""
     B, H, T, d = q.shape
     G, N = k.shape[1], T // C
     # Every logit is linear in its query: scale the queries once instead of every logit (forward and backward).
@@ -134,9 +143,7 @@ def training_pieces(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, C: int,
     own = (q @ k.unsqueeze(2).transpose(-1, -2) - corr @ wk.unsqueeze(2)).masked_fill(~causal, float("-inf"))
     k_end = k - (AD @ wk).transpose(-1, -2) @ w  # each key after its own chunk's maps, to the chunk's end
     maps_t = torch.eye(d, dtype=q.dtype, device=q.device) - (AD.transpose(-1, -2) @ w).transpose(-1, -2) @ w
-    if S == 1:
-        return q_own, own, k_end.transpose(-1, -2), maps_t
-    return merge_chunks(q_own, own, k_end.transpose(-1, -2), maps_t, S)
+    return q_own, own, k_end.transpose(-1, -2), maps_t
 
 
 def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, mask: Tensor | None,
