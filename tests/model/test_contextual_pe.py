@@ -370,26 +370,35 @@ def test_every_recipe_can_select_them():
             assert ModelConfig(**recipe.model_config_kwargs(tokenizer_vocab_size=1000)).pe == pe
 
 
-@pytest.mark.parametrize("chunk_size,budget", [(1, 60), (3, 144), (4, 1), (4, 1 << 30)])
-@pytest.mark.parametrize("masked", [False, True])
-def test_path_training_arrangement_equals_the_naive_loop(monkeypatch, chunk_size, budget, masked):
+@pytest.mark.parametrize("chunk_size,budget,merge", [(1, 60, 3), (3, 144, 2), (4, 1, 1), (4, 1 << 30, 8)])
+@pytest.mark.parametrize("masked", [None, "holes", "left-padding"])
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "materialised"])
+def test_path_training_arrangement_equals_the_naive_loop(monkeypatch, chunk_size, budget, merge, masked, fused):
     """PaTH's training arrangement (chunks merged, queries carried back, a hand-written backward): outputs equal
     the naive loop, and gradients of every input equal autograd through the key-carrying path, with grouped-query
-    heads and a mask. The budget sets the merge: 4 merged chunks of 3 x 1 tokens, 2 of 2 x 3, 3 chunks of 4
-    unmerged, one of 3 x 4."""
+    heads and a mask, the earlier chunks' blocks through the CPU's fused flash kernel or materialised (as on other
+    devices). The budget sets the merge: 4 merged chunks of 3 x 1 tokens, 2 of 2 x 3, 3 chunks of 4 unmerged, one
+    of 3 x 4 (the fused path without a mask merges up to `merge` chunks whatever the budget, the same S here).
+    Left padding hides whole chunks of keys from later queries (rows of a block that see no key)."""
     from tapecli.model.attention import recompute
-    from tapecli.model.pe.path_ops import path_attention_by_queries
+    from tapecli.model.pe import path_ops
 
     monkeypatch.setattr(recompute, "SCORE_ELEMENTS", budget)
+    monkeypatch.setattr(path_ops, "fused_available", lambda device: fused)
+    monkeypatch.setattr(path_ops, "MERGE", merge)
     inputs = [t.requires_grad_() for t in random_path_inputs(T=10)]
     T = inputs[0].shape[2]
     mask = None
     if masked:
         mask = torch.ones(T, T, dtype=torch.bool).tril()
-        mask[3:, 2] = False
-        mask[7:, 5] = False
+        if masked == "holes":
+            mask[3:, 2] = False
+            mask[7:, 5] = False
+        else:  # six padding tokens first: each sees itself only, and no real token sees them
+            mask[:, :6] = False
+            mask.diagonal()[:6] = True
         mask = mask[None, None]
-    got = path_attention_by_queries(*inputs, mask, chunk_size)
+    got = path_ops.path_attention_by_queries(*inputs, mask, chunk_size)
     assert (got - naive_path(*inputs[:5], None if mask is None else mask[0, 0])).abs().max() <= 1e-12
     want, _ = path_attention(*inputs, mask, chunk_size, keep_keys=False)
     g = torch.randn_like(got)

@@ -15,9 +15,11 @@ with q'_i the query after its own chunk's maps up to itself, k^_j the key after 
 to the chunk's end, and M_b = I - W_b^T (A D)_b^T W_b the d x d map of chunk b (keys <- keys M_b). For training,
 `training_pieces` first merges S consecutive chunks into one (`merge_chunks`: each merged chunk's keys carried to
 its end, its map the product of its chunks', its own logits; linear in T), so the walk over earlier chunks pays
-one d x d map per S C keys instead of per C; those pieces are recomputed in the backward (a checkpoint). Then
-`path_groups.QueryGroups` runs the walk one merged chunk of queries at a time, with its backward written out, so
-training keeps O(T (d + S C)) per head. Both arrangements are tested against a naive fp64 loop over all (i, j).
+one d x d map per S C keys instead of per C; the chunks' own pieces are recomputed in the backward (a
+checkpoint), the merge's intermediates kept (linear in T). Then `path_groups.QueryGroups` runs
+the walk one merged chunk of queries at a time, with its backward written out (on the CPU the blocks against
+earlier chunks go through torch's fused flash kernel), so training keeps O(T (d + S C)) per head. Both arrangements
+are tested against a naive fp64 loop over all (i, j).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from tapecli.model.pe.base import probing_active, report_weights, rows_for
-from tapecli.model.pe.path_groups import QueryGroups
+from tapecli.model.pe.path_groups import QueryGroups, fused_available
 
 MERGE = 8  # chunks per merged chunk of the training arrangement (`merge_chunks`)
 
@@ -121,7 +123,15 @@ def merge_chunks(q_own: Tensor, own: Tensor, keys: Tensor, maps: Tensor,
 def training_pieces(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, C: int,
                     S: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """`QueryGroups`'s inputs (q_own, own, keys, maps) for chunks of S C tokens, from q [B, H, N C, d] and k, w
-    [B, G, N C, d], beta [B, G, N C] (N a multiple of S)."""
+    [B, G, N C, d], beta [B, G, N C] (N a multiple of S). The chunks' own pieces are recomputed in the backward
+    (their factors' intermediates, a dozen tensors of T x C per head, are not kept: a checkpoint); the merge, whose
+    forward costs more, is kept."""
+    pieces = checkpoint(chunk_pieces, q, k, w, beta, C, use_reentrant=False, preserve_rng_state=False)
+    return pieces if S == 1 else merge_chunks(*pieces, S)
+
+
+def chunk_pieces(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, C: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`QueryGroups`'s inputs for the unmerged chunks of C tokens (`training_pieces`)."""
     B, H, T, d = q.shape
     G, N = k.shape[1], T // C
     # Every logit is linear in its query: scale the queries once instead of every logit (forward and backward).
@@ -133,21 +143,22 @@ def training_pieces(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, C: int,
     own = (q @ k.unsqueeze(2).transpose(-1, -2) - corr @ wk.unsqueeze(2)).masked_fill(~causal, float("-inf"))
     k_end = k - (AD @ wk).transpose(-1, -2) @ w  # each key after its own chunk's maps, to the chunk's end
     maps_t = torch.eye(d, dtype=q.dtype, device=q.device) - (AD.transpose(-1, -2) @ w).transpose(-1, -2) @ w
-    if S == 1:
-        return q_own, own, k_end.transpose(-1, -2), maps_t
-    return merge_chunks(q_own, own, k_end.transpose(-1, -2), maps_t, S)
+    return q_own, own, k_end.transpose(-1, -2), maps_t
 
 
 def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, mask: Tensor | None,
                               chunk_size: int) -> Tensor:
     """`path_attention` of T tokens with no earlier ones (same arguments; k, v [B, G, T, d]), by merged chunks of
     queries carried back (module docstring): memory O(T (d + S C)) per head plus one merged chunk's [S C, T]
-    logits. T is padded to whole merged chunks."""
+    logits (on the CPU its blocks' outputs only). T is padded to whole merged chunks."""
     B, H, T, d = q.shape
     G, C = k.shape[1], chunk_size
     N = -(-T // C)
-    # Chunks per merged chunk: up to MERGE, as many as keep one merged chunk's logits [B, H, S C, T] in budget.
-    S = max(1, min(MERGE, N, rows_for(B, H, N * C, N * C, budget=4) // C))
+    fused = fused_available(q.device)
+    if fused and mask is None:  # only a merged chunk's own block [S C, S C] is materialised: up to MERGE
+        S = max(1, min(MERGE, N))
+    else:  # up to MERGE, as many as keep one merged chunk's logits (or mask) [B, H, S C, T] in budget
+        S = max(1, min(MERGE, N, rows_for(B, H, N * C, N * C, budget=4) // C))
     N = -(-N // S) * S
     if N * C != T:  # pad to whole chunks: H = I there (w = 0, beta = 0), and real queries never see those keys
         pad = N * C - T
@@ -158,7 +169,6 @@ def path_attention_by_queries(q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: 
                               mask.new_ones(*mask.shape[:2], pad, N * C)), dim=-2)
     if mask is not None:
         mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (G, H // G))
-    # The pieces are linear in T (T x S C logits per head at most): recomputed in the backward rather than kept.
-    pieces = checkpoint(training_pieces, q, k, w, beta, C, S, use_reentrant=False, preserve_rng_state=False)
-    out = QueryGroups.apply(*pieces, v, mask)
+    pieces = training_pieces(q, k, w, beta, C, S)
+    out = QueryGroups.apply(*pieces, v, mask, C, fused)
     return out[..., :T, :].reshape(B, H, T, d)
