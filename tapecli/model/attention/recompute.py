@@ -10,9 +10,9 @@ rebuilt, one chunk at a time, in the backward, so nothing of size [Tq, Tk] per h
 gradients the chunks simply run one after another, the last (widest) first: each later chunk's temporaries then fit
 in memory the allocator already holds (in order, every chunk asks for slightly more than any freed block, and the
 process's resident memory grows with the sum of all chunks, ~1 GiB at 16K tokens, instead of the largest).
-Every half second of chunks, forward and recomputation alike, glibc's freed heap pages go back to the system (heap.py):
-without that the small tensors each chunk keeps pin the freed temporaries, and the heap grows with the number of
-chunks.
+Each chunk's output is written into one output buffer as it comes (nothing chunk-sized is kept between chunks),
+and glibc's freed heap pages go back to the system once the process has grown by a few GiB (heap.py): small
+tensors kept between chunks pin the freed temporaries, and the heap would grow with the number of chunks.
 """
 
 from __future__ import annotations
@@ -38,17 +38,17 @@ def rows_for(batch: int, heads: int, k_len: int, q_len: int, budget: int = 1, mu
 
 def by_query_chunks(fn: Callable[[int, int], Tensor], q_len: int, rows: int) -> Tensor:
     """torch.cat([fn(i0, min(i0 + rows, q_len)) for i0 in range(0, q_len, rows)], dim=-2), recomputing each chunk
-    in the backward when gradients are recorded."""
+    in the backward when gradients are recorded; each chunk's output is copied into the result as it comes."""
     grad = torch.is_grad_enabled()
     starts = range(0, q_len, rows)
-    if len(starts) > 1:
-        fn = trimming(fn)
-    outputs = []
+    if len(starts) <= 1:
+        return fn(0, q_len)
+    fn, out = trimming(fn), None
     for i0 in starts if grad else reversed(starts):
         i1 = min(i0 + rows, q_len)
-        if grad and q_len > rows:
-            outputs.append(checkpoint(fn, i0, i1, use_reentrant=False, preserve_rng_state=False))
-        else:
-            outputs.append(fn(i0, i1))
-    outputs = outputs if grad else outputs[::-1]
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-2)
+        part = checkpoint(fn, i0, i1, use_reentrant=False, preserve_rng_state=False) if grad else fn(i0, i1)
+        if out is None:
+            out = part.new_empty((*part.shape[:-2], q_len, part.shape[-1]))
+        out[..., i0:i1, :] = part
+        del part
+    return out
