@@ -9,11 +9,11 @@ and the heap grows with the number of chunks (GRAPE-AP's step at 16K tokens on t
 hundred MB of live tensors; `by_query_chunks` writes each chunk's output into one buffer so that the outputs at
 least pin nothing, which was all of DAPE's growth). `malloc_trim(0)` hands every free page of the heap back to the
 system, the holes included, not only the top. A trim costs the page faults of the freed pages reused next (trimming
-every half second cost GRAPE-AP half its time again at 4K, every GiB of growth still a third), so it runs only once
-the process's resident memory (/proc/self/statm) has grown by GROWTH since the last one: a step that fits in that
-slack never pays for it, and a long one's memory stays within it of its live tensors. The other remedy,
-`MALLOC_MMAP_THRESHOLD_=65536` in the environment, page-faults every temporary in anew and doubled DAPE's time at
-4K. No library offers this for PyTorch's CPU allocator, so it is written here through ctypes.
+every half second cost GRAPE-AP half its time again at 4K, every GiB of growth 17 to 37 % in two runs), so it runs
+only once the process's resident memory (/proc/self/statm) has grown by GROWTH since the last one: a step that
+fits in that slack never pays for it, and a long one's memory stays within it of its live tensors. The other
+remedy, `MALLOC_MMAP_THRESHOLD_=65536` in the environment, page-faults every temporary in anew and doubled DAPE's
+time at 4K. No library offers this for PyTorch's CPU allocator, so it is written here through ctypes.
 """
 
 from __future__ import annotations
