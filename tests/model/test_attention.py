@@ -17,7 +17,7 @@ import torch
 from test_model import VOCAB, randomize_tape, tiny
 
 from tapecli.model import PE_NAMES, KVCache, attention
-from tapecli.model.attention import chunked, flex, recompute
+from tapecli.model.attention import chunked, chunked_grads, flex, recompute
 from tapecli.model.pe import fire
 
 BIAS_PES = ("alibi", "t5", "fire")
@@ -132,7 +132,7 @@ def test_t5_table_gradients_from_blocks_of_the_band(small_chunks, monkeypatch, b
     """The table's gradient scores only the band: blocks of `BAND_ROWS` queries, each over the m - 2 keys before it
     (zeros before key 0, masked) and its own. Blocks smaller than a chunk and a last, shorter block, from the first
     query on or after a KV cache, with grouped heads and with a window: the naive gradient."""
-    monkeypatch.setattr(chunked, "BAND_ROWS", band_rows)
+    monkeypatch.setattr(chunked_grads, "BAND_ROWS", band_rows)
     layer = layer_of("t5", pe_args={"num_buckets": 8, "max_distance": 6})
     q, k, v = qkv(Tq=Tq, Tk=Tk)
     k_pos = torch.arange(Tk)[None]
@@ -204,11 +204,11 @@ def test_input_grads_add_into_key_and_value_gradients_of_any_layout():
     for layout in ("contiguous", "transposed", "bf16"):
         if layout == "transposed":  # [B, T, G, d] storage: B and G do not merge
             dk, dv = (start.transpose(1, 2).contiguous().transpose(1, 2) for _ in range(2))
-            assert not chunked.mergeable(dk)
+            assert not chunked_grads.mergeable(dk)
         else:
             dtype = torch.bfloat16 if layout == "bf16" else torch.float64
             dk, dv = start.to(dtype, copy=True), start.to(dtype, copy=True)
-        dq = chunked.input_grads(q, k, v, do, probs, ds, 0.3, dk, dv)
+        dq = chunked_grads.input_grads(q, k, v, do, probs, ds, 0.3, dk, dv)
         tol = 1e-2 if layout == "bf16" else 1e-12
         for got, want in ((dq, want_dq), (dk, want_dk), (dv, want_dv)):
             assert (got.double() - want).abs().max() <= tol * want.abs().max(), layout
