@@ -64,6 +64,9 @@ HYBRID_CHECKS: dict[str, dict] = {
 }
 
 
+ENV_WIDTH = len("torch.compile")  # the longest name `environment` yields
+
+
 def package_version(name: str) -> str:
     try:
         return importlib.metadata.version(name)
@@ -84,22 +87,25 @@ def compile_works() -> str:
     return f"works ({time.perf_counter() - start:.0f} s to compile a tiny function)"
 
 
-def environment(device: torch.device, compile_check: bool = True) -> dict[str, str]:
-    env = {"python": platform.python_version(), "torch": torch.__version__, "threads": threads.describe()}
+def environment(device: torch.device, compile_check: bool = True):
+    """(name, value) of the environment, one at a time (what takes time, such as the first compilation on a fresh
+    machine, is printed after what came before it)."""
+    yield "python", platform.python_version()
+    yield "torch", torch.__version__
+    yield "threads", threads.describe()
     if torch.cuda.is_available():
-        env["cuda"] = f"{torch.version.cuda} ({torch.cuda.device_count()} device(s))"
-        env["gpu"] = torch.cuda.get_device_name(device if device.type == "cuda" else 0)
-        env["bf16"] = "yes" if torch.cuda.is_bf16_supported() else "no"
+        yield "cuda", f"{torch.version.cuda} ({torch.cuda.device_count()} device(s))"
+        yield "gpu", torch.cuda.get_device_name(device if device.type == "cuda" else 0)
+        yield "bf16", "yes" if torch.cuda.is_bf16_supported() else "no"
     else:
-        env["cuda"] = "not available"
-        env["bf16"] = "CPU autocast (always available)"
+        yield "cuda", "not available"
+        yield "bf16", "CPU autocast (always available)"
     for name, package in (("flash-attn", "flash-attn"), ("fla", "flash-linear-attention"), ("triton", "triton")):
-        env[name] = package_version(package)
-    env["torch.compile"] = compile_works() if compile_check else "not checked"
+        yield name, package_version(package)
+    yield "torch.compile", compile_works() if compile_check else "not checked"
     from tapecli.model.hf.arch import ARCHITECTURES
 
-    env["hf import"] = f"{', '.join(ARCHITECTURES)} (transformers {package_version('transformers')})"
-    return env
+    yield "hf import", f"{', '.join(ARCHITECTURES)} (transformers {package_version('transformers')})"
 
 
 def check_pe(pe: str, device: torch.device, keys: dict | None = None) -> dict:
@@ -124,11 +130,11 @@ def run_doctor(device: str = "auto", pes: list[str] | None = None, hybrids: bool
     (seconds on a GPU machine, up to a minute on a loaded CPU; scripts/gpu-check.sh --cpu leaves it out)."""
     dev = resolve_device(device)
     console = Console()
-    env = environment(dev, compile_check)
     console.print(f"[bold]Environment[/] ({dev})")
-    width = max(len(k) for k in env)
-    for key, value in env.items():
-        console.print(f"  {key:<{width}}  {value}")
+    env = {}
+    for key, value in environment(dev, compile_check):
+        env[key] = value
+        console.print(f"  {key:<{ENV_WIDTH}}  {value}")
     crowded = threads.busy()
     if crowded:
         console.print(f"[yellow]warning[/]: this machine is busy (load {crowded[0]:.1f} on {crowded[1]} cores): "

@@ -189,16 +189,17 @@ def steps_apart(q_pos: Tensor, k_pos: Tensor) -> bool:
 
 
 def fire_score(h: Tensor, q_pos: Tensor, k_pos: Tensor, c_distance: Tensor, c_query: Tensor, threshold: Tensor,
-               out_bias: Tensor, *units: Tensor) -> Tensor:
+               slopes: Tensor, intercepts: Tensor, *breaks: Tensor) -> Tensor:
     """The bias of one (head, query, key) inside FlexAttention (`ScoreMod`; `FIRELayer.score_mod_args` gives the
-    arguments): the MLP's hidden units unrolled, each argument read once."""
+    arguments): z, its segment (how many breaks lie below it), then that segment's line, as `piecewise_bias`.
+    What needs gradients is read once, at the head; the breaks (0-d, no gradient) are compared with z."""
     dtype = c_distance.dtype
-    z = torch.log(torch.abs(c_distance * (q_pos - k_pos).to(dtype)) + 1) / (
-        torch.log(torch.abs(c_query * torch.maximum(q_pos.to(dtype), threshold)) + 1) + EPS)
-    out = out_bias[h]
-    for weight, bias, column in zip(units[0::3], units[1::3], units[2::3], strict=True):
-        out = out + column[h] * torch.relu(weight * z + bias)
-    return out
+    z = torch.log(torch.abs(c_distance[h] * (q_pos - k_pos).to(dtype)) + 1) / (
+        torch.log(torch.abs(c_query[h] * torch.maximum(q_pos.to(dtype), threshold[h])) + 1) + EPS)
+    segment = torch.zeros_like(q_pos)
+    for point in breaks:
+        segment = segment + (z > point).to(segment.dtype)
+    return slopes[h, segment] * z + intercepts[h, segment]
 
 
 class FIRELayer(LayerPE):
@@ -273,14 +274,16 @@ class FIRELayer(LayerPE):
         return SegmentLines.apply(z, slopes, intercepts, segment).transpose(0, 1)  # [H, B|1, ..] -> [B|1, H, ..]
 
     def score_mod_args(self) -> tuple[Tensor, ...]:
-        """What `fire_score` reads: c twice, L, the output bias, then each hidden unit's first-layer weight and bias
-        and output column. Every tensor is its own clone, read once per call (FlexAttention's backward cannot lower
-        several reads of one tensor that requires gradients); gradients reach the MLP through the clones."""
-        first, second = self.mlp[0], self.mlp[2]
+        """What `fire_score` reads: c twice and L, each repeated per head ([H]), the slopes and intercepts of
+        `pieces` ([H, U + 1]), then each break (0-d). What requires gradients is its own copy, read once per call
+        at the head: FlexAttention's backward cannot lower several reads of one tensor that requires gradients,
+        nor (torch <= 2.13) the gradient of a 0-d tensor read directly (pytorch/pytorch#145208). Gradients reach
+        c, L and the MLP through the copies and `pieces`; the breaks are constants of the segments."""
+        heads = self.mlp[2].weight.shape[0]
         threshold = torch.abs(self.threshold_scale * self.threshold)
-        units = zip(first.weight[:, 0].unbind(0), first.bias.unbind(0), second.weight.unbind(1), strict=True)
-        return (self.c.clone(), self.c.clone(), threshold, second.bias.clone(),
-                *(t.clone() for unit in units for t in unit))
+        breaks, slopes, intercepts = self.pieces()
+        return (self.c.repeat(heads), self.c.repeat(heads), threshold.repeat(heads), slopes, intercepts,
+                *breaks.unbind(0))
 
     def init_weights(self) -> None:
         for linear in (self.mlp[0], self.mlp[2]):
