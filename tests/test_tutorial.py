@@ -67,7 +67,8 @@ def test_the_tutorial_runs_as_written(tmp_path, monkeypatch):
         else:
             subprocess.run(["bash", "-c", command], check=True)
     check, = (out for command, out in outputs.items() if command.startswith("tape pe check"))
-    assert "all 10 checks passed" in check and "shift-invariance       ok" in check
+    assert "all 11 checks passed" in check
+    assert "shift-invariance       ok" in check and "score-mod              ok" in check
     record = json.loads(next((tmp_path / "runs/kerple/checkpoints").glob("step-*/model_config.json")).read_text())
     assert record["pe"] == "kerple.py:Kerple" and record["pe_plugin"]["path"] == str(tmp_path / "kerple.py")
     cells = json.loads((tmp_path / "runs/compare/results.json").read_text())["cells"]

@@ -27,7 +27,7 @@ def invoke(*args: str, code: int = 0) -> str:
     return result.output
 
 
-@pytest.mark.parametrize("kind, name, cls, checks", [("bias", "my_bias", "MyBias", 10), ("rotary", "spin", "Spin", 11)])
+@pytest.mark.parametrize("kind, name, cls, checks", [("bias", "my_bias", "MyBias", 11), ("rotary", "spin", "Spin", 12)])
 def test_new_writes_a_skeleton_that_passes_the_check(tmp_path, monkeypatch, kind, name, cls, checks):
     monkeypatch.chdir(tmp_path)
     out = invoke("pe", "new", name, "--kind", kind)

@@ -60,3 +60,22 @@ def test_an_error_raised_in_a_plugins_hook_names_it_in_training_and_in_evaluatio
     assert one_line_error(result, 2) == (
         f"error: the plugin PE {value} failed in SlopeLayer.need: KeyError: 'no such slope'; fix the plugin "
         f"(`tape --debug ...` shows the traceback) and check it with `tape pe check {value}`")
+
+
+def test_a_score_mod_that_is_not_a_module_level_scoremod_is_refused_on_every_device(tmp_path: Path) -> None:
+    """A bound method as ScoreBias.score_mod used to pass every CPU check and fail at the first FlexAttention call
+    on CUDA; a ScoreMod of a bound method would compile one kernel per layer there. Both are refused when made."""
+    from tapecli.pe import ScoreBias, ScoreMod
+
+    path = plugin(tmp_path, "bound", "parameters=(self.slopes,))", "parameters=(self.slopes,), score_mod=self.pairs)")
+    value = f"{path}:LearnedALiBi"
+    result = runner.invoke(app, ["pretrain", *SMOKE, "--out", str(tmp_path / "run"), f"model.pe={value}"])
+    assert one_line_error(result, 2).startswith(
+        f"error: the plugin PE {value} failed in SlopeLayer.need: ContractError: ScoreBias.score_mod takes a "
+        "ScoreMod(fn, args) "
+        "(tapecli.pe.ScoreMod), got SlopeLayer.pairs: wrap a module-level function")
+    with pytest.raises(ValueError, match=r"takes a module-level function as fn, got test_a_score_mod.*<lambda>"):
+        ScoreMod(lambda h, q_pos, k_pos: q_pos - k_pos)
+    with pytest.raises(ValueError, match="got ScoreBias.checked"):  # a method, even of a class
+        ScoreMod(ScoreBias.checked)
+    assert ScoreMod(one_line_error).fn is one_line_error  # a module-level function is taken

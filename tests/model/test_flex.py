@@ -3,9 +3,8 @@
 - every bias PE's `ScoreMod` equals its defining `pairs` bias, in values and in gradients to the layer's
   parameters (the score_mod evaluated on every (head, query, key) with torch.vmap, as FlexAttention's own unfused
   path does), and reads each argument that requires gradients once (the CUDA backward refuses several reads);
-- FlexAttention's own unfused forward and backward (its CPU refusal of a backward lifted for the test) give dense
-  attention's output and gradients: a score_mod whose gradients FlexAttention cannot take (a 0-d tensor read
-  directly, which fails the CUDA compile as it fails here) is caught on the CPU;
+- (FlexAttention's own unfused forward and backward with each score_mod: `tape pe check`'s score-mod check, run for
+  every built-in by tests/pe/test_pe_check.py);
 - one compiled flex_attention serves every layer of a 12-layer model (dynamo's frame counter, backend "eager" so
   no kernel is built), and reaching the recompile limit raises instead of falling back to the unfused kernel.
 The compiled forward's numbers are checked against the fp64 reference in test_attention.py.
@@ -61,32 +60,6 @@ def test_score_mod_equals_the_pair_bias_in_values_and_gradients(pe):
     want_grads = torch.autograd.grad((want * weight).sum(), params, allow_unused=True)
     for g, w in zip(got_grads, want_grads, strict=True):
         assert (g - w).abs().max() <= 1e-10 * max(1.0, w.abs().max().item())
-
-
-@pytest.mark.parametrize("pe", BIAS_PES)
-def test_flex_attentions_own_backward_equals_dense_attention(pe, monkeypatch):
-    monkeypatch.setattr(flex.flex_module(), "_validate_device", lambda *args: None)  # "no backward on CPU"
-    layer = bias_layer(pe)
-    H, T, D = 4, 24, 8
-    gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, H, T, D, dtype=torch.float64, generator=gen).requires_grad_() for _ in range(3))
-    pos = torch.arange(3, 3 + T)[None]
-    mod = layer.need(None, False).score_mod
-    score_mod = flex.score_mod_of(mod, pos, pos, torch.tensor(1.0, dtype=torch.float64))
-    mask = flex.block_mask(1, T, T, None, q.device)
-    got = flex.flex_module().flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, scale=D ** -0.5)
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
-    scores = (q @ k.transpose(-1, -2)) * D ** -0.5 + layer.bias(pos, pos)
-    want = scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
-    assert (got - want).abs().max() <= 1e-12
-    inputs = [q, k, v, *(p for p in layer.parameters() if p.requires_grad)]
-    weight = torch.randn(got.shape, dtype=got.dtype, generator=gen)
-    got_grads = torch.autograd.grad((got * weight).sum(), inputs, allow_unused=True)
-    want_grads = torch.autograd.grad((want * weight).sum(), inputs, allow_unused=True)
-    for g, w in zip(got_grads, want_grads, strict=True):
-        assert (w is None) == (g is None)
-        if w is not None:
-            assert (g - w).abs().max() <= 1e-10 * max(1.0, w.abs().max().item())
 
 
 class Reads(TorchFunctionMode):

@@ -3,9 +3,9 @@ in BROKEN). Written as a plugin file against `tapecli.pe` only, and checked as `
 
 Each bug is one PE code has in the wild, made small: attention that ignores causality, positions of cached steps
 taken from the step's own length, a mask that forgets the cached tokens, a fast path that differs from the
-reference, padding assumed on the left, statistics across the batch, state drawn at random and not saved,
-arithmetic that needs fp32, a detached parameter, code that behaves differently under torch.compile, and claims a
-PE does not keep.
+reference, a FlexAttention form whose gradient FlexAttention cannot take, padding assumed on the left, statistics
+across the batch, state drawn at random and not saved, arithmetic that needs fp32, a detached parameter, code that
+behaves differently under torch.compile, and claims a PE does not keep.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tapecli.pe import (
     RoPE,
     RotaryLayer,
     ScoreBias,
+    ScoreMod,
     apply_rotary,
     default_positions,
     forced_path,
@@ -151,6 +152,34 @@ class NeedsFp32(PositionalEncoding):
         return NeedsFp32Layer()
 
 
+# score-mod -------------------------------------------------------------------------------------------------------
+def scalar_slope_score(h, q_pos, k_pos, slope):
+    return -slope * (q_pos - k_pos).to(slope.dtype)  # a 0-d tensor that needs gradients, read directly
+
+
+class ScalarSlopeLayer(LayerPE):
+    """One learned slope for every head; its score_mod is right in value, but FlexAttention cannot take its
+    gradient (FIRE's bug on a GPU with torch 2.11)."""
+
+    def __init__(self, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.slope = nn.Parameter(torch.tensor(0.25))
+
+    def need(self, state, average_state):
+        return ScoreBias(pairs=self.pairs, score_mod=ScoreMod(scalar_slope_score, (self.slope,)),
+                         parameters=(self.slope,))
+
+    def pairs(self, q_pos, k_pos):
+        distance = (q_pos[..., :, None] - k_pos[..., None, :]).to(self.slope.dtype)
+        return (-self.slope * distance)[:, None].expand(-1, self.heads, -1, -1)
+
+
+class ScalarScoreMod(PositionalEncoding):
+    def make_layer(self, layer_idx):
+        return ScalarSlopeLayer(self.config.n_heads)
+
+
 # pe-gradients ----------------------------------------------------------------------------------------------------
 class DetachedSlopes(LayerPE):
     def __init__(self, heads: int) -> None:
@@ -208,6 +237,6 @@ class ClaimsRotation(RoPE):
 
 
 BROKEN = {"causality": "NonCausal", "kv-cache": "StepPositions", "chunked-prefill": "ChunkedMask",
-          "dense": "FastPath", "padding": "LeftPaddingOnly", "batch": "BatchMixing", "save-load": "UnsavedFrequencies",
-          "finite": "NeedsFp32", "pe-gradients": "Detached", "compile": "CompileOnly",
-          "shift-invariance": "ClaimsShift", "rotation-equivariance": "ClaimsRotation"}
+          "dense": "FastPath", "score-mod": "ScalarScoreMod", "padding": "LeftPaddingOnly", "batch": "BatchMixing",
+          "save-load": "UnsavedFrequencies", "finite": "NeedsFp32", "pe-gradients": "Detached",
+          "compile": "CompileOnly", "shift-invariance": "ClaimsShift", "rotation-equivariance": "ClaimsRotation"}

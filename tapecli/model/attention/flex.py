@@ -140,9 +140,6 @@ def flex(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor,
                       k_pos if windowed else None)
     score_mod = None
     if bias is not None:
-        if not isinstance(bias.score_mod, ScoreMod):
-            raise TypeError(f"ScoreBias.score_mod must be a ScoreMod (tapecli.model.attention.needs), got "
-                            f"{type(bias.score_mod).__name__}")
         factor = torch.tensor(bias_factor, dtype=torch.float32, device=q.device)
         score_mod = score_mod_of(bias.score_mod, q_pos.expand(B, Tq).contiguous(), k_pos.expand(B, Tk).contiguous(),
                                  factor)

@@ -22,10 +22,12 @@ so a per-layer function would recompile per layer and, past dynamo's recompile l
 O(T^2) kernel), evaluated on 0-d tensors with pointwise torch ops only. `args` holds everything `fn` reads that
 belongs to the layer: tensors (guarded by dtype, shape and device only, so every layer shares the compiled kernel)
 and plain Python numbers (guarded by value: use them only for hyperparameters every layer shares, e.g. T5's bucket
-counts). A tensor that requires gradients must be read once per call of `fn` (FlexAttention's backward cannot
-lower several reads of one grad-requiring tensor): give each use its own tensor (e.g. `w.unbind(0)`, `.clone()`),
-as FIRE does for its unrolled MLP. The tensors are built when `need` is called, so gradients flow from them back
-to the layer's parameters through ordinary autograd.
+counts). A tensor that requires gradients must be read once per call of `fn`, indexed (e.g. `w[h]`):
+FlexAttention's compiled backward cannot lower several reads of one grad-requiring tensor, nor (torch 2.11 and
+2.13) the gradient of a 0-d tensor read directly; give each use its own tensor (`.clone()`; a scalar
+as `.repeat(H)`, read at the head), as FIRE does for c and L. The tensors are built when `need` is called, so
+gradients flow from them back to the layer's parameters through ordinary autograd. A `fn` that is not a
+module-level function, or a `score_mod` that is not a ScoreMod, is refused when made (a ContractError).
 """
 
 from __future__ import annotations
@@ -59,10 +61,20 @@ def from_outside(fn: object) -> bool:
 
 @dataclass(frozen=True)
 class ScoreMod:
-    """The FlexAttention form of a bias: fn(h, q_pos, k_pos, *args) on 0-d tensors (module docstring)."""
+    """The FlexAttention form of a bias: fn(h, q_pos, k_pos, *args) on 0-d tensors (module docstring). A `fn` that
+    is not a module-level function (a bound method, a lambda, a nested function) is refused when the ScoreMod is
+    made, on every device: on CUDA it would compile one kernel per layer."""
 
     fn: Callable[..., Tensor]
     args: tuple = ()
+
+    def __post_init__(self) -> None:
+        name = getattr(self.fn, "__qualname__", None)
+        if not callable(self.fn) or not isinstance(name, str) or "." in name or "<" in name:
+            raise ContractError(f"ScoreMod(fn, args) takes a module-level function as fn, got {_name(self.fn)}: "
+                                "FlexAttention compiles one kernel per function, so a bound method, a lambda or a "
+                                "nested function would compile once per layer; define fn(h, q_pos, k_pos, *args) at "
+                                "the top of the file and pass the layer's tensors in args (docs/pe-api.md)", self.fn)
 
 
 @dataclass(frozen=True)
@@ -81,6 +93,13 @@ class ScoreBias:
     table: Callable[[int], Tensor] | None = None
     score_mod: ScoreMod | None = None
     parameters: tuple[Tensor, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if self.score_mod is not None and not isinstance(self.score_mod, ScoreMod):
+            hook = self.score_mod if callable(self.score_mod) else self.pairs
+            raise ContractError(f"ScoreBias.score_mod takes a ScoreMod(fn, args) (tapecli.pe.ScoreMod), got "
+                                f"{_name(self.score_mod)}: wrap a module-level function of (h, q_pos, k_pos, *args) "
+                                "and the tensors it reads (docs/pe-api.md)", hook)
 
     def checked(self, heads: int) -> ScoreBias:
         """The same bias, every `pairs` and `table` result checked against the contract's shape for `heads` query

@@ -9,6 +9,9 @@ the number behind it). `CHECKS` lists them in the order they run; `tape doctor` 
   dense              fp32 on the device, on the attention paths it picks (linear memory), equals the fp64 CPU
                      reference with every score materialised (attention.forced("dense")): outputs of a left-padded
                      batch, and outputs and gradients of a training forward, without and with padding
+  score-mod          a bias PE's FlexAttention form (what a GPU trains with) equals its `pairs` bias: outputs and
+                     gradients through FlexAttention's own unfused forward and backward, fp64 on the CPU
+                     (score_mod.py)
   padding            each row left- or right-padded by 5 tokens computes what it computes alone
   batch              each row in a batch of 3 computes what it computes alone
   save-load          saved (tapecli.store.checkpoint) and opened again through the door: the same parameter names
@@ -36,6 +39,7 @@ from torch import Tensor
 
 from tapecli.model import KVCache, attention
 from tapecli.model.generation import prefill
+from tapecli.pe.check.score_mod import score_mod_verdict
 from tapecli.pe.check.subject import VOCAB, Subject
 
 
@@ -153,6 +157,10 @@ def dense(subject: Subject) -> Outcome:
     if missing:
         text += f"; no gradient for {missing[0].split(' ')[-1]} in {missing[0].split(')')[0]})"
     return Outcome("dense", worst <= tol and not missing, worst, text, {"paths": paths})
+
+
+def score_mod(subject: Subject) -> Outcome:
+    return Outcome("score-mod", *score_mod_verdict(subject))
 
 
 @torch.no_grad()
@@ -283,8 +291,9 @@ def rotation_equivariance(subject: Subject) -> Outcome:
 
 CHECKS: dict[str, Callable[[Subject], Outcome]] = {
     "causality": causality, "kv-cache": kv_cache, "chunked-prefill": chunked_prefill, "dense": dense,
-    "padding": padding, "batch": batch, "save-load": save_load, "finite": finite, "pe-gradients": pe_gradients,
-    "compile": compiled, "shift-invariance": shift_invariance, "rotation-equivariance": rotation_equivariance,
+    "score-mod": score_mod, "padding": padding, "batch": batch, "save-load": save_load, "finite": finite,
+    "pe-gradients": pe_gradients, "compile": compiled, "shift-invariance": shift_invariance,
+    "rotation-equivariance": rotation_equivariance,
 }
 ON_REQUEST = ("compile",)  # only with --compile
 CLAIMED = ("shift-invariance", "rotation-equivariance")  # only when the PE declares them

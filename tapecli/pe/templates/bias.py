@@ -10,7 +10,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from tapecli.pe import LayerPE, PositionalEncoding, PositionState, ScoreBias
+from tapecli.pe import LayerPE, PositionalEncoding, PositionState, ScoreBias, ScoreMod
+
+
+def linear_bias_score(h: Tensor, q_pos: Tensor, k_pos: Tensor, slopes: Tensor) -> Tensor:
+    """One (head, query, key) on 0-d tensors, for FlexAttention on CUDA. A module-level function (one compiled
+    kernel serves every layer); what it reads comes as arguments, each tensor read once, indexed by the head."""
+    return -slopes[h] * (q_pos - k_pos).to(slopes.dtype)
 
 
 class LinearBiasLayer(LayerPE):
@@ -28,7 +34,8 @@ class LinearBiasLayer(LayerPE):
 
     def need(self, state: PositionState, average_state: bool) -> ScoreBias:
         # Attention adds the bias on whatever path it takes (fused CPU kernels, FlexAttention, a dense mask).
-        return ScoreBias(pairs=self.pairs, table=self.table, score_mod=self.score_mod, parameters=(self.slopes,))
+        return ScoreBias(pairs=self.pairs, table=self.table, score_mod=ScoreMod(linear_bias_score, (self.slopes,)),
+                         parameters=(self.slopes,))
 
     def pairs(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The bias for any positions, [B|1, H, Tq, Tk] from q_pos [B|1, Tq] and k_pos [B|1, Tk] (the reference)."""
@@ -38,10 +45,6 @@ class LinearBiasLayer(LayerPE):
     def table(self, n: int) -> Tensor:
         """The same bias as a function of the distance 0..n-1 only, [H, n] (lets the CPU path skip [T, T])."""
         return -self.slopes[:, None] * torch.arange(n, device=self.slopes.device, dtype=self.slopes.dtype)
-
-    def score_mod(self, h: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """One (head, query, key) on 0-d tensors, for FlexAttention on CUDA."""
-        return -self.slopes[h] * (q_pos - k_pos).to(self.slopes.dtype)
 
 
 class LinearBias(PositionalEncoding):
