@@ -5,7 +5,8 @@ f is piecewise linear in z (its breaks are where hidden units switch), so the bi
 with its segment's slope and intercept (`FIRELayer.piecewise_bias`). On the chunked path (a chunk's queries latest
 first, its keys in order) psi is computed once per distance and read as diagonals (`Diagonals`), and each row's
 segments are runs of keys found once per row and break (`segment_runs`), their lines read and their gradients
-summed run by run (`SegmentRuns`); other positions search every pair (`SegmentLines`). Both give the same bias.
+summed run by run (`SegmentRuns`); other positions search every pair (`SegmentLines`). Both give the same bias, and
+so does FlexAttention's form on CUDA (`fire_score`: each pair's segment by comparing z with the breaks).
 
 pe_args:
   hidden      width of f (32)
