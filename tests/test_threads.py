@@ -94,7 +94,7 @@ def test_in_process_the_callers_thread_count_is_kept_unless_a_count_is_given() -
 
 
 def test_doctor_warns_on_a_busy_machine(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda: "not checked")
+    monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda device: "not checked")
     monkeypatch.setattr(os, "getloadavg", lambda: (threads.cores() + 1.5, 0.0, 0.0))
     assert threads.busy() == (threads.cores() + 1.5, threads.cores())
     doctor = ["doctor", "--device", "cpu", "--pe", "rope", "--no-hybrids"]

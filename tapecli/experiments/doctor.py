@@ -74,12 +74,14 @@ def package_version(name: str) -> str:
         return "not installed"
 
 
-def compile_works() -> str:
-    """Compile and run a tiny function: 'works (N s)' or the first line of the error."""
+def compile_works(device: torch.device) -> str:
+    """Compile and run a tiny function on `device`: 'works (N s)' or the first line of the error. On the device
+    checked, not the CPU: a GPU machine's first C++ build of a CPU kernel can take minutes, and says nothing of
+    its GPU (Triton) kernels."""
     start = time.perf_counter()
     try:
         fn = torch.compile(lambda x: torch.sin(x) * 2 + 1)
-        x = torch.arange(8.0)
+        x = torch.arange(8.0, device=device)
         if not torch.allclose(fn(x), torch.sin(x) * 2 + 1):
             return "wrong result"
     except Exception as e:  # noqa: BLE001 - the report names whatever broke
@@ -102,7 +104,7 @@ def environment(device: torch.device, compile_check: bool = True):
         yield "bf16", "CPU autocast (always available)"
     for name, package in (("flash-attn", "flash-attn"), ("fla", "flash-linear-attention"), ("triton", "triton")):
         yield name, package_version(package)
-    yield "torch.compile", compile_works() if compile_check else "not checked"
+    yield "torch.compile", compile_works(device) if compile_check else "not checked"
     from tapecli.model.hf.arch import ARCHITECTURES
 
     yield "hf import", f"{', '.join(ARCHITECTURES)} (transformers {package_version('transformers')})"

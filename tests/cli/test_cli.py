@@ -105,7 +105,7 @@ def test_doctor_reports_the_machine_and_checks_each_pe():
 def test_doctor_fails_loudly(monkeypatch):
     """A check that fails marks its line and makes the command exit with 1; an unknown PE is a usage error."""
     monkeypatch.setattr("tapecli.pe.check.subject.FP32_TOLERANCE", {"cpu": 0.0})  # fp32 is not fp64
-    monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda: "not checked")
+    monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda device: "not checked")
     result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi", "--no-hybrids"])
     assert result.exit_code == 1, result.output
     assert "FAILED" in result.output and "failed: alibi" in result.output
@@ -171,7 +171,7 @@ def test_bench_and_doctor_survive_one_failing_pe(monkeypatch):
     assert "alibi: failed: RuntimeError: alibi broke" in result.output
     assert "sdpa" in rows["nope"] and "1.00" in rows["rope"]
     monkeypatch.setattr(doctor, "check_pe", broken_check)
-    monkeypatch.setattr(doctor, "compile_works", lambda: "not checked")
+    monkeypatch.setattr(doctor, "compile_works", lambda device: "not checked")
     result = runner.invoke(app, ["doctor", "--device", "cpu", "--pe", "alibi,nope", "--no-hybrids"])
     assert result.exit_code == 1, result.output
     assert "alibi:   failed: ValueError: alibi broke" in result.output

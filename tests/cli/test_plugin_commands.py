@@ -118,7 +118,7 @@ def test_sweep_bench_and_doctor_take_a_plugin_file(file_run, tmp_path, monkeypat
            "0", "--rounds", "1", "--out", str(bench))
     at = json.loads(bench.read_text())["lengths"]["16"]
     assert at["paths"] == {"rope": ["sdpa"], "LearnedALiBi": ["chunked"]} and at["peak_bytes"]["LearnedALiBi"] >= 0
-    monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda: "not checked")
+    monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda device: "not checked")
     assert "all checks passed" in invoke("doctor", "--device", "cpu", "--pe", value, "--no-hybrids")
 
 
