@@ -250,7 +250,8 @@ def icl_and_longqa(helmet: Path, rng: random.Random) -> None:
                          "options": options if split == "longbook_choice_eng" else []})
         (helmet / "infinitebench" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows),
                                                                  encoding="utf-8")
-    byte_level = Tokenizer(models.BPE({c: i for i, c in enumerate(pre_tokenizers.ByteLevel.alphabet())}, []))
+    # The alphabet comes as a set (its order changes from run to run): sorted, the same ids every time.
+    byte_level = Tokenizer(models.BPE({c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}, []))
     byte_level.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     PreTrainedTokenizerFast(tokenizer_object=byte_level).save_pretrained(str(helmet.parent / "byte-tokenizer"))
 
@@ -259,9 +260,10 @@ def helmet_summ_cite(rng: random.Random, helmet: Path) -> None:
     """HELMET's summarisation and citation files (see the docstring)."""
 
     def text(size: int) -> str:
-        words = []
-        while sum(map(len, words)) + len(words) < size:
+        words, total = [], 0  # total: len(" ".join(words)) + 1
+        while total < size:
             words.append(rng.choice(WORDS))
+            total += len(words[-1]) + 1
         return " ".join(words) + "."
 
     def summary(k: int) -> str:
