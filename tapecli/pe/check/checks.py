@@ -27,7 +27,6 @@ or an infinity on either side fails (its difference counts as infinite).
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from torch import Tensor
 from tapecli.model import KVCache, attention
 from tapecli.model.generation import prefill
 from tapecli.pe.check.score_mod import score_mod_verdict
-from tapecli.pe.check.subject import VOCAB, Subject
+from tapecli.pe.check.subject import VOCAB, Subject, max_abs, relative
 
 
 @dataclass(frozen=True)
@@ -50,14 +49,6 @@ class Outcome:
     number: float | None  # the measured value the verdict rests on (None: a count or a yes/no)
     text: str  # what was measured, with the number
     info: dict[str, Any] = field(default_factory=dict)  # extras (the dense check: the attention paths taken)
-
-
-def _max_abs(a: Tensor, b: Tensor) -> float:
-    """max |a - b|; inf when either side holds a NaN or an infinity, so no check compares non-finite values as
-    equal (NaN - NaN is NaN, and Python's max() and <= would let a NaN through)."""
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        return math.inf
-    return (a.double() - b.double()).abs().max().item()
 
 
 def _exact(name: str, subject: Subject, worst: float, what: str) -> Outcome:
@@ -72,7 +63,7 @@ def causality(subject: Subject) -> Outcome:
     for t in (1, 9, 17):
         changed = x.clone()
         changed[:, t:] = (changed[:, t:] + 1 + torch.arange(24 - t, device=x.device)) % VOCAB
-        worst = max(worst, _max_abs(model(changed)[:, :t], base[:, :t]))
+        worst = max(worst, max_abs(model(changed)[:, :t], base[:, :t]))
     return _exact("causality", subject, worst, "logits before changed tokens")
 
 
@@ -87,7 +78,7 @@ def kv_cache(subject: Subject) -> Outcome:
         position = torch.full((2,), 12, device=prompt.device) if mask is None else mask.sum(-1)
         for _ in range(5):
             full = model(tokens, attention_mask=seen)[:, -1]
-            worst = max(worst, _max_abs(step, full))
+            worst = max(worst, max_abs(step, full))
             token = full.argmax(-1)
             agree &= bool((step.argmax(-1) == token).all())
             tokens = torch.cat((tokens, token[:, None]), dim=1)
@@ -106,13 +97,8 @@ def chunked_prefill(subject: Subject) -> Outcome:
     for mask in (None, subject.left_padding(2, 24, 5)):
         prompt = subject.tokens(2, 24, seed=4)
         full = model(prompt, attention_mask=mask)[:, -1]
-        worst = max(worst, _max_abs(prefill(model, prompt, mask, 0, KVCache(model.config.n_layers), 5), full))
+        worst = max(worst, max_abs(prefill(model, prompt, mask, 0, KVCache(model.config.n_layers), 5), full))
     return _exact("chunked-prefill", subject, worst, "prefill in chunks of 5 vs the full forward")
-
-
-def _relative(got: Tensor, want: Tensor, floor: float = 0.0) -> float:
-    diff = _max_abs(got, want)
-    return diff if math.isinf(diff) else diff / max(want.abs().max().item(), floor, 1e-30)
 
 
 def dense(subject: Subject) -> Outcome:
@@ -147,7 +133,7 @@ def dense(subject: Subject) -> Outcome:
     got = run(subject.model(torch.float32), dev, torch.float32)
     missing = sorted(set(want) - set(got))
     scale = max((t.abs().max().item() for k, t in want.items() if k.startswith("gradients")), default=0.0)
-    errors = {key: _relative(got[key], value, 1e-3 * scale if key.startswith("gradients") else 0.0)
+    errors = {key: relative(got[key], value, 1e-3 * scale if key.startswith("gradients") else 0.0)
               for key, value in want.items() if key in got}
     worst_what, worst = max(errors.items(), key=lambda item: item[1])
     tol = subject.fp32_tolerance
@@ -172,7 +158,7 @@ def padding(subject: Subject) -> Outcome:
         alone = model(x[row:row + 1])
         left = model(torch.cat((filler, x[row:row + 1]), 1), attention_mask=torch.cat((zeros, ones), 1))[:, 5:]
         right = model(torch.cat((x[row:row + 1], filler), 1), attention_mask=torch.cat((ones, zeros), 1))[:, :16]
-        worst = max(worst, _max_abs(left, alone), _max_abs(right, alone))
+        worst = max(worst, max_abs(left, alone), max_abs(right, alone))
     return _exact("padding", subject, worst, "rows left- and right-padded vs alone")
 
 
@@ -180,7 +166,7 @@ def padding(subject: Subject) -> Outcome:
 def batch(subject: Subject) -> Outcome:
     model, x = subject.model(), subject.tokens(3, 16, seed=8)
     together = model(x)
-    worst = max(_max_abs(together[row:row + 1], model(x[row:row + 1])) for row in range(3))
+    worst = max(max_abs(together[row:row + 1], model(x[row:row + 1])) for row in range(3))
     return _exact("batch", subject, worst, "rows in a batch of 3 vs alone")
 
 
@@ -203,7 +189,7 @@ def save_load(subject: Subject) -> Outcome:
         return Outcome("save-load", False, None, "the reopened model names its parameters differently")
     x = subject.tokens(2, 16, seed=9).cpu()
     with torch.no_grad():
-        worst = _max_abs(opened(x), model(x))
+        worst = max_abs(opened(x), model(x))
     return Outcome("save-load", worst <= 1e-6, worst, f"{len(names)} tensors saved and opened through the door: "
                    f"same names, logits max |diff| {worst:.1e} (tolerance 1e-06)")
 
@@ -252,7 +238,7 @@ def compiled(subject: Subject) -> Outcome:
         return Outcome("compile", False, None, f"torch.compile ({subject.compile_backend}) fails: "
                        f"{type(e).__name__}: {str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}")
     grads = dict(eager.named_parameters())
-    worst = max([_relative(got, want)] + [_relative(p.grad, grads[n].grad) for n, p in model.named_parameters()
+    worst = max([relative(got, want)] + [relative(p.grad, grads[n].grad) for n, p in model.named_parameters()
                                           if p.grad is not None and grads[n].grad is not None])
     tol = subject.fp32_tolerance
     return Outcome("compile", worst <= tol, worst, f"compiled ({subject.compile_backend}) vs eager training step: "
@@ -263,7 +249,7 @@ def compiled(subject: Subject) -> Outcome:
 def shift_invariance(subject: Subject) -> Outcome:
     model, x = subject.model(), subject.tokens(2, 16, seed=13)
     base = model(x)
-    worst = max(_max_abs(model(x, start_pos=shift), base) for shift in (7, 40))
+    worst = max(max_abs(model(x, start_pos=shift), base) for shift in (7, 40))
     return _exact("shift-invariance", subject, worst, "claimed: logits at start_pos 7 and 40 vs 0")
 
 
@@ -285,7 +271,7 @@ def rotation_equivariance(subject: Subject) -> Outcome:
                         dtype=torch.float64).to(state.rotary) * 6.3
     hidden, out = model.run(x, state=state)
     hidden_rotated, out_rotated = model.run(x, state=state.replace(rotary=rotate_pairs(state.rotary, angles)))
-    worst = max(_max_abs(hidden_rotated, hidden), _max_abs(out_rotated.rotary, rotate_pairs(out.rotary, angles)))
+    worst = max(max_abs(hidden_rotated, hidden), max_abs(out_rotated.rotary, rotate_pairs(out.rotary, angles)))
     return _exact("rotation-equivariance", subject, worst, "claimed: outputs and final state under rotated pairs")
 
 

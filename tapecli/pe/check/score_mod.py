@@ -22,7 +22,7 @@ from torch import Tensor
 
 from tapecli.model.attention import flex
 from tapecli.model.attention.needs import ScoreBias
-from tapecli.pe.check.subject import EXACT_TOLERANCE, Subject
+from tapecli.pe.check.subject import EXACT_TOLERANCE, Subject, relative
 
 HEADS, LENGTH, HEAD_DIM, START = 4, 20, 8, 3
 TOLERANCE = EXACT_TOLERANCE["cpu"]  # fp64: the two forms differ by rounding only
@@ -78,11 +78,6 @@ def layer_difference(need: ScoreBias, parameters: list[Tensor]) -> float:
     scale = max(w.abs().max().item() for w in want_grads if w is not None)
     return max([worst] + [relative(g, w, 1e-3 * scale) for g, w in zip(got_grads, want_grads, strict=True)
                           if w is not None])
-
-
-def relative(got: Tensor, want: Tensor, floor: float = 0.0) -> float:
-    diff = (got - want).abs().max().item()
-    return math.inf if not math.isfinite(diff) else diff / max(want.abs().max().item(), floor, 1e-30)
 
 
 def score_mod_verdict(subject: Subject) -> tuple[bool, float | None, str]:

@@ -8,15 +8,17 @@ Models: the same seed for every build, then every PE parameter (and q/k/v bias a
 initial value (zeros, which hide what TAPE's and CoPE's maps do, become N(0, 0.3); any other value is scaled by
 exp(N(0, 0.5)), which keeps its sign and magnitude), as after training. Exact checks compare two computations of the
 same thing: in fp64 on the CPU (tolerance 1e-9 on logits of order 1e-1, where a bug shows as 1e-4 or more) and in
-fp32 on CUDA (2e-3, TF32 matmuls included).
+fp32 on CUDA (2e-3, TF32 matmuls included). `max_abs` and `relative` are how every check compares two tensors.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from tapecli.errors import TapeError
 from tapecli.model import ModelConfig, Transformer
@@ -81,3 +83,16 @@ class Subject:
         mask = torch.ones(batch, length, dtype=torch.long, device=self.device)
         mask[-1, :pads] = 0
         return mask
+
+
+def max_abs(a: Tensor, b: Tensor) -> float:
+    """max |a - b|; inf when either side holds a NaN or an infinity, so no check compares non-finite values as
+    equal (NaN - NaN is NaN, and Python's max() and <= would let a NaN through)."""
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        return math.inf
+    return (a.double() - b.double()).abs().max().item()
+
+
+def relative(got: Tensor, want: Tensor, floor: float = 0.0) -> float:
+    diff = max_abs(got, want)
+    return diff if math.isinf(diff) else diff / max(want.abs().max().item(), floor, 1e-30)
