@@ -127,6 +127,25 @@ def test_a_stuck_part_is_killed_with_what_it_started(tmp_path, monkeypatch) -> N
     assert all(gone(int(pid)) for pid in (tmp_path / "pids").read_text().split())
 
 
+def test_a_parent_stopped_by_sigterm_stops_its_part_first() -> None:
+    script = """if True:
+        import os, subprocess, time
+        from tapecli.experiments.gpu_check import isolate
+
+        def part(_deadline, _result, log):
+            log(f"{os.getpid()} {subprocess.Popen(['sleep', '60']).pid}")
+            time.sleep(60)
+
+        isolate.run_part("part", 60, part, lambda line: print(line, flush=True), "fork")
+    """
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env=subprocess_env())
+    pids = parent.stdout.readline().split()
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    assert len(pids) == 2 and all(gone(int(pid)) for pid in pids)
+
+
 @pytest.mark.parametrize(("fn", "status"), [
     (raises, "failed: ValueError: boom"),
     (functools.partial(ends, "exit"), "failed: the process ended with exit code 3"),

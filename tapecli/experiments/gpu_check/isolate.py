@@ -6,10 +6,11 @@
 The child makes itself a process-group leader and runs fn with two stops:
 - soft, in the child: SIGALRM at `budget` seconds raises OverBudget in fn; the part is "stopped at its budget of
   N s" and keeps what it had filled into `result`. An exception in fn is "failed: <one line>".
-- hard, in the parent: a child that sent no entry `GRACE_S` seconds after its budget (stuck in a compile, in C
-  code that SIGALRM does not interrupt) is killed with its whole process group: "killed: no answer N s after its
-  budget", an empty result. A child that ends without an entry (a crash, the OOM killer, os._exit) is "failed: the
-  process ended with signal X" (or "with exit code X").
+- hard, in the parent: a child that sent no entry `GRACE_S` seconds after its budget ran out (stuck in a compile,
+  in C code that SIGALRM does not interrupt) is killed with its whole process group: "killed: no answer N s after
+  its budget", an empty result. The budget counts from the child's start message, sent once a spawned child has
+  imported what unpickling its part needs (until then, from its launch). A child that ends without an entry (a
+  crash, the OOM killer, os._exit) is "failed: the process ended with signal X" (or "with exit code X").
 The child sends its log lines (as they come) and its entry through a pipe, and leaves with os._exit: no atexit
 joins of worker pools. Whatever it started (inductor's compile workers) is killed with its process group after
 every part, so nothing of one part outlives it. The parent stops the child also when it is stopped itself
@@ -75,6 +76,7 @@ def child(budget: float, fn, pipe) -> None:
 
     code = 1
     try:
+        send(("start", None))  # the budget starts now, after the imports of a spawned child
         send(("entry", run_soft(budget, fn, lambda text: send(("log", text)))))
         code = 0
     except BaseException:  # noqa: BLE001 - whatever escaped run_soft: say it, the parent reports the exit code
@@ -114,7 +116,7 @@ def run_part(name: str, budget: float, fn, log, method: str) -> dict:
     previous = signal.signal(signal.SIGTERM, stop)
     entry = None
     try:
-        hard = start + budget + GRACE_S
+        hard = start + budget + GRACE_S  # until the child says it started
         while entry is None:
             ready = wait([reader, process.sentinel], max(0.0, hard - time.monotonic()))
             if reader not in ready:  # past the hard deadline, or the child ended and every line is read
@@ -123,7 +125,9 @@ def run_part(name: str, budget: float, fn, log, method: str) -> dict:
                 kind, value = reader.recv()
             except EOFError:
                 break
-            if kind == "log":
+            if kind == "start":
+                hard = time.monotonic() + budget + GRACE_S
+            elif kind == "log":
                 log(value)
             else:
                 entry = value
