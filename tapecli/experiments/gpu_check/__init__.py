@@ -13,8 +13,12 @@ Four parts, each with a time budget (PARTS; GPU sizes in GPU, the --cpu mode's t
   extend   one `tape extend-context --method lora` step with activation checkpointing on a random ~1.1B Llama at
            8K tokens: peak memory, step time, the prediction for a 7B base (extend_step.py)
 
-Each part runs in this process under its budget: it starts no new variant past its soft deadline (80 % of the
-budget) and is stopped by SIGALRM at the budget; what it left out is named on the page and printed at the end.
+Each part runs in a child process of its own (isolate.py: spawned on the GPU, so that it starts with a fresh CUDA
+and inductor state whatever the part before it left behind; forked in --cpu mode, which imports PRELOAD once, here)
+under its budget: it starts no new variant past its soft deadline (80 % of the budget) and is stopped by SIGALRM at
+the budget, keeping what it finished; a child with no answer isolate.GRACE_S seconds after its budget is killed
+with everything it started, one that crashes is reported failed. This process compiles and measures nothing; it
+prints the parts' log lines as they come, and what a part left out is named on the page and printed at the end.
 The page is rewritten (atomically) after every part, so a run killed from outside keeps what it finished. The
 --cpu mode runs the same parts at toy sizes in seconds (its compiled variants through dynamo's eager backend:
 inductor on a CPU takes minutes); the test suite runs it (tests/experiments/test_gpu_check.py).
