@@ -104,6 +104,15 @@ def slow(_deadline, result, log) -> None:
     time.sleep(60)
 
 
+def swallows(_deadline, result, _log) -> None:
+    """Catches the first OverBudget, as dynamo does when it arrives mid-compile (and runs the frame eagerly)."""
+    try:
+        time.sleep(60)
+    except BaseException:  # noqa: BLE001 - the point of this fake part
+        result["swallowed"] = True
+    time.sleep(60)
+
+
 def gone(pid: int) -> bool:
     """No such process, or only its zombie (a grandchild waits for whoever adopted it to reap it)."""
     for _ in range(50):
@@ -161,6 +170,13 @@ def test_a_part_stopped_at_its_budget_keeps_its_partial_result() -> None:
     entry = isolate.run_part("slow", 0.4, slow, lines.append, "fork")
     assert entry["status"] == "stopped at its budget of 0 s" and entry["result"] == {"rows": ["first"]}
     assert lines[0] == "first row" and 0.4 <= entry["seconds"] < 5
+
+
+def test_a_part_that_swallows_the_alarm_is_stopped_by_the_next(monkeypatch) -> None:
+    monkeypatch.setattr(isolate, "ALARM_AGAIN_S", 0.1)
+    monkeypatch.setattr(isolate, "GRACE_S", 1.0)
+    entry = isolate.run_part("part", 0.2, swallows, lambda _: None, "fork")
+    assert entry["status"] == "stopped at its budget of 0 s" and entry["result"] == {"swallowed": True}
 
 
 def test_the_gpu_parts_reach_a_spawned_child(capfd) -> None:

@@ -4,8 +4,9 @@
     # entry: {"budget_s", "status", "seconds", "result"}, JSON-able
 
 The child makes itself a process-group leader and runs fn with two stops:
-- soft, in the child: SIGALRM at `budget` seconds raises OverBudget in fn; the part is "stopped at its budget of
-  N s" and keeps what it had filled into `result`. An exception in fn is "failed: <one line>".
+- soft, in the child: SIGALRM at `budget` seconds raises OverBudget in fn, and again every ALARM_AGAIN_S seconds
+  should fn swallow it (dynamo does, raised while it compiles a frame: it runs the frame eagerly); the part is
+  "stopped at its budget of N s" and keeps what it had filled into `result`. An exception in fn is "failed: <one line>".
 - hard, in the parent: a child that sent no entry `GRACE_S` seconds after its budget ran out (stuck in a compile,
   in C code that SIGALRM does not interrupt) is killed with its whole process group: "killed: no answer N s after
   its budget", an empty result. The budget counts from the child's start message, sent once a spawned child has
@@ -30,6 +31,7 @@ from contextlib import suppress
 from multiprocessing.connection import wait
 
 GRACE_S = 20.0  # how long after its budget a part may take to answer before it is killed
+ALARM_AGAIN_S = 1.0  # SIGALRM again this often past the budget, until the part has stopped
 
 
 class OverBudget(BaseException):
@@ -41,6 +43,7 @@ def run_soft(budget: float, fn, log) -> dict:
     """fn(soft_deadline, result, log) fills the dict `result` as it goes, under a SIGALRM at `budget` seconds (80 %
     of it is the soft deadline); a part stopped at its budget keeps what it had filled in."""
     def alarm(*_):
+        signal.setitimer(signal.ITIMER_REAL, ALARM_AGAIN_S)  # should the part swallow this one (dynamo's compile)
         raise OverBudget
 
     previous = signal.signal(signal.SIGALRM, alarm)
