@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import importlib
 import io
 import os
@@ -180,6 +181,7 @@ def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) ->
     if cpu:  # imported once here, where the forked parts share them
         for module in PRELOAD:
             importlib.import_module(module)
+        gc.freeze()  # the children's collections leave these objects alone (no copy-on-write of every page)
     started = time.monotonic()
     for name, part in PARTS.items():
         log(f"== {name} (budget {budgets[name]:.0f} s)")
