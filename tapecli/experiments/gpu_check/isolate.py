@@ -138,7 +138,7 @@ def run_part(name: str, budget: float, fn, log, method: str) -> dict:
         ended_itself = not process.is_alive()
     finally:
         kill_group(process)  # also what it left running (compile workers), however it ended
-        process.join()
+        process.join(GRACE_S)  # (a process stuck in the kernel, a hung driver, dies only when it leaves it)
         reader.close()
         signal.signal(signal.SIGTERM, previous)
     if entry is None:
