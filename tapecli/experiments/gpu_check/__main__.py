@@ -15,7 +15,7 @@ parser.add_argument("--budget-scale", type=float, default=1.0,
                     help="multiply every part's time budget (a slower GPU, a loaded CPU); default 1")
 args = parser.parse_args()
 try:
-    report = run_gpu_check(args.cpu, args.out, args.budget_scale)
+    report = run_gpu_check(args.cpu, args.out, args.budget_scale, log=lambda line: print(line, flush=True))
 except TapeError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
