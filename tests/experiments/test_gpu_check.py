@@ -155,18 +155,6 @@ def test_a_parent_stopped_by_sigterm_stops_its_part_first() -> None:
     assert len(pids) == 2 and all(gone(int(pid)) for pid in pids)
 
 
-def test_a_forked_part_does_not_print_the_parents_pending_output_again() -> None:
-    script = """if True:
-        from tapecli.experiments.gpu_check import isolate
-
-        print("pending in the buffer")  # stdout is a pipe: block-buffered
-        isolate.run_part("part", 5, lambda _deadline, _result, log: log("from the part"), print, "fork")
-    """
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env(),
-                         timeout=60, check=True).stdout
-    assert out.splitlines()[:2] == ["pending in the buffer", "from the part"] and out.count("pending") == 1
-
-
 @pytest.mark.parametrize(("fn", "status"), [
     (raises, "failed: ValueError: boom"),
     (functools.partial(ends, "exit"), "failed: the process ended with exit code 3"),

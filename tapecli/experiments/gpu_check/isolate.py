@@ -114,8 +114,6 @@ def run_part(name: str, budget: float, fn, log, method: str) -> dict:
     reader, writer = context.Pipe(duplex=False)
     process = context.Process(target=child, args=(budget, fn, writer), name=f"gpu-check {name}")
     start = time.monotonic()
-    sys.stdout.flush()  # a forked child would print what is still in the buffers again
-    sys.stderr.flush()
     process.start()
     writer.close()
     previous = signal.signal(signal.SIGTERM, stop)
