@@ -2,8 +2,10 @@
 # Speed and memory evidence for one GPU, within eight minutes: `tape doctor`, `tape bench --precision bf16` for every
 # PE at 1K / 8K / 32K on each attention path it can take, training tokens/s and MFU of the c4 recipe's 162M model
 # (RoPE, TAPE, ALiBi, FIRE, eager and compiled) beside transformers' Llama, and one `tape extend-context` LoRA step
-# on a random ~1.1B Llama at 8K. Each part has a time budget (tapecli/experiments/gpu_check/__init__.py: BUDGETS);
-# what did not fit is printed at the end and listed on the page.
+# on a random ~1.1B Llama at 8K. Each part runs in a process of its own with a time budget
+# (tapecli/experiments/gpu_check/__init__.py: BUDGETS): stopped at its budget, it keeps what it finished; one that
+# does not answer 20 s after its budget is killed with everything it started (compile workers), so a stuck compile
+# cannot hold up the parts after it. What did not fit is printed at the end and listed on the page.
 #
 #   scripts/gpu-check.sh [--cpu] [--out DIR] [--budget-scale X]   # DIR/gpu-check.md (the page) and .json
 #

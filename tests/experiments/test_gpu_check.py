@@ -1,18 +1,27 @@
 """scripts/gpu-check.sh: its --cpu mode runs every part at toy sizes and writes the page (each part's section, its
 budget and status, what was skipped); the pieces the GPU run relies on (which forced attention paths a variant
-may take, what a stopped part lists as skipped) are checked directly."""
+may take, what a stopped part lists as skipped, each part in a process of its own: a stuck one killed with all it
+started, a crash, a soft stop) are checked directly, the processes on tiny fake parts."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import pickle
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
+import pytest
 import torch
 from train_helpers import REPO, subprocess_env
 
+from tapecli.experiments import gpu_check
 from tapecli.experiments.bench import forced_applies
-from tapecli.experiments.gpu_check import page
+from tapecli.experiments.gpu_check import isolate, page
 from tapecli.model import PE_NAMES
 
 CPU = torch.device("cpu")
@@ -66,3 +75,116 @@ def test_a_stopped_part_names_what_it_left_out() -> None:
     assert page.skipped(report, {"bench": [1024, 8192]}) == [
         "bench: stopped at its budget of 180 s", "bench at T = 1024: cope; path on dense",
         "bench at T = 8192: every PE", "train: rope, compiled; tape, compiled"]
+
+
+# Fake parts, fn(deadline, result, log) as isolate.run_part calls them in the child.
+def stuck(pids: Path, _deadline, result, log) -> None:
+    """Stuck where SIGALRM does not reach (as in a compile), with a process of its own started."""
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    grandchild = subprocess.Popen(["sleep", "60"])
+    pids.write_text(f"{os.getpid()} {grandchild.pid}")
+    result["partial"] = 1
+    log("started")
+    time.sleep(60)
+
+
+def raises(_deadline, _result, _log) -> None:
+    raise ValueError("boom")
+
+
+def ends(how: str, _deadline, _result, _log) -> None:
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    os._exit(3)
+
+
+def slow(_deadline, result, log) -> None:
+    result["rows"] = ["first"]
+    log("first row")
+    time.sleep(60)
+
+
+def swallows(_deadline, result, _log) -> None:
+    """Catches the first OverBudget, as dynamo does when it arrives mid-compile (and runs the frame eagerly)."""
+    try:
+        time.sleep(60)
+    except BaseException:  # noqa: BLE001 - the point of this fake part
+        result["swallowed"] = True
+    time.sleep(60)
+
+
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie (a grandchild waits for whoever adopted it to reap it)."""
+    for _ in range(50):
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_stuck_part_is_killed_with_what_it_started(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(isolate, "GRACE_S", 0.5)
+    lines = []
+    start = time.monotonic()
+    entry = isolate.run_part("stuck", 0.3, functools.partial(stuck, tmp_path / "pids"), lines.append, "fork")
+    assert time.monotonic() - start < 10
+    assert entry["status"] == "killed: no answer 0.5 s after its budget" and entry["result"] == {}
+    assert lines == ["started", "stuck: killed: no answer 0.5 s after its budget (" + f"{entry['seconds']:.1f} s of 0)"]
+    assert all(gone(int(pid)) for pid in (tmp_path / "pids").read_text().split())
+
+
+def test_a_parent_stopped_by_sigterm_stops_its_part_first() -> None:
+    script = """if True:
+        import os, subprocess, time
+        from tapecli.experiments.gpu_check import isolate
+
+        def part(_deadline, _result, log):
+            log(f"{os.getpid()} {subprocess.Popen(['sleep', '60']).pid}")
+            time.sleep(60)
+
+        isolate.run_part("part", 60, part, lambda line: print(line, flush=True), "fork")
+    """
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              env=subprocess_env())
+    pids = parent.stdout.readline().split()
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=30) == 128 + signal.SIGTERM
+    assert len(pids) == 2 and all(gone(int(pid)) for pid in pids)
+
+
+@pytest.mark.parametrize(("fn", "status"), [
+    (raises, "failed: ValueError: boom"),
+    (functools.partial(ends, "exit"), "failed: the process ended with exit code 3"),
+    (functools.partial(ends, "kill"), "failed: the process ended with signal SIGKILL"),
+])
+def test_a_part_that_fails_or_dies_says_how(fn, status) -> None:
+    entry = isolate.run_part("part", 5, fn, lambda _: None, "fork")
+    assert entry["status"] == status and entry["result"] == {}
+
+
+def test_a_part_stopped_at_its_budget_keeps_its_partial_result() -> None:
+    lines = []
+    entry = isolate.run_part("slow", 0.4, slow, lines.append, "fork")
+    assert entry["status"] == "stopped at its budget of 0 s" and entry["result"] == {"rows": ["first"]}
+    assert lines[0] == "first row" and 0.4 <= entry["seconds"] < 5
+
+
+def test_a_part_that_swallows_the_alarm_is_stopped_by_the_next(monkeypatch) -> None:
+    monkeypatch.setattr(isolate, "ALARM_AGAIN_S", 0.1)
+    monkeypatch.setattr(isolate, "GRACE_S", 1.0)
+    entry = isolate.run_part("part", 0.2, swallows, lambda _: None, "fork")
+    assert entry["status"] == "stopped at its budget of 0 s" and entry["result"] == {"swallowed": True}
+
+
+def test_the_gpu_parts_reach_a_spawned_child(capfd) -> None:
+    """On the GPU the parts are pickled into a fresh interpreter: each must pickle as run_gpu_check builds it, and
+    a spawned child runs one (here print: it prints its three arguments) and answers."""
+    for part in gpu_check.PARTS.values():
+        fn = functools.partial(part, False, gpu_check.GPU, torch.device("cuda"))
+        assert pickle.loads(pickle.dumps(fn)).args == fn.args
+    entry = isolate.run_part("print", 30, print, lambda _: None, "spawn")
+    assert entry["status"] == "done" and entry["result"] == {}
+    assert "{} <function" in capfd.readouterr().out

@@ -13,8 +13,12 @@ Four parts, each with a time budget (PARTS; GPU sizes in GPU, the --cpu mode's t
   extend   one `tape extend-context --method lora` step with activation checkpointing on a random ~1.1B Llama at
            8K tokens: peak memory, step time, the prediction for a 7B base (extend_step.py)
 
-Each part runs in this process under its budget: it starts no new variant past its soft deadline (80 % of the
-budget) and is stopped by SIGALRM at the budget; what it left out is named on the page and printed at the end.
+Each part runs in a child process of its own (isolate.py: spawned on the GPU, so that it starts with a fresh CUDA
+and inductor state whatever the part before it left behind; forked in --cpu mode, which imports PRELOAD once, here)
+under its budget: it starts no new variant past its soft deadline (80 % of the budget) and is stopped by SIGALRM at
+the budget, keeping what it finished; a child with no answer isolate.GRACE_S seconds after its budget is killed
+with everything it started, one that crashes is reported failed. This process compiles and measures nothing; it
+prints the parts' log lines as they come, and what a part left out is named on the page and printed at the end.
 The page is rewritten (atomically) after every part, so a run killed from outside keeps what it finished. The
 --cpu mode runs the same parts at toy sizes in seconds (its compiled variants through dynamo's eager backend:
 inductor on a CPU takes minutes); the test suite runs it (tests/experiments/test_gpu_check.py).
@@ -23,15 +27,18 @@ inductor on a CPU takes minutes); the test suite runs it (tests/experiments/test
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import importlib
 import io
 import os
 import platform
-import signal
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from tapecli.experiments.gpu_check import isolate
 
 BUDGETS = {"doctor": 90, "bench": 170, "train": 150, "extend": 40}  # seconds on the GPU, 450 in all
 CPU_BUDGETS = {"doctor": 8, "bench": 10, "train": 8, "extend": 8}
@@ -57,11 +64,6 @@ CPU = {
                          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32},
                "target": 64},
 }
-
-
-class OverBudget(BaseException):
-    """SIGALRM: the part ran to its budget (a BaseException, so that no `except Exception` inside a part, e.g. one
-    variant's failure row, swallows it)."""
 
 
 def commit() -> str:
@@ -92,32 +94,6 @@ def hardware(device) -> str:
     return f"{name} ({platform.machine()}), {os.cpu_count()} cores, {memory:.0f} GiB, load average {load:.1f}"
 
 
-def run_part(name: str, budget: float, fn, log) -> dict:
-    """fn(soft_deadline, result) fills the dict `result` as it goes, under a SIGALRM at `budget` seconds:
-    {"status", "seconds", "budget_s", "result"}; a part stopped at its budget keeps what it had filled in."""
-    def alarm(*_):
-        raise OverBudget
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, budget)
-    start = time.monotonic()
-    entry: dict = {"budget_s": budget, "status": "done", "result": {}}
-    try:
-        fn(start + 0.8 * budget, entry["result"])
-    except OverBudget:
-        entry["status"] = f"stopped at its budget of {budget:.0f} s"
-    except Exception as e:  # noqa: BLE001 - one part's failure is its section; the others still run
-        from tapecli.faults import failure_line
-
-        entry["status"] = f"failed: {failure_line(e)}"
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    entry["seconds"] = time.monotonic() - start
-    log(f"{name}: {entry['status']} ({entry['seconds']:.1f} s of {budget:.0f})")
-    return entry
-
-
 def captured(fn, log, result: dict):
     """Run fn() with stdout captured (rich prints to it); the text goes to `log` and is appended to result["text"]
     (also when fn is stopped), and fn's value returned."""
@@ -130,14 +106,60 @@ def captured(fn, log, result: dict):
         result["text"] = result.get("text", "") + buffer.getvalue()
 
 
+def doctor_part(cpu: bool, sizes: dict, device, _deadline, result: dict, log) -> None:
+    from tapecli.experiments import doctor
+
+    pes = list(CPU_DOCTOR_PES) if cpu else None
+    report = captured(lambda: doctor.run_doctor(device.type, pes, hybrids=not cpu, compile_check=not cpu), log, result)
+    result["failed"] = report["failed"]
+
+
+def bench_part(_cpu: bool, sizes: dict, device, deadline, result: dict, log) -> None:
+    from tapecli.experiments import bench
+    from tapecli.model import PE_NAMES
+
+    b = sizes["bench"]
+    result |= {"lengths": {}, "skipped": {}}
+    for i, seq_len in enumerate(b["seq_lens"]):
+        # Each length may use an equal share of what is left of the soft deadline (what a shorter one leaves
+        # unused goes to the longer ones).
+        share = time.monotonic() + (deadline - time.monotonic()) / (len(b["seq_lens"]) - i)
+        bench_result = captured(lambda seq_len=seq_len, share=share: bench.run_bench(
+            list(PE_NAMES), b["n_layers"], b["dim"], b["n_heads"], [seq_len], b["batch_size"], b["steps"],
+            b["warmup"], b["rounds"], tape_paths=False, device=device.type, precision="bf16",
+            memory=b["memory"], paths=b["paths"].get(seq_len, ()), deadline=share), log, result)
+        result["lengths"] |= bench_result["lengths"]
+        result["skipped"] |= bench_result["skipped"]
+
+
+def train_part(_cpu: bool, sizes: dict, device, deadline, result: dict, log) -> None:
+    from tapecli.experiments.gpu_check import train_speed
+
+    t = sizes["train"]
+    train_speed.train_speed(device, t, TRAIN_PES, deadline, result, t["compile_backend"], log)
+
+
+def extend_part(_cpu: bool, sizes: dict, device, _deadline, result: dict, log) -> None:
+    from tapecli.experiments.gpu_check import extend_step
+
+    with tempfile.TemporaryDirectory(prefix="tape-gpu-check-") as work:
+        result |= captured(lambda: extend_step.extend_step(device, sizes["extend"], Path(work)), log, {})
+
+
+PARTS = {"doctor": doctor_part, "bench": bench_part, "train": train_part, "extend": extend_part}
+# What the parts import (seconds each on a CPU): the --cpu mode imports it once, before its parts are forked.
+PRELOAD = ("tapecli.experiments.doctor", "tapecli.experiments.bench", "tapecli.experiments.gpu_check.train_speed",
+           "tapecli.experiments.gpu_check.extend_step", "tapecli.train.engine", "torch._dynamo",
+           "transformers.models.llama.modeling_llama")
+
+
 def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) -> dict:
     """Run the four parts (module docstring) and write out/gpu-check.md and out/gpu-check.json; returns the report.
     `budget_scale` multiplies every part's budget (a slower GPU than an H100, a loaded CPU)."""
     os.environ.setdefault("COLUMNS", "160")  # rich's tables, not a terminal: wide enough for every column
     import torch
 
-    from tapecli.experiments import bench, doctor
-    from tapecli.experiments.gpu_check import extend_step, page, train_speed
+    from tapecli.experiments.gpu_check import page
     from tapecli.model import PE_NAMES
     from tapecli.runtime import resolve_device
 
@@ -156,43 +178,15 @@ def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) ->
     report = {"mode": "cpu (toy sizes)" if cpu else "gpu", "commit": commit(), "hardware": hardware(device),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "pes": list(PE_NAMES), "lengths": {"bench": sizes["bench"]["seq_lens"]}, "parts": {}}
+    if cpu:  # imported once here, where the forked parts share them
+        for module in PRELOAD:
+            importlib.import_module(module)
+        gc.freeze()  # the children's collections leave these objects alone (no copy-on-write of every page)
     started = time.monotonic()
-
-    def doctor_part(_deadline, result):
-        pes = list(CPU_DOCTOR_PES) if cpu else None
-        report = captured(lambda: doctor.run_doctor(device.type, pes, hybrids=not cpu, compile_check=not cpu),
-                          log, result)
-        result["failed"] = report["failed"]
-
-    def bench_part(deadline, result):
-        b = sizes["bench"]
-        result |= {"lengths": {}, "skipped": {}}
-        for i, seq_len in enumerate(b["seq_lens"]):
-            # Each length may use an equal share of what is left of the soft deadline (what a shorter one leaves
-            # unused goes to the longer ones).
-            share = time.monotonic() + (deadline - time.monotonic()) / (len(b["seq_lens"]) - i)
-            bench_result = captured(lambda seq_len=seq_len, share=share: bench.run_bench(
-                list(PE_NAMES), b["n_layers"], b["dim"], b["n_heads"], [seq_len], b["batch_size"], b["steps"],
-                b["warmup"], b["rounds"], tape_paths=False, device=device.type, precision="bf16",
-                memory=b["memory"], paths=b["paths"].get(seq_len, ()), deadline=share), log, result)
-            result["lengths"] |= bench_result["lengths"]
-            result["skipped"] |= bench_result["skipped"]
-
-    def train_part(deadline, result):
-        t = sizes["train"]
-        train_speed.train_speed(device, t, TRAIN_PES, deadline, result, t["compile_backend"], log)
-
-    def extend_part(_deadline, result):
-        with tempfile.TemporaryDirectory(prefix="tape-gpu-check-") as work:
-            result |= captured(lambda: extend_step.extend_step(device, sizes["extend"], Path(work)), log, {})
-
-    for name, fn in (("doctor", doctor_part), ("bench", bench_part), ("train", train_part),
-                     ("extend", extend_part)):
+    for name, part in PARTS.items():
         log(f"== {name} (budget {budgets[name]:.0f} s)")
-        report["parts"][name] = run_part(name, budgets[name], fn, log)
-        gc.collect()  # a part stopped at its budget leaves its models to the collector: free them for the next
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        report["parts"][name] = isolate.run_part(name, budgets[name], functools.partial(part, cpu, sizes, device),
+                                                 log, "fork" if cpu else "spawn")
         report["seconds"] = time.monotonic() - started
         page.write(report, out)
     report["skipped"] = page.skipped(report, report["lengths"])

@@ -1,6 +1,7 @@
 """`python -m tapecli.experiments.gpu_check [--cpu] [--out DIR]` (what scripts/gpu-check.sh runs)."""
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -14,8 +15,11 @@ parser.add_argument("--budget-scale", type=float, default=1.0,
                     help="multiply every part's time budget (a slower GPU, a loaded CPU); default 1")
 args = parser.parse_args()
 try:
-    report = run_gpu_check(args.cpu, args.out, args.budget_scale)
+    report = run_gpu_check(args.cpu, args.out, args.budget_scale, log=lambda line: print(line, flush=True))
 except TapeError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
-sys.exit(0 if all(part["status"] == "done" for part in report["parts"].values()) else 1)
+# The page is written: leave at once (the interpreter's teardown with torch and transformers loaded takes seconds).
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0 if all(part["status"] == "done" for part in report["parts"].values()) else 1)
