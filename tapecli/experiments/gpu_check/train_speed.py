@@ -5,8 +5,8 @@ per PE, eager and compiled, beside transformers' `LlamaForCausalLM` of the same 
 
 A step is what training does: forward under bf16 autocast (CUDA; fp32 on the CPU), cross-entropy, backward, AdamW.
 Each variant is built, warmed up (compiled during its warm-up when compiled), timed over `steps` steps and freed
-before the next: RoPE and the Llama eager then compiled first, then the other PEs eager, then compiled; none is
-started after `deadline` (time.monotonic()).
+before the next: RoPE and the Llama eager then compiled first, then the other PEs eager, then compiled (unless
+sizes["compile_others"] is false); none is started after `deadline` (time.monotonic()).
 Tokens/s counts the input tokens of the timed steps; MFU = tokens/s x FLOPs per token / the GPU's peak dense bf16
 FLOP/s, FLOPs per token = 6 N (N: the parameters of every matrix multiply, the LM head included, the embedding
 table not) + 6 L d T (causal attention's q.k and p.v, forward and backward: 12 L d T halved by causality).
@@ -130,7 +130,9 @@ def train_speed(device: torch.device, sizes: dict, pes: tuple[str, ...], deadlin
     # as long as the budget lasts: a PE whose kernels take long to compile cannot crowd out the comparison.
     variants = [(pes[0], pes[0], False), ("transformers Llama", None, False),
                 (f"{pes[0]}, compiled", pes[0], True), ("transformers Llama, compiled", None, True)]
-    variants += [(pe, pe, False) for pe in pes[1:]] + [(f"{pe}, compiled", pe, True) for pe in pes[1:]]
+    variants += [(pe, pe, False) for pe in pes[1:]]
+    if sizes["compile_others"]:  # (--cpu: a second each through dynamo, and nothing more to show at toy sizes)
+        variants += [(f"{pe}, compiled", pe, True) for pe in pes[1:]]
     c = c4_config(sizes, "rope")
     shape = (f"{c.n_layers} layers x {c.dim} wide, {c.n_heads} heads, FFN {c.ffn_dim}, vocabulary {c.vocab_size}; "
              f"{sizes['batch']} x {c.max_seq_len} tokens per step, "
