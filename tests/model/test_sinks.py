@@ -235,7 +235,7 @@ def test_tape_pe_check_with_sinks_on_the_command_line():
     in one line."""
     result = CliRunner().invoke(app, ["pe", "check", "alibi", "--sinks", "--no-speed"])
     assert result.exit_code == 0, result.output
-    assert "model.sinks=True" in result.output and "all 10 checks passed" in result.output
+    assert "model.sinks=True" in result.output and "all 11 checks passed" in result.output
     assert "chunked" in result.output  # the dense check's paths: sinks take the chunked path on the CPU
     result = CliRunner().invoke(app, ["pe", "check", "cope", "--sinks", "--no-speed"])
     one_line_error(result, 2, "model.sinks: pe 'cope' computes attention itself and does not implement attention "

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor
 
 
@@ -69,6 +70,8 @@ class ScoreMod:
     args: tuple = ()
 
     def __post_init__(self) -> None:
+        if torch.compiler.is_compiling():  # dynamo cannot trace the check; eager forwards and `tape pe check` make it
+            return
         name = getattr(self.fn, "__qualname__", None)
         if not callable(self.fn) or not isinstance(name, str) or "." in name or "<" in name:
             raise ContractError(f"ScoreMod(fn, args) takes a module-level function as fn, got {_name(self.fn)}: "
@@ -95,6 +98,8 @@ class ScoreBias:
     parameters: tuple[Tensor, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        if torch.compiler.is_compiling():  # dynamo cannot trace the check; eager forwards and `tape pe check` make it
+            return
         if self.score_mod is not None and not isinstance(self.score_mod, ScoreMod):
             hook = self.score_mod if callable(self.score_mod) else self.pairs
             raise ContractError(f"ScoreBias.score_mod takes a ScoreMod(fn, args) (tapecli.pe.ScoreMod), got "
