@@ -94,16 +94,36 @@ def hardware(device) -> str:
     return f"{name} ({platform.machine()}), {os.cpu_count()} cores, {memory:.0f} GiB, load average {load:.1f}"
 
 
+class LineLog(io.StringIO):
+    """A captured stdout that also hands each complete line to `log` as it is written (so a part killed at its
+    deadline has shown what it printed, and each line is seen when it happens)."""
+
+    def __init__(self, log) -> None:
+        super().__init__()
+        self.log, self.pending = log, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.log(line)
+        return super().write(text)
+
+    def finish(self) -> None:
+        if self.pending:
+            self.log(self.pending)
+            self.pending = ""
+
+
 def captured(fn, log, result: dict):
-    """Run fn() with stdout captured (rich prints to it); the text goes to `log` and is appended to result["text"]
-    (also when fn is stopped), and fn's value returned."""
-    buffer = io.StringIO()
+    """Run fn() with stdout captured (rich prints to it); each line goes to `log` as it is written, the whole text
+    is appended to result["text"] (also when fn is stopped), and fn's value returned."""
+    stream = LineLog(log)
     try:
-        with contextlib.redirect_stdout(buffer):
+        with contextlib.redirect_stdout(stream):
             return fn()
     finally:
-        log(buffer.getvalue().rstrip())
-        result["text"] = result.get("text", "") + buffer.getvalue()
+        stream.finish()
+        result["text"] = result.get("text", "") + stream.getvalue()
 
 
 def doctor_part(cpu: bool, sizes: dict, device, _deadline, result: dict, log) -> None:

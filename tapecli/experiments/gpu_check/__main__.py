@@ -3,6 +3,7 @@
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 
 from tapecli.errors import TapeError
@@ -14,8 +15,17 @@ parser.add_argument("--out", type=Path, default=Path("gpu-check"), help="where g
 parser.add_argument("--budget-scale", type=float, default=1.0,
                     help="multiply every part's time budget (a slower GPU, a loaded CPU); default 1")
 args = parser.parse_args()
+start = time.monotonic()
+
+
+def log(text: str) -> None:
+    """Each line with the seconds since the start: where the time went is read off the output."""
+    for line in text.split("\n"):
+        print(f"[{time.monotonic() - start:5.0f} s] {line}", flush=True)
+
+
 try:
-    report = run_gpu_check(args.cpu, args.out, args.budget_scale, log=lambda line: print(line, flush=True))
+    report = run_gpu_check(args.cpu, args.out, args.budget_scale, log=log)
 except TapeError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
