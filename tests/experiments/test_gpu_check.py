@@ -188,3 +188,17 @@ def test_the_gpu_parts_reach_a_spawned_child(capfd) -> None:
     entry = isolate.run_part("print", 30, print, lambda _: None, "spawn")
     assert entry["status"] == "done" and entry["result"] == {}
     assert "{} <function" in capfd.readouterr().out
+
+
+def test_a_parts_output_reaches_the_log_line_by_line_as_it_is_written() -> None:
+    seen, result = [], {}
+
+    def part():
+        print("one")
+        print("two", end="")
+        assert seen == ["one"]  # the first line was logged while the part ran
+        raise KeyError("stopped")
+
+    with pytest.raises(KeyError):
+        gpu_check.captured(part, seen.append, result)
+    assert seen == ["one", "two"] and result["text"] == "one\ntwo"
