@@ -72,8 +72,7 @@ def test_a_score_mod_that_is_not_a_module_level_scoremod_is_refused_on_every_dev
     result = runner.invoke(app, ["pretrain", *SMOKE, "--out", str(tmp_path / "run"), f"model.pe={value}"])
     assert one_line_error(result, 2).startswith(
         f"error: the plugin PE {value} failed in SlopeLayer.need: ContractError: ScoreBias.score_mod takes a "
-        "ScoreMod(fn, args) "
-        "(tapecli.pe.ScoreMod), got SlopeLayer.pairs: wrap a module-level function")
+        "ScoreMod(fn, args) (tapecli.pe.ScoreMod), got SlopeLayer.pairs: wrap a module-level function")
     with pytest.raises(ValueError, match=r"takes a module-level function as fn, got test_a_score_mod.*<lambda>"):
         ScoreMod(lambda h, q_pos, k_pos: q_pos - k_pos)
     with pytest.raises(ValueError, match="got ScoreBias.checked"):  # a method, even of a class
