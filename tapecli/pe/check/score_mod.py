@@ -24,7 +24,7 @@ from tapecli.model.attention import flex
 from tapecli.model.attention.needs import ScoreBias
 from tapecli.pe.check.subject import EXACT_TOLERANCE, Subject, relative
 
-HEADS, LENGTH, HEAD_DIM, START = 4, 20, 8, 3
+LENGTH, HEAD_DIM, START = 20, 8, 3
 TOLERANCE = EXACT_TOLERANCE["cpu"]  # fp64: the two forms differ by rounding only
 
 
@@ -46,10 +46,10 @@ def unfused_backward_on_cpu():
             module._validate_device = previous
 
 
-def layer_difference(need: ScoreBias, parameters: list[Tensor]) -> float:
+def layer_difference(need: ScoreBias, parameters: list[Tensor], heads: int) -> float:
     """The largest difference, relative to the reference's largest value, over the output and each gradient."""
     generator = torch.Generator().manual_seed(21)
-    q, k, v = (torch.randn(1, HEADS, LENGTH, HEAD_DIM, dtype=torch.float64, generator=generator).requires_grad_()
+    q, k, v = (torch.randn(1, heads, LENGTH, HEAD_DIM, dtype=torch.float64, generator=generator).requires_grad_()
                for _ in range(3))
     pos = torch.arange(START, START + LENGTH)[None]
     scale = HEAD_DIM ** -0.5
@@ -63,8 +63,7 @@ def layer_difference(need: ScoreBias, parameters: list[Tensor]) -> float:
     inputs = [q, k, v, *parameters]
     weight = torch.randn(want.shape, dtype=torch.float64, generator=generator)
     try:
-        with unfused_backward_on_cpu():
-            got_grads = torch.autograd.grad((got * weight).sum(), inputs, allow_unused=True)
+        got_grads = torch.autograd.grad((got * weight).sum(), inputs, allow_unused=True)
     except Exception as e:  # noqa: BLE001 - torch's message names vmap, not the rule the score_mod broke
         raise ValueError(f"FlexAttention's backward fails ({type(e).__name__}: {str(e).splitlines()[0][:80]}): each "
                          "tensor of the score_mod that requires gradients must be read once and indexed, e.g. "
@@ -89,7 +88,8 @@ def score_mod_verdict(subject: Subject) -> tuple[bool, float | None, str]:
         need = block.pe.need(state, False)
         if isinstance(need, ScoreBias) and need.score_mod is not None:
             layers.append(str(i))
-            worst = max(worst, layer_difference(need, [p for p in block.pe.parameters() if p.requires_grad]))
+            parameters = [p for p in block.pe.parameters() if p.requires_grad]
+            worst = max(worst, layer_difference(need, parameters, model.config.n_heads))
     if not layers:
         return True, None, "no layer has a FlexAttention form (a ScoreBias with a score_mod)"
     return worst <= TOLERANCE, worst, (
