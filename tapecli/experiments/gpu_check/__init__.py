@@ -157,8 +157,7 @@ def bench_part(_cpu: bool, sizes: dict, device, deadline, result: dict, log) -> 
 def train_part(_cpu: bool, sizes: dict, device, deadline, result: dict, log) -> None:
     from tapecli.experiments.gpu_check import train_speed
 
-    t = sizes["train"]
-    train_speed.train_speed(device, t, TRAIN_PES, deadline, result, t["compile_backend"], log)
+    train_speed.train_speed(device, sizes["train"], TRAIN_PES, deadline, result, log)
 
 
 def extend_part(_cpu: bool, sizes: dict, device, _deadline, result: dict, log) -> None:

@@ -1,10 +1,11 @@
 """Training throughput of the `c4` recipe's model (12 layers x 768, ~162M parameters, 8 x 1024 tokens per step)
 per PE, eager and compiled, beside transformers' `LlamaForCausalLM` of the same shape, in one process.
 
-    rows = train_speed(device, sizes, pes=("rope", "tape", "alibi", "fire"), deadline=..., compile_backend=None)
+    rows = train_speed(device, sizes, pes=("rope", "tape", "alibi", "fire"), deadline=...)
 
 A step is what training does: forward under bf16 autocast (CUDA; fp32 on the CPU), cross-entropy, backward, AdamW.
-Each variant is built, warmed up (compiled during its warm-up when compiled), timed over `steps` steps and freed
+Each variant is built, warmed up (compiled during its warm-up when compiled, with sizes["compile_backend"]; None:
+inductor), timed over `steps` steps and freed
 before the next: RoPE and the Llama eager then compiled first, then the other PEs eager, then compiled (unless
 sizes["compile_others"] is false); none is started after `deadline` (time.monotonic()).
 Tokens/s counts the input tokens of the timed steps; MFU = tokens/s x FLOPs per token / the GPU's peak dense bf16
@@ -88,13 +89,12 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.
     optimizer.zero_grad(set_to_none=True)
 
 
-def time_variant(build, device: torch.device, sizes: dict, compiled: bool, compile_backend: str | None,
-                 hf: bool) -> dict:
+def time_variant(build, device: torch.device, sizes: dict, compiled: bool, hf: bool) -> dict:
     model, embedding = build()
     n_params = sum(p.numel() for p in model.parameters())
     c = c4_config(sizes, "rope")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    run = torch.compile(model, backend=compile_backend or "inductor") if compiled else model
+    run = torch.compile(model, backend=sizes["compile_backend"] or "inductor") if compiled else model
     batch = torch.randint(0, c.vocab_size, (sizes["batch"], c.max_seq_len + 1),
                           generator=torch.Generator().manual_seed(0)).to(device)
     start = time.perf_counter()
@@ -120,7 +120,7 @@ def sync(device: torch.device) -> None:
 
 
 def train_speed(device: torch.device, sizes: dict, pes: tuple[str, ...], deadline: float, result: dict,
-                compile_backend: str | None = None, log=print) -> dict:
+                log=print) -> dict:
     """Fills `result` as it goes (module docstring): {"variants": [label, ...] (all, in order), "rows": {label:
     {...}}, "failed": {label: error}}; a variant in neither was left out. Returns `result`."""
     from tapecli.faults import failure_line
@@ -147,7 +147,7 @@ def train_speed(device: torch.device, sizes: dict, pes: tuple[str, ...], deadlin
             # Paths are recorded on the eager variants only: a recording list the compiled graph appends to would
             # change between calls and recompile it at every step.
             with attention.recording() if not compiled else contextlib.nullcontext([]) as taken:
-                row = time_variant(build, device, sizes, compiled, compile_backend, hf=pe is None)
+                row = time_variant(build, device, sizes, compiled, hf=pe is None)
         except Exception as e:  # noqa: BLE001 - one variant's failure is its row; the others still run
             result["failed"][label] = failure_line(e)
             log(f"  {label}: failed: {result['failed'][label]}")
