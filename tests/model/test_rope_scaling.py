@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tapecli.model import ModelConfig, Transformer
-from tapecli.model.pe.rope import default_inv_freq
+from tapecli.model.pe.rope_freqs import default_inv_freq
 
 transformers = pytest.importorskip("transformers")
 
