@@ -22,25 +22,28 @@ from train_helpers import REPO, subprocess_env
 from tapecli.experiments import gpu_check
 from tapecli.experiments.bench import forced_applies
 from tapecli.experiments.gpu_check import isolate, page
+from tapecli.experiments.gpu_check.__main__ import main
 from tapecli.model import PE_NAMES
 
 CPU = torch.device("cpu")
 
 
 def test_cpu_mode_writes_the_page(tmp_path) -> None:
-    env = subprocess_env() | {"PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), "--cpu", "--out", str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    """The script's `main` in this process (which has imported torch and transformers already, as the suite's
+    other tests do; the script itself is run below): the parts still run in processes of their own."""
+    lines = []
+    code = main(["--cpu", "--out", str(tmp_path)], lines.append)
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     statuses = {name: part["status"] for name, part in report["parts"].items()}
     assert list(statuses) == ["doctor", "bench", "train", "extend"]
     # A part stopped at its budget (a loaded machine) is a skip the page names, and the exit code says so.
-    assert proc.returncode == (0 if set(statuses.values()) == {"done"} else 1), proc.stderr[-2000:]
+    assert code == (0 if set(statuses.values()) == {"done"} else 1), statuses
     assert report["mode"] == "cpu (toy sizes)" and report["pes"] == list(PE_NAMES)
     text = (tmp_path / "gpu-check.md").read_text()
     for title in page.TITLES.values():
         assert f"## {title}" in text
-    assert "## Skipped" in text and proc.stdout.rstrip().splitlines()[-1].split(" s] ", 1)[1].startswith("skipped: ")
+    assert "## Skipped" in text and lines[-1].split(" s] ", 1)[1].startswith("skipped: ")
+    assert any(line.endswith("] == train (budget 8 s)") for line in lines)
     doctor = report["parts"]["doctor"]
     if doctor["status"] == "done":
         assert doctor["result"]["failed"] == [] and "rope:" in doctor["result"]["text"]
@@ -52,6 +55,15 @@ def test_cpu_mode_writes_the_page(tmp_path) -> None:
         row = extend["result"]
         assert row["tokens"] == 64 and row["peak_bytes"] > 0 and row["step_s"] > 0
         assert "predicted for a 7B base" in text
+
+
+def test_the_script_runs_the_module_and_refuses_bad_arguments_in_one_line(tmp_path) -> None:
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu-check.sh"), "--cpu", "--budget-scale", "0", "--out",
+                           str(tmp_path / "page")], cwd=REPO, env=subprocess_env() | {"PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == "error: --budget-scale must be a positive number, got 0.0\n"
+    assert not (tmp_path / "page").exists()
 
 
 def test_forced_paths_a_variant_may_take() -> None:

@@ -20,8 +20,9 @@ the budget, keeping what it finished; a child with no answer isolate.GRACE_S sec
 with everything it started, one that crashes is reported failed. This process compiles and measures nothing; it
 prints the parts' log lines as they come, and what a part left out is named on the page and printed at the end.
 The page is rewritten (atomically) after every part, so a run killed from outside keeps what it finished. The
---cpu mode runs the same parts at toy sizes in seconds (its compiled variants through dynamo's eager backend:
-inductor on a CPU takes minutes); the test suite runs it (tests/experiments/test_gpu_check.py).
+--cpu mode runs the same parts at toy sizes in seconds, on one thread (its compiled variants through dynamo's eager
+backend: inductor on a CPU takes minutes); the test suite runs it in the suite's own process (`__main__.main`),
+which leaves that process as it found it (thread count, COLUMNS, the garbage collector).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 from tapecli.experiments.gpu_check import isolate
 
@@ -121,7 +123,9 @@ def captured(fn, log, result: dict):
     is appended to result["text"] (also when fn is stopped), and fn's value returned."""
     stream = LineLog(log)
     try:
-        with contextlib.redirect_stdout(stream):
+        # rich's tables, not a terminal: 160 columns, wide enough for every column (unless the user set COLUMNS)
+        columns = {"COLUMNS": os.environ.get("COLUMNS", "160")}
+        with contextlib.redirect_stdout(stream), mock.patch.dict(os.environ, columns):
             return fn()
     finally:
         stream.finish()
@@ -177,20 +181,17 @@ PRELOAD = ("tapecli.experiments.doctor", "tapecli.experiments.bench", "tapecli.e
 def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) -> dict:
     """Run the four parts (module docstring) and write out/gpu-check.md and out/gpu-check.json; returns the report.
     `budget_scale` multiplies every part's budget (a slower GPU than an H100, a loaded CPU)."""
-    os.environ.setdefault("COLUMNS", "160")  # rich's tables, not a terminal: wide enough for every column
+    from tapecli.errors import TapeError
+
+    if not budget_scale > 0:
+        raise TapeError(f"--budget-scale must be a positive number, got {budget_scale}")
     import torch
 
     from tapecli.experiments.gpu_check import page
     from tapecli.model import PE_NAMES
     from tapecli.runtime import resolve_device
 
-    if not budget_scale > 0:
-        from tapecli.errors import TapeError
-
-        raise TapeError(f"--budget-scale must be a positive number, got {budget_scale}")
     if not cpu and not torch.cuda.is_available():
-        from tapecli.errors import TapeError
-
         raise TapeError("gpu-check: no CUDA device here; pass --cpu for the toy-size run on the CPU")
     sizes, budgets = (CPU, CPU_BUDGETS) if cpu else (GPU, BUDGETS)
     budgets = {name: budget * budget_scale for name, budget in budgets.items()}
@@ -199,17 +200,23 @@ def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) ->
     report = {"mode": "cpu (toy sizes)" if cpu else "gpu", "commit": commit(), "hardware": hardware(device),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "pes": list(PE_NAMES), "lengths": {"bench": sizes["bench"]["seq_lens"]}, "parts": {}}
+    threads = torch.get_num_threads()
     if cpu:  # imported once here, where the forked parts share them
         for module in PRELOAD:
             importlib.import_module(module)
         gc.freeze()  # the children's collections leave these objects alone (no copy-on-write of every page)
+        torch.set_num_threads(1)  # toy sizes: a second thread only waits at every op's barrier (more so under load)
     started = time.monotonic()
-    for name, part in PARTS.items():
-        log(f"== {name} (budget {budgets[name]:.0f} s)")
-        report["parts"][name] = isolate.run_part(name, budgets[name], functools.partial(part, cpu, sizes, device),
-                                                 log, "fork" if cpu else "spawn")
-        report["seconds"] = time.monotonic() - started
-        page.write(report, out)
+    try:
+        for name, part in PARTS.items():
+            log(f"== {name} (budget {budgets[name]:.0f} s)")
+            report["parts"][name] = isolate.run_part(name, budgets[name], functools.partial(part, cpu, sizes, device),
+                                                     log, "fork" if cpu else "spawn")
+            report["seconds"] = time.monotonic() - started
+            page.write(report, out)
+    finally:  # (for a process that goes on, a test's)
+        gc.unfreeze()
+        torch.set_num_threads(threads)
     report["skipped"] = page.skipped(report, report["lengths"])
     log(f"gpu-check: {report['seconds']:.0f} s in all; wrote {out / 'gpu-check.md'}")
     log("skipped: " + ("; ".join(report["skipped"]) if report["skipped"] else "nothing"))
