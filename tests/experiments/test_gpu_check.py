@@ -6,6 +6,7 @@ started, a crash, a soft stop) are checked directly, the processes on tiny fake 
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import os
 import pickle
@@ -31,8 +32,14 @@ CPU = torch.device("cpu")
 def test_cpu_mode_writes_the_page(tmp_path) -> None:
     """The script's `main` in this process (which has imported torch and transformers already, as the suite's
     other tests do; the script itself is run below): the parts still run in processes of their own."""
-    lines = []
-    code = main(["--cpu", "--out", str(tmp_path)], lines.append)
+    lines, threads, columns = [], torch.get_num_threads(), os.environ.get("COLUMNS")
+    torch.set_num_threads(2)  # (a value the CPU mode's one thread differs from)
+    try:
+        code = main(["--cpu", "--out", str(tmp_path)], lines.append)
+        # This process is left as it was found: threads, COLUMNS, no objects frozen out of the collector.
+        assert (torch.get_num_threads(), os.environ.get("COLUMNS"), gc.get_freeze_count()) == (2, columns, 0)
+    finally:
+        torch.set_num_threads(threads)
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     statuses = {name: part["status"] for name, part in report["parts"].items()}
     assert list(statuses) == ["doctor", "bench", "train", "extend"]
