@@ -14,13 +14,10 @@ import torch
 from cli_helpers import one_line_error
 from hf_helpers import make_hf_llama
 from scrolls_helpers import write_scrolls_zip
-from train_helpers import write_recipe
 from typer.testing import CliRunner
 
 from tapecli.cli import app
 from tapecli.errors import TapeError
-from tapecli.recipe import load_recipe
-from tapecli.train import engine
 
 runner = CliRunner()
 
@@ -36,10 +33,9 @@ class Payload:
 
 
 @pytest.fixture
-def run(tmp_path: Path, tiny_corpus: Path) -> tuple[Path, Path]:
-    """A finished 2-step run and its recipe."""
-    recipe = write_recipe(tmp_path / "r.yaml", tiny_corpus, train={"max_steps": 2, "save_every": 2})
-    return engine.pretrain(load_recipe(str(recipe)), tmp_path / "run"), recipe
+def run(tmp_path: Path, trained) -> tuple[Path, Path]:
+    """A finished 2-step run (a private copy of the shared `trained()` run) and its recipe."""
+    return trained.copy(tmp_path / "run"), Path(trained.recipe())
 
 
 def test_a_recipe_with_a_python_tag_is_refused_before_anything_runs(tmp_path):

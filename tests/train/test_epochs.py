@@ -4,12 +4,12 @@ every validation."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
-from train_helpers import REPO, assert_same_weights, cli, kill_after_first_checkpoint, subprocess_env, weights
+from train_helpers import assert_same_weights, kill_after_first_checkpoint, subprocess_env, weights
+from typer.testing import CliRunner
 
+from tapecli.cli import app
 from tapecli.data.synthetic import SyntheticDataset
 from tapecli.model import ModelConfig, Transformer
 from tapecli.recipe import load_recipe
@@ -43,16 +43,18 @@ def test_each_epoch_passes_over_the_fixed_set_once_in_a_new_order(tmp_path, monk
 def test_a_killed_run_resumes_mid_epoch_bitwise(tmp_path):
     """24 sequences, batch 8: an epoch is 3 steps. The first checkpoint (step 4) is one step into the second epoch;
     a run SIGKILLed right after it and resumed ends with exactly the weights of an uninterrupted run, dropout
-    included (its random draws resume with the checkpoint's RNG state). Two real processes (~5 s each on an idle
-    CPU): the kill must hit a process."""
+    included (its random draws resume with the checkpoint's RNG state). The killed run is a real process (~5 s on an
+    idle CPU): the kill must hit a process; the same command resumes it here, in this process (one thread, as the
+    child)."""
     env = subprocess_env()
     overrides = ["data.train_size=24", "train.batch_size=8", "train.epochs=10", "train.save_every=4",
                  "train.keep_last=0", "train.eval_every=0", "model.dropout=0.1"]
     whole, killed = tmp_path / "whole", tmp_path / "killed"
-    pretrain(load_recipe("flip-flop-smoke", overrides), whole)  # in this process: one thread, as the children
+    pretrain(load_recipe("flip-flop-smoke", overrides), whole)  # in this process: one thread, as the child
     args = ["pretrain", "--recipe", "flip-flop-smoke", "--out", str(killed), *overrides]
     kill_after_first_checkpoint(args, killed, env, 30)
-    subprocess.run(cli(*args), cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
+    resumed = CliRunner().invoke(app, args)
+    assert resumed.exit_code == 0 and f"resuming from {killed / 'checkpoints'}" in resumed.output, resumed.output
     assert_same_weights(weights(whole), weights(killed))
     assert_same_weights(weights(whole / "checkpoints" / "step-00000004"),
                         weights(killed / "checkpoints" / "step-00000004"))
