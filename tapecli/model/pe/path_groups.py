@@ -36,11 +36,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tapecli.model.pe.base import kernels_available
+
 
 def fused_available(device: torch.device) -> bool:
-    """Whether the earlier chunks' blocks can go through torch's fused CPU flash kernel (a private aten op, present
-    in torch >= 2.2): on the CPU, where the kernel exists."""
-    return device.type == "cpu" and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")
+    """Whether the earlier chunks' blocks can go through torch's fused CPU flash kernel (the chunked path's kernel,
+    `kernels_available()["chunked"]`): on the CPU, where the kernel exists."""
+    return device.type == "cpu" and kernels_available()["chunked"]
 
 
 def carried(q_own: Tensor, maps: Tensor, a: int) -> Tensor:
