@@ -74,8 +74,8 @@ def layer_difference(need: ScoreBias, parameters: list[Tensor], heads: int) -> f
         return math.inf  # a gradient one side has and the other has not
     # A gradient that is zero in exact arithmetic (an output bias per head: softmax ignores it) is rounding on both
     # sides: each gradient is compared relative to the largest of all, as the dense check does.
-    scale = max(w.abs().max().item() for w in want_grads if w is not None)
-    return max([worst] + [relative(g, w, 1e-3 * scale) for g, w in zip(got_grads, want_grads, strict=True)
+    largest = max(w.abs().max().item() for w in want_grads if w is not None)
+    return max([worst] + [relative(g, w, 1e-3 * largest) for g, w in zip(got_grads, want_grads, strict=True)
                           if w is not None])
 
 
