@@ -1,10 +1,10 @@
 """The `tape` command line: the root group (`app`, tapecli/cli/app.py) and the table of its commands below.
 
 The commands are plain functions with typed Typer signatures, one module per group: train.py (pretrain, finetune,
-extend-context), eval.py (the `tape eval` group; its long-context evaluations in eval_long.py), analyze.py (the
-`tape analyze` group), models.py (export, tokenizer), recipes.py, experiments.py (sweep, demo, bench, doctor), pe.py
-(the `tape pe` group: check, new, list). This table is the one place that names them, orders them and groups them in
-`tape --help`.
+extend-context), eval.py (the `tape eval` group; its long-context evaluations in eval_long.py and
+eval_benchmarks.py), analyze.py (the `tape analyze` group), models.py (export, tokenizer), recipes.py,
+experiments.py (sweep, demo, bench, doctor), pe.py (the `tape pe` group: check, new, list). This table is the one
+place that names them, orders them and groups them in `tape --help`.
 
 Aliases: the design card's names `tape eval-addition`, `tape eval-scrolls`, `tape passkey` and `tape perplexity` are
 the `tape eval` commands themselves (the same function registered again, hidden from the command list; the `eval`
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from tapecli.cli import eval as evaluate
 from tapecli.cli import (
-    eval_long,  # noqa: F401  (registers the long-context evaluations on eval_app)
+    eval_benchmarks,  # noqa: F401  (registers the long-context evaluations on eval_app: eval_long's, then its own)
     experiments,
     models,
     pe,

@@ -1,7 +1,8 @@
 """`tape eval ...`: the evaluation commands. Each imports its protocol module lazily (`tape --help` stays fast) and
 hands it to the one runner, `tapecli.eval.protocol.run` (`run_and_report` below), with the options every evaluation
 shares (defined once here); errors are reported by the root group's boundary (`tapecli.cli`). The long-context
-evaluations (ruler, babilong, kv-retrieval, latent-list) are in tapecli/cli/eval_long.py."""
+evaluations are in tapecli/cli/eval_long.py (ruler, babilong, kv-retrieval, latent-list) and
+tapecli/cli/eval_benchmarks.py (mrcr, longbench-v2, nolima, helmet)."""
 
 from __future__ import annotations
 
