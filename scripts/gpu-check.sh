@@ -7,11 +7,12 @@
 # does not answer 20 s after its budget is killed with everything it started (compile workers), so a stuck compile
 # cannot hold up the parts after it. What did not fit is printed at the end and listed on the page.
 #
-#   scripts/gpu-check.sh [--cpu] [--out DIR] [--budget-scale X]   # DIR/gpu-check.md (the page) and .json
+#   scripts/gpu-check.sh [--cpu] [--out DIR] [--budget-scale X] [--parts P,..] [--pe PE,..]   # DIR/gpu-check.md, .json
 #
 # --budget-scale multiplies every part's budget (default 1: an H100 or H200; 2 for a slower GPU or a loaded CPU).
-# --cpu runs the same parts at toy sizes in seconds (the test suite runs it). Needs tape installed from this tree
-# (`pip install --no-deps --no-build-isolation -e .` next to a preinstalled torch); no network. PYTHON picks the
-# interpreter (default: python).
+# --parts runs some parts (doctor, bench, train, extend), --pe some PEs (RoPE stays as the bench's and training's
+# reference): a second run for what the first left out. --cpu runs the same parts at toy sizes in seconds (the test
+# suite runs it). Needs tape installed from this tree (`pip install --no-deps --no-build-isolation -e .` next to a
+# preinstalled torch); no network. PYTHON picks the interpreter (default: python).
 set -euo pipefail
 exec "${PYTHON:-python}" -m tapecli.experiments.gpu_check "$@"

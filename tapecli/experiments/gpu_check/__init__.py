@@ -1,6 +1,6 @@
 """`scripts/gpu-check.sh`: speed and memory evidence for one GPU within eight minutes, written as one Markdown page.
 
-    python -m tapecli.experiments.gpu_check [--cpu] [--out DIR] [--budget-scale X]   # DIR/gpu-check.{md,json}
+    python -m tapecli.experiments.gpu_check [--cpu] [--out DIR] [--budget-scale X] [--parts P,..] [--pe PE,..]
 
 Four parts, each with a time budget (PARTS; GPU sizes in GPU, the --cpu mode's toy sizes in CPU):
 
@@ -19,7 +19,9 @@ under its budget: it starts no new variant past its soft deadline (80 % of the b
 the budget, keeping what it finished; a child with no answer isolate.GRACE_S seconds after its budget is killed
 with everything it started, one that crashes is reported failed. This process compiles and measures nothing; it
 prints the parts' log lines as they come, and what a part left out is named on the page and printed at the end.
-The page is rewritten (atomically) after every part, so a run killed from outside keeps what it finished. The
+--parts runs some of the parts (each with its own budget), --pe some of the PEs (doctor's self-checks, the bench,
+training): RoPE stays in the bench and in training as the reference their ratios need. The page is rewritten
+(atomically) after every part, so a run killed from outside keeps what it finished. The
 --cpu mode runs the same parts at toy sizes in seconds, on one thread (its compiled variants through dynamo's eager
 backend: inductor on a CPU takes minutes); the test suite runs it in the suite's own process (`__main__.main`),
 which leaves that process as it found it (thread count, COLUMNS, the garbage collector).
@@ -40,6 +42,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
+from tapecli.errors import TapeError
 from tapecli.experiments.gpu_check import isolate
 
 BUDGETS = {"doctor": 90, "bench": 170, "train": 150, "extend": 40}  # seconds on the GPU, 450 in all
@@ -132,18 +135,19 @@ def captured(fn, log, result: dict):
         result["text"] = result.get("text", "") + stream.getvalue()
 
 
-def doctor_part(cpu: bool, sizes: dict, device, _deadline, result: dict, log) -> None:
+def doctor_part(cpu: bool, sizes: dict, chosen: list[str] | None, device, _deadline, result: dict, log) -> None:
     from tapecli.experiments import doctor
 
-    pes = list(CPU_DOCTOR_PES) if cpu else None
+    pes = chosen if chosen else list(CPU_DOCTOR_PES) if cpu else None
     report = captured(lambda: doctor.run_doctor(device.type, pes, hybrids=not cpu, compile_check=not cpu), log, result)
     result["failed"] = report["failed"]
 
 
-def bench_part(_cpu: bool, sizes: dict, device, deadline, result: dict, log) -> None:
+def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadline, result: dict, log) -> None:
     from tapecli.experiments import bench
     from tapecli.model import PE_NAMES
 
+    pes = with_reference(chosen) if chosen else list(PE_NAMES)
     b = sizes["bench"]
     result |= {"lengths": {}, "skipped": {}}
     for i, seq_len in enumerate(b["seq_lens"]):
@@ -151,24 +155,42 @@ def bench_part(_cpu: bool, sizes: dict, device, deadline, result: dict, log) -> 
         # unused goes to the ones after it).
         share = time.monotonic() + (deadline - time.monotonic()) / (len(b["seq_lens"]) - i)
         bench_result = captured(lambda seq_len=seq_len, share=share: bench.run_bench(
-            list(PE_NAMES), b["n_layers"], b["dim"], b["n_heads"], [seq_len], b["batch_size"], b["steps"],
+            pes, b["n_layers"], b["dim"], b["n_heads"], [seq_len], b["batch_size"], b["steps"],
             b["warmup"], b["rounds"], tape_paths=False, device=device.type, precision="bf16",
             memory=b["memory"], paths=b["paths"].get(seq_len, ()), deadline=share), log, result)
         result["lengths"] |= bench_result["lengths"]
         result["skipped"] |= bench_result["skipped"]
 
 
-def train_part(_cpu: bool, sizes: dict, device, deadline, result: dict, log) -> None:
+def train_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadline, result: dict, log) -> None:
     from tapecli.experiments.gpu_check import train_speed
 
-    train_speed.train_speed(device, sizes["train"], TRAIN_PES, deadline, result, log)
+    pes = tuple(pe for pe in TRAIN_PES if pe in with_reference(chosen)) if chosen else TRAIN_PES
+    train_speed.train_speed(device, sizes["train"], pes, deadline, result, log)
 
 
-def extend_part(_cpu: bool, sizes: dict, device, _deadline, result: dict, log) -> None:
+def extend_part(_cpu: bool, sizes: dict, _chosen, device, _deadline, result: dict, log) -> None:
     from tapecli.experiments.gpu_check import extend_step
 
     with tempfile.TemporaryDirectory(prefix="tape-gpu-check-") as work:
         result |= captured(lambda: extend_step.extend_step(device, sizes["extend"], Path(work)), log, {})
+
+
+def with_reference(pes: list[str]) -> list[str]:
+    """The PEs asked for, RoPE first (the reference of the bench's and training's ratios)."""
+    return ["rope"] + [pe for pe in pes if pe != "rope"]
+
+
+def choice(text: str | None, allowed, what: str) -> list[str] | None:
+    """A comma-separated --parts / --pe value as a list (None: all), each name checked against `allowed`."""
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in allowed]
+    if unknown or not names:
+        raise TapeError(f"--{what} {text!r}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}; choose from "
+                        + ", ".join(allowed))
+    return names
 
 
 PARTS = {"doctor": doctor_part, "bench": bench_part, "train": train_part, "extend": extend_part}
@@ -178,19 +200,21 @@ PRELOAD = ("tapecli.experiments.doctor", "tapecli.experiments.bench", "tapecli.e
            "transformers.models.llama.modeling_llama")
 
 
-def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) -> dict:
-    """Run the four parts (module docstring) and write out/gpu-check.md and out/gpu-check.json; returns the report.
-    `budget_scale` multiplies every part's budget (a slower GPU than an H100, a loaded CPU)."""
-    from tapecli.errors import TapeError
-
+def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print, parts: str | None = None,
+                  pes: str | None = None) -> dict:
+    """Run the parts (module docstring) and write out/gpu-check.md and out/gpu-check.json; returns the report.
+    `budget_scale` multiplies every part's budget (a slower GPU than an H100, a loaded CPU); `parts` and `pes`:
+    the --parts and --pe values (comma-separated names; None: all)."""
     if not budget_scale > 0:
         raise TapeError(f"--budget-scale must be a positive number, got {budget_scale}")
+    run_parts = choice(parts, list(PARTS), "parts") or list(PARTS)
     import torch
 
     from tapecli.experiments.gpu_check import page
     from tapecli.model import PE_NAMES
     from tapecli.runtime import resolve_device
 
+    chosen = choice(pes, PE_NAMES, "pe")
     if not cpu and not torch.cuda.is_available():
         raise TapeError("gpu-check: no CUDA device here; pass --cpu for the toy-size run on the CPU")
     sizes, budgets = (CPU, CPU_BUDGETS) if cpu else (GPU, BUDGETS)
@@ -199,7 +223,7 @@ def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) ->
     out.mkdir(parents=True, exist_ok=True)
     report = {"mode": "cpu (toy sizes)" if cpu else "gpu", "commit": commit(), "hardware": hardware(device),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "pes": list(PE_NAMES), "lengths": {"bench": sizes["bench"]["seq_lens"]}, "parts": {}}
+              "pes": chosen or list(PE_NAMES), "lengths": {"bench": sizes["bench"]["seq_lens"]}, "parts": {}}
     threads = torch.get_num_threads()
     if cpu:  # imported once here, where the forked parts share them
         for module in PRELOAD:
@@ -208,10 +232,10 @@ def run_gpu_check(cpu: bool, out: Path, budget_scale: float = 1.0, log=print) ->
         torch.set_num_threads(1)  # toy sizes: a second thread only waits at every op's barrier (more so under load)
     started = time.monotonic()
     try:
-        for name, part in PARTS.items():
+        for name in run_parts:
             log(f"== {name} (budget {budgets[name]:.0f} s)")
-            report["parts"][name] = isolate.run_part(name, budgets[name], functools.partial(part, cpu, sizes, device),
-                                                     log, "fork" if cpu else "spawn")
+            part = functools.partial(PARTS[name], cpu, sizes, chosen, device)
+            report["parts"][name] = isolate.run_part(name, budgets[name], part, log, "fork" if cpu else "spawn")
             report["seconds"] = time.monotonic() - started
             page.write(report, out)
     finally:  # (for a process that goes on, a test's)
