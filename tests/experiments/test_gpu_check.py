@@ -73,6 +73,27 @@ def test_the_script_runs_the_module_and_refuses_bad_arguments_in_one_line(tmp_pa
     assert not (tmp_path / "page").exists()
 
 
+def test_parts_and_pes_chosen_run_alone_with_rope_as_the_reference(tmp_path, capsys) -> None:
+    """--parts bench --pe alibi: the bench part alone, ALiBi beside RoPE (the ratios' reference); unknown names are
+    refused in one line naming the choices."""
+    lines = []
+    main(["--cpu", "--parts", "bench", "--pe", "alibi", "--out", str(tmp_path)], lines.append)
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert list(report["parts"]) == ["bench"] and report["pes"] == ["alibi"]
+    lengths = report["parts"]["bench"]["result"]["lengths"]
+    assert {label for entry in lengths.values() for label in entry["median_step_s"]} == {
+        "rope", "rope on chunked", "alibi", "alibi on dense"}
+    assert not any("== doctor" in line or "== train" in line for line in lines)
+    assert gpu_check.train_pes(["alibi", "cope"]) == ("rope", "alibi")  # RoPE: the one compared with the Llama
+    assert gpu_check.train_pes(None) == gpu_check.TRAIN_PES == ("rope", "tape", "alibi", "fire")
+    assert main(["--cpu", "--parts", "bench,fast", "--out", str(tmp_path / "x")], lines.append) == 2
+    assert main(["--cpu", "--pe", "alibi,kerple", "--out", str(tmp_path / "y")], lines.append) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: --parts 'bench,fast': unknown fast; choose from doctor, bench, train, extend",
+        f"error: --pe 'alibi,kerple': unknown kerple; choose from {', '.join(PE_NAMES)}"]
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
 def test_forced_paths_a_variant_may_take() -> None:
     assert forced_applies("dense", {"chunked"}, CPU)  # ALiBi: its bias materialised
     assert forced_applies("chunked", {"sdpa"}, CPU)  # RoPE through the chunked kernel

@@ -134,3 +134,19 @@ def test_chunked_prefill_and_windows_do_not_recompile_per_offset(counted_flex):
     with attention.forced("flex"):
         model.generate(x, 2, prefill_chunk=4)
     assert counted_flex.frame_count <= 6  # 3 regimes x (a window or not), for 10 chunks and 2 decoding steps
+
+
+def test_fire_asks_for_its_own_tiles_and_only_cuda_calls_get_them():
+    """FIRE's score_mod compiles on an H200 only with tiles smaller than FlexAttention's defaults (FLEX_TILES): its
+    ScoreMod carries them, and every CUDA call with it passes them on; the CPU's kernels keep their own."""
+    from tapecli.model.attention.needs import ScoreBias, ScoreMod
+    from tapecli.model.pe.fire import FLEX_TILES, FIRELayer, fire_score
+
+    bias = FIRELayer(n_heads=2, hidden=3, init_c=0.1, threshold=512.0).need(None, False)
+    assert bias.score_mod.fn is fire_score and bias.score_mod.kernel_options == FLEX_TILES
+    assert flex.kernel_options(bias, torch.device("cuda")) == {"kernel_options": FLEX_TILES}
+    assert flex.kernel_options(bias, torch.device("cpu")) == {}
+    plain = ScoreBias(pairs=bias.pairs, score_mod=ScoreMod(fire_score, bias.score_mod.args))
+    assert flex.kernel_options(plain, torch.device("cuda")) == flex.kernel_options(None, torch.device("cuda")) == {}
+    with pytest.raises(ValueError, match=r"ScoreMod.kernel_options takes a dict .* got \[\('BLOCK_M', 64\)\]"):
+        ScoreMod(fire_score, (), [("BLOCK_M", 64)])

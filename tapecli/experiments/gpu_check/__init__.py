@@ -147,7 +147,7 @@ def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadli
     from tapecli.experiments import bench
     from tapecli.model import PE_NAMES
 
-    pes = with_reference(chosen) if chosen else list(PE_NAMES)
+    pes = chosen or list(PE_NAMES)  # (the bench always adds RoPE, its reference)
     b = sizes["bench"]
     result |= {"lengths": {}, "skipped": {}}
     for i, seq_len in enumerate(b["seq_lens"]):
@@ -165,8 +165,7 @@ def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadli
 def train_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadline, result: dict, log) -> None:
     from tapecli.experiments.gpu_check import train_speed
 
-    pes = tuple(pe for pe in TRAIN_PES if pe in with_reference(chosen)) if chosen else TRAIN_PES
-    train_speed.train_speed(device, sizes["train"], pes, deadline, result, log)
+    train_speed.train_speed(device, sizes["train"], train_pes(chosen), deadline, result, log)
 
 
 def extend_part(_cpu: bool, sizes: dict, _chosen, device, _deadline, result: dict, log) -> None:
@@ -176,9 +175,9 @@ def extend_part(_cpu: bool, sizes: dict, _chosen, device, _deadline, result: dic
         result |= captured(lambda: extend_step.extend_step(device, sizes["extend"], Path(work)), log, {})
 
 
-def with_reference(pes: list[str]) -> list[str]:
-    """The PEs asked for, RoPE first (the reference of the bench's and training's ratios)."""
-    return ["rope"] + [pe for pe in pes if pe != "rope"]
+def train_pes(chosen: list[str] | None) -> tuple[str, ...]:
+    """The training part's PEs among those chosen (None: all), RoPE always first: the one compared with the Llama."""
+    return tuple(pe for pe in TRAIN_PES if chosen is None or pe == "rope" or pe in chosen)
 
 
 def choice(text: str | None, allowed, what: str) -> list[str] | None:

@@ -143,7 +143,8 @@ def flex(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor,
         factor = torch.tensor(bias_factor, dtype=torch.float32, device=q.device)
         score_mod = score_mod_of(bias.score_mod, q_pos.expand(B, Tq).contiguous(), k_pos.expand(B, Tk).contiguous(),
                                  factor)
-    kwargs = dict(score_mod=score_mod, block_mask=mask, scale=scale, enable_gqa=k.shape[1] != H)
+    kwargs = dict(score_mod=score_mod, block_mask=mask, scale=scale, enable_gqa=k.shape[1] != H,
+                  **kernel_options(bias, q.device))
     if sinks is not None:
         kwargs["return_aux"] = flex_module().AuxRequest(lse=True)
     if torch.compiler.is_compiling():
@@ -157,6 +158,13 @@ def flex(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor,
                 f"FlexAttention: torch.compile reached {RECOMPILE_LIMIT} compiled variants of flex_attention in this "
                 "process (PEs x grad mode x dtypes x shapes); refusing its unfused fallback, which keeps every "
                 "[T, T] score; run fewer kinds of models per process") from None
+
+
+def kernel_options(bias: ScoreBias | None, device: torch.device) -> dict:
+    """{"kernel_options": ...} for a score_mod that asks for its own tiles (`ScoreMod.kernel_options`), on CUDA
+    (Triton's tiles; the CPU's kernels have their own); else {}."""
+    options = bias.score_mod.kernel_options if bias is not None else None
+    return {"kernel_options": dict(options)} if options and device.type == "cuda" else {}
 
 
 def with_sinks(result, sinks: Tensor | None) -> Tensor:

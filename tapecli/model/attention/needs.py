@@ -16,18 +16,20 @@ whose work is all in `rotate`):
   per-layer attention options it implements (`PositionalEncoding.attention_options`).
 
 The ScoreMod contract (FlexAttention compiles one kernel that must serve every layer of a model):
-`ScoreMod(fn, args)` where `fn(h, q_pos, k_pos, *args) -> bias` is a MODULE-LEVEL function (the same object for
-every layer and every model, never a bound method or a closure: torch.compile guards on the function's identity,
-so a per-layer function would recompile per layer and, past dynamo's recompile limit, fall back to an unfused
-O(T^2) kernel), evaluated on 0-d tensors with pointwise torch ops only. `args` holds everything `fn` reads that
-belongs to the layer: tensors (guarded by dtype, shape and device only, so every layer shares the compiled kernel)
-and plain Python numbers (guarded by value: use them only for hyperparameters every layer shares, e.g. T5's bucket
-counts). A tensor that requires gradients must be read once per call of `fn`, indexed (e.g. `w[h]`):
-FlexAttention's compiled backward cannot lower several reads of one grad-requiring tensor, nor (torch 2.11 and
-2.13) the gradient of a 0-d tensor read directly; give each use its own tensor (`.clone()`; a scalar
-as `.repeat(H)`, read at the head), as FIRE does for c and L. The tensors are built when `need` is called, so
+`ScoreMod(fn, args, kernel_options=None)` where `fn(h, q_pos, k_pos, *args) -> bias` is a MODULE-LEVEL function
+(the same object for every layer and every model, never a bound method or a closure: torch.compile guards on the
+function's identity, so a per-layer function would recompile per layer and, past dynamo's recompile limit, fall
+back to an unfused O(T^2) kernel), evaluated on 0-d tensors with pointwise torch ops only. `args` holds everything
+`fn` reads that belongs to the layer: tensors (guarded by dtype, shape and device only, so every layer shares the
+compiled kernel) and plain Python numbers (guarded by value: use them only for hyperparameters every layer shares,
+e.g. T5's bucket counts). A tensor that requires gradients must be read once per call of `fn`, indexed (e.g.
+`w[h]`): FlexAttention's compiled backward cannot lower several reads of one grad-requiring tensor, nor (torch 2.11
+and 2.13) the gradient of a 0-d tensor read directly; give each use its own tensor (`.clone()`; a scalar as
+`.repeat(H)`, read at the head), as FIRE does for c and L. The tensors are built when `need` is called, so
 gradients flow from them back to the layer's parameters through ordinary autograd. A `fn` that is not a
 module-level function, or a `score_mod` that is not a ScoreMod, is refused when made (a ContractError).
+`kernel_options` (FlexAttention's own, e.g. {"BLOCK_M": 64, "num_stages": 1}) goes to every CUDA call with this
+score_mod: smaller tiles for a fn whose kernels do not compile with FlexAttention's default ones (FIRE's).
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ class ScoreMod:
 
     fn: Callable[..., Tensor]
     args: tuple = ()
+    # FlexAttention's kernel_options on CUDA (tile sizes, pipeline stages), for a fn whose kernels do not compile
+    # with FlexAttention's default tiles (FIRE's); None: the defaults.
+    kernel_options: dict | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if torch.compiler.is_compiling():  # dynamo cannot trace the check; eager forwards and `tape pe check` make it
@@ -78,6 +83,9 @@ class ScoreMod:
                                 "FlexAttention compiles one kernel per function, so a bound method, a lambda or a "
                                 "nested function would compile once per layer; define fn(h, q_pos, k_pos, *args) at "
                                 "the top of the file and pass the layer's tensors in args (docs/pe-api.md)", self.fn)
+        if self.kernel_options is not None and not isinstance(self.kernel_options, dict):
+            raise ContractError(f"ScoreMod.kernel_options takes a dict of FlexAttention's kernel options (e.g. "
+                                f'{{"BLOCK_M": 64}}) or None, got {_name(self.kernel_options)}', self.fn)
 
 
 @dataclass(frozen=True)

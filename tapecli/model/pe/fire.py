@@ -6,7 +6,8 @@ with its segment's slope and intercept (`FIRELayer.piecewise_bias`). On the chun
 first, its keys in order) psi is computed once per distance and read as diagonals (`Diagonals`), and each row's
 segments are runs of keys found once per row and break (`segment_runs`), their lines read and their gradients
 summed run by run (`SegmentRuns`); other positions search every pair (`SegmentLines`). Both give the same bias, and
-so does FlexAttention's form on CUDA (`fire_score`: each pair's segment by comparing z with the breaks).
+so does FlexAttention's form on CUDA (`fire_score`: each pair's segment by comparing z with the breaks; compiled
+with smaller tiles than FlexAttention's defaults, `FLEX_TILES`).
 
 pe_args:
   hidden      width of f (32)
@@ -30,6 +31,10 @@ from tapecli.model.pe.base import (
 )
 
 EPS = 1e-6
+# FlexAttention's tiles for `fire_score` on CUDA: with its default ones no kernel configuration compiled on an H200
+# (torch 2.11: "No valid triton configs", training and forward alike); these compile and train there.
+FLEX_TILES = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32,
+              "num_stages": 1}
 
 
 class SegmentLines(torch.autograd.Function):
@@ -217,7 +222,7 @@ class FIRELayer(LayerPE):
     def need(self, state: PositionState, average_state: bool) -> ScoreBias:
         """A bias of (query position, distance): attention builds it one chunk of queries at a time (CPU,
         `piecewise_bias`) or evaluates it inside FlexAttention (CUDA), never for all [T, T] pairs at once."""
-        return ScoreBias(pairs=self.piecewise_bias, score_mod=ScoreMod(fire_score, self.score_mod_args()),
+        return ScoreBias(pairs=self.piecewise_bias, score_mod=ScoreMod(fire_score, self.score_mod_args(), FLEX_TILES),
                          parameters=tuple(self.parameters()))
 
     def features(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
