@@ -67,6 +67,15 @@ def bench_variants(pes: list[str], tape_paths: bool, window: int | None = None,
     return variants
 
 
+def variant_spec(variant: tuple[str, str, dict, dict], n_layers: int, dim: int, n_heads: int, seq_len: int,
+                 batch_size: int, precision: str, compile: bool, device) -> dict:
+    """The `bench_step` spec of one `bench_variants` entry at one length."""
+    _, pe, pe_args, keys = variant
+    return {"pe": pe, "pe_args": pe_args, "model": keys, "n_layers": n_layers, "dim": dim, "n_heads": n_heads,
+            "seq_len": seq_len, "batch_size": batch_size, "precision": precision, "compile": compile,
+            "device": str(device)}
+
+
 def check_variants(variants: list[tuple[str, str, dict, dict]], n_heads: int, dim: int, seq_len: int) -> None:
     """Every variant's model can be built (its pe_args' values checked by its PE), before any is timed."""
     for label, pe, pe_args, keys in variants:
@@ -150,9 +159,8 @@ def run_bench(pes: list[str], n_layers: int, dim: int, n_heads: int, seq_lens: l
                            "threads": torch.get_num_threads(), "torch": torch.__version__},
               "lengths": {}}
     for seq_len in seq_lens:
-        specs = {label: {"pe": pe, "pe_args": pe_args, "model": keys, "n_layers": n_layers, "dim": dim,
-                         "n_heads": n_heads, "seq_len": seq_len, "batch_size": batch_size, "precision": precision,
-                         "compile": compile, "device": str(dev)} for label, pe, pe_args, keys in variants}
+        specs = {variant[0]: variant_spec(variant, n_layers, dim, n_heads, seq_len, batch_size, precision, compile,
+                                          dev) for variant in variants}
         result["lengths"][str(seq_len)] = bench_length(specs, steps, warmup, rounds, memory, console, paths, deadline)
     result["failed"] = sorted({label for entry in result["lengths"].values() for label in entry["failed"]})
     result["skipped"] = {length: entry["skipped"] for length, entry in result["lengths"].items() if entry["skipped"]}

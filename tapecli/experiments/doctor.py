@@ -25,6 +25,8 @@ A check that fails marks its line and makes the command exit with 1; a PE whose 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.metadata
 import platform
 import time
@@ -126,10 +128,64 @@ def mark(outcome: Outcome) -> str:
     return f"{outcome.name}{number} " + ("ok" if outcome.ok else "[red]FAILED[/]")
 
 
+def timed_check(pe: str, device: torch.device, keys: dict | None = None) -> tuple[dict, float]:
+    """`check_pe` and the seconds it took (what a worker process of `run_doctor` returns)."""
+    start = time.perf_counter()
+    return check_pe(pe, device, keys), time.perf_counter() - start
+
+
+def one_compile_thread() -> None:
+    """A worker's start: one CPU thread and one compile thread (the workers together fill the machine)."""
+    import torch._inductor.config
+
+    torch.set_num_threads(1)
+    torch._inductor.config.compile_threads = 1
+
+
+@contextlib.contextmanager
+def checked_rows(rows: list[tuple[str, str, dict | None]], device: torch.device, processes: int):
+    """An iterator of each row's (`check_pe` result, seconds), or the exception it raised, in the rows' order:
+    computed here one after another, or with `processes` > 1 in that many spawned worker processes at once, each
+    row's kernels compiled by its own worker; the workers are ended on leaving."""
+    def serial():
+        for _, pe, keys in rows:
+            try:
+                yield timed_check(pe, device, keys)
+            except Exception as e:  # noqa: BLE001 - handed to the caller as the row's outcome
+                yield e
+
+    if processes <= 1:
+        yield serial()
+        return
+    import multiprocessing
+
+    pool = multiprocessing.get_context("spawn").Pool(min(processes, len(rows)), initializer=one_compile_thread)
+    try:
+        results = pool.imap(functools.partial(_row_check, device=device), [(pe, keys) for _, pe, keys in rows])
+
+        def parallel():
+            for _ in rows:
+                try:
+                    yield next(results)
+                except Exception as e:  # noqa: BLE001 - the worker's exception, handed over as above
+                    yield e
+
+        yield parallel()
+    finally:
+        pool.terminate()  # (also when the doctor is stopped while rows are still being checked)
+        pool.join()
+
+
+def _row_check(row: tuple[str, dict | None], device: torch.device) -> tuple[dict, float]:
+    return timed_check(row[0], device, row[1])
+
+
 def run_doctor(device: str = "auto", pes: list[str] | None = None, hybrids: bool = True,
-               compile_check: bool = True) -> dict:
+               compile_check: bool = True, processes: int = 1) -> dict:
     """Print the environment and the self-checks (module docstring); `compile_check`: compile a tiny function
-    (seconds on a GPU machine, up to a minute on a loaded CPU; scripts/gpu-check.sh --cpu leaves it out)."""
+    (seconds on a GPU machine, up to a minute on a loaded CPU; scripts/gpu-check.sh --cpu leaves it out);
+    `processes` > 1: the rows are checked in that many worker processes at once (`checked_rows`; scripts/gpu-check.sh
+    on a GPU, whose checks spend most of their time compiling FlexAttention's kernels), printed in order."""
     dev = resolve_device(device)
     console = Console()
     console.print(f"[bold]Environment[/] ({dev})")
@@ -145,24 +201,22 @@ def run_doctor(device: str = "auto", pes: list[str] | None = None, hybrids: bool
     console.print(f"\n[bold]self-check per PE[/] (`tape pe check`'s {', '.join(DOCTOR_CHECKS)} checks on {dev}: "
                   f"{SIZE_TEXT}, hybrids 4 layers; dense: the largest relative difference to the fp64 CPU reference)")
     checks = {}
-    rows = [(pe, lambda pe=pe: check_pe(pe, dev)) for pe in pes or list(PE_NAMES)]
+    rows = [(pe, pe, None) for pe in pes or list(PE_NAMES)]
     if hybrids:
-        rows += [(name, lambda keys=keys: check_pe(keys["pe"], dev, keys)) for name, keys in HYBRID_CHECKS.items()]
-    width = max(8, max(len(name) for name, _ in rows) + 1)
-    for name, check in rows:
-        start = time.perf_counter()
-        try:
-            r = check()
-        except Exception as e:  # noqa: BLE001 - one PE's failure is its line; the others are still checked
-            checks[name] = {"ok": False, "error": failure_line(e)}
-            console.print(f"  {name + ':':<{width}} [red]failed[/]: {checks[name]['error']}", soft_wrap=True)
-            continue
-        checks[name] = r
-        train, evaluation = ", ".join(r["paths"]["train"]), ", ".join(r["paths"]["eval"])
-        # "nope:" rather than "nope ": a line starting "tape " reads as a command line in the docs.
-        console.print(f"  {name + ':':<{width}} train: {train:<20} eval: {evaluation:<13} "
-                      + "  ".join(mark(o) for o in r["checks"].values())
-                      + f"  {time.perf_counter() - start:.1f} s", soft_wrap=True)
+        rows += [(name, keys["pe"], keys) for name, keys in HYBRID_CHECKS.items()]
+    width = max(8, max(len(name) for name, _, _ in rows) + 1)
+    with checked_rows(rows, dev, processes) as outcomes:
+        for (name, _, _), outcome in zip(rows, outcomes, strict=True):
+            if isinstance(outcome, Exception):  # one PE's failure is its line; the others are still checked
+                checks[name] = {"ok": False, "error": failure_line(outcome)}
+                console.print(f"  {name + ':':<{width}} [red]failed[/]: {checks[name]['error']}", soft_wrap=True)
+                continue
+            r, seconds = outcome
+            checks[name] = r
+            train, evaluation = ", ".join(r["paths"]["train"]), ", ".join(r["paths"]["eval"])
+            # "nope:" rather than "nope ": a line starting "tape " reads as a command line in the docs.
+            console.print(f"  {name + ':':<{width}} train: {train:<20} eval: {evaluation:<13} "
+                          + "  ".join(mark(o) for o in r["checks"].values()) + f"  {seconds:.1f} s", soft_wrap=True)
     failed = [name for name, r in checks.items() if not r["ok"]]
     console.print("all checks passed" if not failed else f"[red]failed: {', '.join(failed)}[/]")
     return {"environment": env, "checks": checks, "failed": failed}

@@ -157,10 +157,10 @@ def test_bench_and_doctor_survive_one_failing_pe(monkeypatch):
             raise RuntimeError("alibi broke.\nsecond line")
         return real_variant(spec)
 
-    def broken_check(pe, device):
+    def broken_check(pe, device, keys=None):
         if pe == "alibi":
             raise ValueError("alibi broke")
-        return real_check(pe, device)
+        return real_check(pe, device, keys)
 
     monkeypatch.setattr(bench, "make_variant", broken_variant)
     result = runner.invoke(app, ["bench", "--pe", "rope,alibi,nope", "--n-layers", "1", "--dim", "32", "--seq-len",

@@ -242,3 +242,41 @@ def test_a_parts_output_reaches_the_log_line_by_line_as_it_is_written() -> None:
     with pytest.raises(KeyError):
         gpu_check.captured(part, seen.append, result)
     assert seen == ["one", "two"] and result["text"] == "one\ntwo"
+
+
+def test_kernels_are_compiled_ahead_by_parallel_workers_that_end_before_the_bench() -> None:
+    """warm.py (the GPU bench's first half): one worker per PE takes it through every length, on its own path and
+    forced onto each other path that applies; a failing step is named, a worker still running at the deadline is
+    killed, and a PE never reached says so. On the CPU nothing compiles: the workers' steps are what is checked."""
+    from tapecli.experiments.bench import bench_variants
+    from tapecli.experiments.gpu_check import warm
+
+    sizes = gpu_check.CPU["bench"]
+    variants = bench_variants(["alibi"], tape_paths=False) + [("broken", "alibi", {"slope": 2}, {})]
+    statuses = warm.warm(variants, sizes, "cpu", time.monotonic() + 60, processes=3)
+    # rope: 32 tokens on sdpa, then forced on chunked, 64 tokens; alibi: 32 on chunked, then on dense, 64.
+    assert statuses["rope"] == statuses["alibi"] == "ok: 3 steps"
+    assert statuses["broken"].startswith("failed: broken at 32: ") and "slope" in statuses["broken"]
+    assert warm.summary(statuses, 3, 4.2) == f"compiled ahead in 3 processes (4 s): 2 ok, 1 failed; broken: " \
+                                              f"{statuses['broken']}"
+    start = time.monotonic()
+    stopped = warm.warm(variants[:2], sizes, "cpu", time.monotonic() + 0.3, processes=1)
+    assert stopped == {"rope": "not finished", "alibi": "not started"} and time.monotonic() - start < 5
+
+
+def test_the_doctor_checks_in_worker_processes_as_it_checks_alone(capsys) -> None:
+    """gpu-check's doctor on a GPU: its rows checked in spawned worker processes at once (each compiling its own
+    kernels) give the report the doctor gives alone, in the same order, a failing row included."""
+    from tapecli.experiments import doctor
+
+    def report(processes: int) -> tuple:
+        r = doctor.run_doctor("cpu", ["rope", "alibi", "no-such-pe"], hybrids=False, compile_check=False,
+                              processes=processes)
+        lines = [line.rsplit("  ", 1)[0] for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+        return r["failed"], {name: (c["ok"], c.get("paths"), c.get("error"), [(o.name, o.ok, o.number)
+                                                                              for o in c.get("checks", {}).values()])
+                             for name, c in r["checks"].items()}, lines[-3:]
+
+    alone, together = report(1), report(2)
+    assert together == alone and alone[0] == ["no-such-pe"] and list(alone[1]) == ["rope", "alibi", "no-such-pe"]
+    assert alone[1]["alibi"][0] and alone[1]["alibi"][3][0][0] == "dense"

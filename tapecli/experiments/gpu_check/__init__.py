@@ -4,10 +4,12 @@
 
 Four parts, each with a time budget (PARTS; GPU sizes in GPU, the --cpu mode's toy sizes in CPU):
 
-  doctor   `tape doctor` on the device (tapecli.experiments.doctor; --cpu: CPU_DOCTOR_PES only, no compilation)
+  doctor   `tape doctor` on the device (tapecli.experiments.doctor), its checks in PROCESSES worker processes at once
+           on the GPU (--cpu: CPU_DOCTOR_PES only, one after another, no compilation)
   bench    `tape bench --precision bf16` for every registered PE at 1K, 8K and 32K tokens, each PE also forced onto
            every other attention path it can take (flash-attn, sdpa, flex, dense; `bench.forced_applies`), time and
-           peak memory as ratios to RoPE on its own path (FlashAttention-2 where installed, else SDPA)
+           peak memory as ratios to RoPE on its own path (FlashAttention-2 where installed, else SDPA); on the GPU
+           its kernels are first compiled ahead by parallel workers (warm.py) in WARM_SHARE of its time
   train    tokens/s and MFU of the `c4` recipe's 162M model for RoPE, TAPE, ALiBi and FIRE, eager and compiled,
            beside transformers' Llama of the same shape (train_speed.py)
   extend   one `tape extend-context --method lora` step with activation checkpointing on a random ~1.1B Llama at
@@ -48,12 +50,14 @@ from tapecli.experiments.gpu_check import isolate
 BUDGETS = {"doctor": 90, "bench": 170, "train": 150, "extend": 40}  # seconds on the GPU, 450 in all
 CPU_BUDGETS = {"doctor": 8, "bench": 10, "train": 8, "extend": 8}
 TRAIN_PES = ("rope", "tape", "alibi", "fire")
+PROCESSES = 12  # GPU: worker processes at once for the doctor's checks and the bench's compilations (16 cores)
+WARM_SHARE = 0.5  # of the bench's time, for compiling its kernels ahead in parallel (GPU: warm.py) before timing
 CPU_DOCTOR_PES = ("rope", "alibi", "tape")  # --cpu: a plain, a bias and a wide-value PE; no compile, no hybrids
 # The bench's lengths in the order they run: 8K first (where attention's cost shows, and where the kernels compile),
 # 32K, then 1K (a step of the bench model at 1K is kernel launches more than arithmetic on a GPU).
 GPU = {
     "bench": {"seq_lens": [8192, 32768, 1024], "n_layers": 2, "dim": 256, "n_heads": 4, "batch_size": 1,
-              "steps": 2, "rounds": 2, "warmup": 1, "memory": True,
+              "steps": 2, "rounds": 2, "warmup": 1, "memory": True, "warm_processes": PROCESSES,
               "paths": {1024: ("flash-attn", "sdpa", "flex", "dense"), 8192: ("flash-attn", "sdpa", "flex", "dense"),
                         32768: ("flash-attn", "sdpa", "flex")}},
     "train": {"overrides": [], "batch": 8, "warmup": 2, "steps": 5, "compile_backend": None, "compile_others": True},
@@ -139,7 +143,8 @@ def doctor_part(cpu: bool, sizes: dict, chosen: list[str] | None, device, _deadl
     from tapecli.experiments import doctor
 
     pes = chosen if chosen else list(CPU_DOCTOR_PES) if cpu else None
-    report = captured(lambda: doctor.run_doctor(device.type, pes, hybrids=not cpu, compile_check=not cpu), log, result)
+    report = captured(lambda: doctor.run_doctor(device.type, pes, hybrids=not cpu, compile_check=not cpu,
+                                                processes=1 if cpu else PROCESSES), log, result)
     result["failed"] = report["failed"]
 
 
@@ -150,6 +155,15 @@ def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadli
     pes = chosen or list(PE_NAMES)  # (the bench always adds RoPE, its reference)
     b = sizes["bench"]
     result |= {"lengths": {}, "skipped": {}}
+    if b.get("warm_processes"):
+        from tapecli.experiments.gpu_check import warm
+
+        start = time.monotonic()
+        statuses = warm.warm(bench.bench_variants(pes, tape_paths=False), b, device.type,
+                             start + WARM_SHARE * (deadline - start), b["warm_processes"])
+        line = warm.summary(statuses, b["warm_processes"], time.monotonic() - start)
+        log(line)
+        result |= {"warm": statuses, "text": line + "\n"}
     for i, seq_len in enumerate(b["seq_lens"]):
         # Each length may use an equal share of what is left of the soft deadline (what an earlier one leaves
         # unused goes to the ones after it).
