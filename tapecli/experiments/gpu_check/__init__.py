@@ -18,15 +18,15 @@ Four parts, each with a time budget (PARTS; GPU sizes in GPU, the --cpu mode's t
 Each part runs in a child process of its own (isolate.py: spawned on the GPU, so that it starts with a fresh CUDA
 and inductor state whatever the part before it left behind; forked in --cpu mode, which imports PRELOAD once, here)
 under its budget: it starts no new variant past its soft deadline (80 % of the budget) and is stopped by SIGALRM at
-the budget, keeping what it finished; a child with no answer isolate.GRACE_S seconds after its budget is killed
-with everything it started, one that crashes is reported failed. This process compiles and measures nothing; it
-prints the parts' log lines as they come, and what a part left out is named on the page and printed at the end.
---parts runs some of the parts (each with its own budget), --pe some of the PEs (doctor's self-checks, the bench,
-training): RoPE stays in the bench and in training as the reference their ratios need. The page is rewritten
-(atomically) after every part, so a run killed from outside keeps what it finished. The
---cpu mode runs the same parts at toy sizes in seconds, on one thread (its compiled variants through dynamo's eager
-backend: inductor on a CPU takes minutes); the test suite runs it in the suite's own process (`__main__.main`),
-which leaves that process as it found it (thread count, COLUMNS, the garbage collector).
+the budget, keeping what it finished; a child with no answer isolate.GRACE_S seconds after its budget is killed with
+everything it started, one that crashes is reported failed. This process compiles and measures nothing; it prints
+the parts' log lines as they come, and what a part left out is named on the page and printed at the end. --parts
+runs some of the parts (each with its own budget), --pe some of the PEs (doctor's self-checks, the bench, training):
+RoPE stays in the bench and in training as the reference their ratios need. The page is rewritten (atomically) after
+every part, so a run killed from outside keeps what it finished. The --cpu mode runs the same parts at toy sizes in
+seconds, on one thread (its compiled variants through dynamo's eager backend: inductor on a CPU takes minutes); the
+test suite runs it in the suite's own process (`__main__.main`), which leaves that process as it found it (thread
+count, COLUMNS, the garbage collector).
 """
 
 from __future__ import annotations

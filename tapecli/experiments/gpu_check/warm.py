@@ -6,7 +6,7 @@ unaffected: every worker has ended before the bench times anything.
 
     statuses = warm(variants, sizes, device, until, processes)  # {label: "ok: 3 steps" | "failed: ..." | ...}
     summary(statuses, processes, seconds)                       # one line: how many of each
-    python -m tapecli.experiments.gpu_check.warm '<json job>'        # one worker: one PE at every length
+    python -m tapecli.experiments.gpu_check.warm '<json job>'   # one worker: one PE at every length
 
 A worker takes one PE (a `bench.bench_variants` entry) through the bench's lengths in their order, so that dynamo
 makes the same shapes dynamic as in the bench's process (static at the first length, dynamic after): at each, one
