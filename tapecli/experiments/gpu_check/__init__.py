@@ -149,15 +149,17 @@ def doctor_part(cpu: bool, sizes: dict, chosen: list[str] | None, device, _deadl
 
 
 def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadline, result: dict, log) -> None:
+    import torch._dynamo
+
     from tapecli.experiments import bench
     from tapecli.model import PE_NAMES
 
     pes = chosen or list(PE_NAMES)  # (the bench always adds RoPE, its reference)
     b = sizes["bench"]
     result |= {"lengths": {}, "skipped": {}}
-    if b.get("warm_processes"):
-        from tapecli.experiments.gpu_check import warm
+    from tapecli.experiments.gpu_check import warm
 
+    if b.get("warm_processes"):
         start = time.monotonic()
         statuses = warm.warm(bench.bench_variants(pes, tape_paths=False), b, device.type,
                              start + WARM_SHARE * (deadline - start), b["warm_processes"])
@@ -166,12 +168,15 @@ def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadli
         result |= {"warm": statuses, "text": line + "\n"}
     for i, seq_len in enumerate(b["seq_lens"]):
         # Each length may use an equal share of what is left of the soft deadline (what an earlier one leaves
-        # unused goes to the ones after it).
+        # unused goes to the ones after it); it starts with no compiled graph of an earlier length (dynamo's count
+        # of FlexAttention's variants restarts), and compiles its shapes statically, as the workers did.
         share = time.monotonic() + (deadline - time.monotonic()) / (len(b["seq_lens"]) - i)
-        bench_result = captured(lambda seq_len=seq_len, share=share: bench.run_bench(
-            pes, b["n_layers"], b["dim"], b["n_heads"], [seq_len], b["batch_size"], b["steps"],
-            b["warmup"], b["rounds"], tape_paths=False, device=device.type, precision="bf16",
-            memory=b["memory"], paths=b["paths"].get(seq_len, ()), deadline=share), log, result)
+        torch._dynamo.reset()
+        with warm.static_shapes():
+            bench_result = captured(lambda seq_len=seq_len, share=share: bench.run_bench(
+                pes, b["n_layers"], b["dim"], b["n_heads"], [seq_len], b["batch_size"], b["steps"],
+                b["warmup"], b["rounds"], tape_paths=False, device=device.type, precision="bf16",
+                memory=b["memory"], paths=b["paths"].get(seq_len, ()), deadline=share), log, result)
         result["lengths"] |= bench_result["lengths"]
         result["skipped"] |= bench_result["skipped"]
 

@@ -8,12 +8,14 @@ unaffected: every worker has ended before the bench times anything.
     summary(statuses, processes, seconds)                       # one line: how many of each
     python -m tapecli.experiments.gpu_check.warm '<json job>'   # one worker: one PE at every length
 
-A worker takes one PE (a `bench.bench_variants` entry) through the bench's lengths in their order, so that dynamo
-makes the same shapes dynamic as in the bench's process (static at the first length, dynamic after): at each, one
-step on the PE's own path, then one forced onto each path of sizes["paths"] that applies (`bench.forced_applies`),
-printing one JSON line per step. Up to `processes` workers run at once, each with one compile thread and one CPU
-thread; a worker still running at `until` (time.monotonic()) is killed ("not finished"), a PE never reached is
-"not started".
+A worker takes one PE (a `bench.bench_variants` entry) through the bench's lengths: at each, one step on the PE's
+own path, then one forced onto each path of sizes["paths"] that applies (`bench.forced_applies`), printing one JSON
+line per step. The workers and the bench's process compile every shape statically (`static_shapes`: dynamo's
+automatic dynamic shapes off), so that a graph, and so its cache entry, depends only on the PE, its path and the
+length, not on what the process compiled before it (with them on, a PE compiled after another one, or at a second
+length, can trace a different graph, which misses the cache). Up to `processes` workers run at once, each with one
+compile thread and one CPU thread; a worker still running at `until` (time.monotonic()) is killed ("not finished"),
+a PE never reached is "not started".
 """
 
 from __future__ import annotations
@@ -48,13 +50,21 @@ def run_job(job: dict) -> None:
             return []
 
     variant = job["variant"]
-    for seq_len in b["seq_lens"]:
-        spec = variant_spec(variant, b["n_layers"], b["dim"], b["n_heads"], seq_len, b["batch_size"],
-                            b["precision"], False, job["device"])
-        natural = step(spec, f"{variant[0]} at {seq_len}")
-        for path in b["paths"].get(str(seq_len), ()) if natural else ():
-            if forced_applies(path, set(natural), torch.device(job["device"])):
-                step({**spec, "attention": path}, f"{variant[0]} on {path} at {seq_len}")
+    with static_shapes():
+        for seq_len in b["seq_lens"]:
+            spec = variant_spec(variant, b["n_layers"], b["dim"], b["n_heads"], seq_len, b["batch_size"],
+                                b["precision"], False, job["device"])
+            natural = step(spec, f"{variant[0]} at {seq_len}")
+            for path in b["paths"].get(str(seq_len), ()) if natural else ():
+                if forced_applies(path, set(natural), torch.device(job["device"])):
+                    step({**spec, "attention": path}, f"{variant[0]} on {path} at {seq_len}")
+
+
+def static_shapes():
+    """Dynamo's automatic dynamic shapes off, as a context (module docstring)."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(automatic_dynamic_shapes=False)
 
 
 def outcome(output: str, code: int) -> str:
