@@ -252,16 +252,15 @@ def test_kernels_are_compiled_ahead_by_parallel_workers_that_end_before_the_benc
     from tapecli.experiments.gpu_check import warm
 
     sizes = gpu_check.CPU["bench"]
-    variants = bench_variants(["alibi"], tape_paths=False) + [("broken", "alibi", {"slope": 2}, {})]
-    statuses = warm.warm(variants, sizes, "cpu", time.monotonic() + 60, processes=3)
-    # rope: 32 tokens on sdpa, then forced on chunked, 64 tokens; alibi: 32 on chunked, then on dense, 64.
-    assert statuses["rope"] == statuses["alibi"] == "ok: 3 steps"
+    variants = bench_variants(["alibi"], tape_paths=False)[1:] + [("broken", "alibi", {"slope": 2}, {})]
+    statuses = warm.warm(variants, sizes, "cpu", time.monotonic() + 60, processes=2)
+    assert statuses["alibi"] == "ok: 3 steps"  # 32 tokens on the chunked path, then forced on dense; 64 tokens
     assert statuses["broken"].startswith("failed: broken at 32: ") and "slope" in statuses["broken"]
-    assert warm.summary(statuses, 3, 4.2) == f"compiled ahead in 3 processes (4 s): 2 ok, 1 failed; broken: " \
+    assert warm.summary(statuses, 2, 4.2) == f"compiled ahead in 2 processes (4 s): 1 ok, 1 failed; broken: " \
                                               f"{statuses['broken']}"
     start = time.monotonic()
-    stopped = warm.warm(variants[:2], sizes, "cpu", time.monotonic() + 0.3, processes=1)
-    assert stopped == {"rope": "not finished", "alibi": "not started"} and time.monotonic() - start < 5
+    stopped = warm.warm(variants, sizes, "cpu", time.monotonic() + 0.3, processes=1)
+    assert stopped == {"alibi": "not finished", "broken": "not started"} and time.monotonic() - start < 5
 
 
 def test_the_doctor_checks_in_worker_processes_as_it_checks_alone(capsys) -> None:
