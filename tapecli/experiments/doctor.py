@@ -128,10 +128,11 @@ def mark(outcome: Outcome) -> str:
     return f"{outcome.name}{number} " + ("ok" if outcome.ok else "[red]FAILED[/]")
 
 
-def timed_check(pe: str, device: torch.device, keys: dict | None = None) -> tuple[dict, float]:
-    """`check_pe` and the seconds it took (what a worker process of `run_doctor` returns)."""
+def timed_check(row: tuple[str, dict | None], device: torch.device) -> tuple[dict, float]:
+    """`check_pe` of one row (its PE spec and further model keys) and the seconds it took (what a worker process of
+    `run_doctor` returns)."""
     start = time.perf_counter()
-    return check_pe(pe, device, keys), time.perf_counter() - start
+    return check_pe(row[0], device, row[1]), time.perf_counter() - start
 
 
 def one_compile_thread() -> None:
@@ -147,37 +148,28 @@ def checked_rows(rows: list[tuple[str, str, dict | None]], device: torch.device,
     """An iterator of each row's (`check_pe` result, seconds), or the exception it raised, in the rows' order:
     computed here one after another, or with `processes` > 1 in that many spawned worker processes at once, each
     row's kernels compiled by its own worker; the workers are ended on leaving."""
-    def serial():
-        for _, pe, keys in rows:
-            try:
-                yield timed_check(pe, device, keys)
-            except Exception as e:  # noqa: BLE001 - handed to the caller as the row's outcome
-                yield e
-
-    if processes <= 1:
-        yield serial()
-        return
     import multiprocessing
 
-    pool = multiprocessing.get_context("spawn").Pool(min(processes, len(rows)), initializer=one_compile_thread)
+    items = [(pe, keys) for _, pe, keys in rows]
+    check = functools.partial(timed_check, device=device)
+    pool = None
+    if processes > 1:
+        pool = multiprocessing.get_context("spawn").Pool(min(processes, len(items)), initializer=one_compile_thread)
     try:
-        results = pool.imap(functools.partial(_row_check, device=device), [(pe, keys) for _, pe, keys in rows])
+        results = pool.imap(check, items) if pool else map(check, items)  # both go on past an item that raised
 
-        def parallel():
-            for _ in rows:
+        def each():
+            for _ in items:
                 try:
                     yield next(results)
-                except Exception as e:  # noqa: BLE001 - the worker's exception, handed over as above
+                except Exception as e:  # noqa: BLE001 - handed to the caller as the row's outcome
                     yield e
 
-        yield parallel()
+        yield each()
     finally:
-        pool.terminate()  # (also when the doctor is stopped while rows are still being checked)
-        pool.join()
-
-
-def _row_check(row: tuple[str, dict | None], device: torch.device) -> tuple[dict, float]:
-    return timed_check(row[0], device, row[1])
+        if pool:  # (also when the doctor is stopped while rows are still being checked)
+            pool.terminate()
+            pool.join()
 
 
 def run_doctor(device: str = "auto", pes: list[str] | None = None, hybrids: bool = True,
