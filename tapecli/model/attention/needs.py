@@ -72,7 +72,7 @@ class ScoreMod:
     args: tuple = ()
     # FlexAttention's kernel_options on CUDA (tile sizes, pipeline stages), for a fn whose kernels do not compile
     # with FlexAttention's default tiles (FIRE's); None: the defaults.
-    kernel_options: dict | None = field(default=None, compare=False)
+    kernel_options: dict | None = None
 
     def __post_init__(self) -> None:
         if torch.compiler.is_compiling():  # dynamo cannot trace the check; eager forwards and `tape pe check` make it
