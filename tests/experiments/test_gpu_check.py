@@ -251,7 +251,7 @@ def test_kernels_are_compiled_ahead_by_parallel_workers_that_end_before_the_benc
     from tapecli.experiments.bench import bench_variants
     from tapecli.experiments.gpu_check import warm
 
-    sizes = gpu_check.CPU["bench"]
+    sizes = {**gpu_check.CPU["bench"], "precision": gpu_check.PRECISION}
     variants = bench_variants(["alibi"], tape_paths=False)[1:] + [("broken", "alibi", {"slope": 2}, {})]
     statuses = warm.warm(variants, sizes, "cpu", time.monotonic() + 60, processes=2)
     assert statuses["alibi"] == "ok: 3 steps"  # 32 tokens on the chunked path, then forced on dense; 64 tokens

@@ -51,6 +51,7 @@ BUDGETS = {"doctor": 90, "bench": 170, "train": 150, "extend": 40}  # seconds on
 CPU_BUDGETS = {"doctor": 8, "bench": 10, "train": 8, "extend": 8}
 TRAIN_PES = ("rope", "tape", "alibi", "fire")
 PROCESSES = 12  # GPU: worker processes at once for the doctor's checks and the bench's compilations (16 cores)
+PRECISION = "bf16"  # the bench's, on the GPU and in --cpu mode alike (its workers compile for the same)
 WARM_SHARE = 0.5  # of the bench's time, for compiling its kernels ahead in parallel (GPU: warm.py) before timing
 CPU_DOCTOR_PES = ("rope", "alibi", "tape")  # --cpu: a plain, a bias and a wide-value PE; no compile, no hybrids
 # The bench's lengths in the order they run: 8K first (where attention's cost shows, and where the kernels compile),
@@ -161,7 +162,7 @@ def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadli
 
     if b.get("warm_processes"):
         start = time.monotonic()
-        statuses = warm.warm(bench.bench_variants(pes, tape_paths=False), b, device.type,
+        statuses = warm.warm(bench.bench_variants(pes, tape_paths=False), {**b, "precision": PRECISION}, device.type,
                              start + WARM_SHARE * (deadline - start), b["warm_processes"])
         line = warm.summary(statuses, b["warm_processes"], time.monotonic() - start)
         log(line)
@@ -175,7 +176,7 @@ def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadli
         with warm.static_shapes():
             bench_result = captured(lambda seq_len=seq_len, share=share: bench.run_bench(
                 pes, b["n_layers"], b["dim"], b["n_heads"], [seq_len], b["batch_size"], b["steps"],
-                b["warmup"], b["rounds"], tape_paths=False, device=device.type, precision="bf16",
+                b["warmup"], b["rounds"], tape_paths=False, device=device.type, precision=PRECISION,
                 memory=b["memory"], paths=b["paths"].get(seq_len, ()), deadline=share), log, result)
         result["lengths"] |= bench_result["lengths"]
         result["skipped"] |= bench_result["skipped"]

@@ -78,8 +78,8 @@ def outcome(output: str, code: int) -> str:
 
 def warm(variants: list, sizes: dict, device: str, until: float, processes: int) -> dict[str, str]:
     """Run the workers (module docstring); `sizes`: the bench's sizes (seq_lens, paths by length, model shape,
-    precision "bf16" unless given). Returns each variant's status."""
-    b = {"precision": "bf16", **sizes, "paths": {str(k): list(v) for k, v in sizes.get("paths", {}).items()}}
+    precision). Returns each variant's status."""
+    b = {**sizes, "paths": {str(k): list(v) for k, v in sizes.get("paths", {}).items()}}
     env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
     statuses = {variant[0]: "not started" for variant in variants}
     pending, running = list(variants), {}
