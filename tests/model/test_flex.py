@@ -150,3 +150,55 @@ def test_fire_asks_for_its_own_tiles_and_only_cuda_calls_get_them():
     assert flex.kernel_options(plain, torch.device("cuda")) == flex.kernel_options(None, torch.device("cuda")) == {}
     with pytest.raises(ValueError, match=r"ScoreMod.kernel_options takes a dict .* got \[\('BLOCK_M', 64\)\]"):
         ScoreMod(fire_score, (), [("BLOCK_M", 64)])
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+@pytest.mark.parametrize(("case", "Tq", "Tk", "window", "temperature"), [
+    ("plain", 23, 23, None, 1.0), ("cache-offset", 9, 23, None, 0.7), ("window", 23, 23, 4, 1.0),
+    ("left-padded", 23, 23, None, 1.0)])
+def test_a_learned_table_gets_its_gradient_from_the_band_not_from_the_kernel(monkeypatch, case, Tq, Tk, window,
+                                                                             temperature):
+    """T5's table enters FlexAttention detached (`table_score`: no atomic addition per score into it on CUDA) and
+    `TableGrad` gives it the band's gradient, in slices of queries (BAND_ELEMENTS), with grouped heads, after a
+    KV cache, with a window and a temperature: outputs and gradients equal the fp64 reference (the gradient of the far
+    bucket included). Padding keeps T5's own score_mod, whose gradient FlexAttention sums itself; so do a forward
+    without gradients and ALiBi's table, which learns nothing."""
+    from test_attention import eager_flex, grads, layer_of, left_padding, qkv
+    from test_sinks import reference
+
+    from tapecli.model.attention import chunked_grads, table_grad
+    from tapecli.model.pe.t5 import t5_score
+
+    eager_flex(monkeypatch)
+    monkeypatch.setattr(chunked_grads, "BAND_ROWS", 2)
+    monkeypatch.setattr(table_grad, "BAND_ELEMENTS", 2 * 4 * (2 + 7 - 2) * 4)  # slices of 4 queries (2 blocks)
+    fns = []
+    original = flex.score_mod_of
+    monkeypatch.setattr(flex, "score_mod_of", lambda mod, *args: fns.append(mod.fn) or original(mod, *args))
+    layer = layer_of("t5", pe_args={"num_buckets": 8, "max_distance": 6})
+    weight = layer.relative_attention_bias.weight
+    q, k, v = qkv(Tq=Tq, Tk=Tk)
+    key_mask = left_padding(2, Tk, 5) if case == "left-padded" else None
+    k_pos = (torch.arange(Tk) + 3)[None] if key_mask is None else (key_mask.long().cumsum(-1) - 1).clamp(min=0)
+    q_pos = k_pos[:, Tk - Tq:]
+    need = layer.need(None, False)
+    got = flex.flex(q, k, v, need, q_pos, k_pos, key_mask, 8 ** -0.5 / temperature, window, 1 / temperature)
+    assert fns == [t5_score if key_mask is not None else flex.table_score]
+    want = reference(q, k, v, torch.full((4,), float("-inf"), dtype=torch.float64), need, q_pos, k_pos, key_mask,
+                     window, temperature)
+    keep = (torch.ones(2, Tq) if key_mask is None else key_mask[:, -Tq:])[:, None, :, None].double()
+    assert ((got - want) * keep).abs().max() <= 1e-12
+    got_grads, want_grads = (grads(out * keep, [q, k, v, weight]) for out in (got, want))
+    assert window is not None or want_grads[3][-1].abs().min() > 1e-3  # the far bucket carries gradient
+    for a, b in zip(got_grads, want_grads, strict=True):
+        assert (a - b).abs().max() <= 1e-11
+    with torch.no_grad():
+        flex.flex(q, k, v, need, q_pos, k_pos, key_mask, 8 ** -0.5)
+    flex.flex(q, k, v, layer_of("alibi").need(None, False), q_pos, k_pos, key_mask, 8 ** -0.5)
+    assert fns[1:] == [t5_score, flex_alibi_score()]
+
+
+def flex_alibi_score():
+    from tapecli.model.pe.alibi import alibi_score
+
+    return alibi_score

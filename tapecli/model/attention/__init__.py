@@ -177,9 +177,7 @@ def _attend_path(name: str, q: Tensor, k: Tensor, v: Tensor, need: Need, q_pos: 
         bias = bias.checked(q.shape[1])
     scale = q.shape[-1] ** -0.5 / temperature
     if name == "flex":
-        consecutive = window is None or (key_mask is None and chunked_path.consecutive(q_pos, k_pos))
-        return flex_path.flex(q, k, v, bias, q_pos, k_pos, key_mask, scale, window, 1 / temperature, consecutive,
-                              sinks)
+        return flex_path.flex(q, k, v, bias, q_pos, k_pos, key_mask, scale, window, 1 / temperature, sinks)
     bias = None if bias is None else bias.times(1 / temperature)
     if name == "probe":
         return probe.probed_attention(q, k, v, bias, q_pos, k_pos, key_mask, scale, causal, window, sinks)

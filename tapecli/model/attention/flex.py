@@ -10,8 +10,11 @@ dtypes and shapes, never which layer or module a call comes from, and one compil
 model. Causality, padding, a sliding window and the offset of a chunked prefill (queries are the last Tq of Tk
 keys) enter as a block mask, so fully masked blocks are skipped (a window of W keys costs T x W, not T^2); one
 forward's layers share it (`block_mask` keeps the last few). Values may be wider than queries (TAPE's [V | E]: no
-zero padding). Gradients reach the tensors the score_mod reads (T5's table, FIRE's MLP) through FlexAttention's own
-backward.
+zero padding). Gradients reach the tensors the score_mod reads (FIRE's MLP) through FlexAttention's own backward,
+which adds one score's gradient at a time with an atomic addition; a learned distance table (T5's, `ScoreBias.table`)
+on consecutive positions is read detached instead (`table_score`) and gets its gradient from the band of near
+distances (table_grad.py), since every far pair would add into its last entry. While compiling (train.compile)
+positions cannot be checked, and T5 keeps its own score_mod and FlexAttention's backward.
 
 The kernel is compiled once per process (`torch.compile`; shapes become dynamic after the first change of length)
 and called with autocast off (inputs arrive in their dtype already), so what varies between calls is only the
@@ -30,8 +33,10 @@ import functools
 import torch
 from torch import Tensor
 
+from tapecli.model.attention.chunked import consecutive
 from tapecli.model.attention.needs import ScoreBias, ScoreMod
 from tapecli.model.attention.sinks import rescale
+from tapecli.model.attention.table_grad import TableGrad
 
 RECOMPILE_LIMIT = 64  # compiled variants of flex_attention per process (dynamo's default is 8)
 _MASKS: list[tuple[tuple, object]] = []  # (key, BlockMask) of the last few calls: one forward's layers share them
@@ -128,31 +133,35 @@ def block_mask(batch: int, q_len: int, k_len: int, key_mask: Tensor | None, devi
 
 def flex(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor, k_pos: Tensor,
          key_mask: Tensor | None, scale: float, window: int | None = None, bias_factor: float = 1.0,
-         consecutive: bool = True, sinks: Tensor | None = None) -> Tensor:
+         sinks: Tensor | None = None) -> Tensor:
     """Exact causal attention through FlexAttention (module docstring); `bias_factor` multiplies the bias (an
-    attention temperature's 1 / T); `consecutive`: positions are the key indices plus a constant (no padding), so
-    a window is one of indices; `sinks` [H]: attention sinks, through the log-sum-exp FlexAttention returns with
-    its gradient (tapecli.model.attention.sinks)."""
+    attention temperature's 1 / T); `sinks` [H]: attention sinks, through the log-sum-exp FlexAttention returns
+    with its gradient (tapecli.model.attention.sinks)."""
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
-    windowed = window is not None and not consecutive
+    values = learned_table(bias, bias_factor, Tk) if key_mask is None else None
+    # Consecutive positions (no padding): a window is one of indices, and a learned table gets its band gradient.
+    in_steps = key_mask is None and (window is not None or values is not None) and consecutive(q_pos, k_pos)
+    values = values if in_steps else None
+    windowed = window is not None and not in_steps
     mask = block_mask(B, Tq, Tk, key_mask, q.device, window, q_pos if windowed else None,
                       k_pos if windowed else None)
     score_mod = None
     if bias is not None:
-        factor = torch.tensor(bias_factor, dtype=torch.float32, device=q.device)
-        score_mod = score_mod_of(bias.score_mod, q_pos.expand(B, Tq).contiguous(), k_pos.expand(B, Tk).contiguous(),
-                                 factor)
+        mod, factor = (ScoreMod(table_score, (values.detach(),)), 1.0) if values is not None else \
+            (bias.score_mod, bias_factor)
+        score_mod = score_mod_of(mod, q_pos.expand(B, Tq).contiguous(), k_pos.expand(B, Tk).contiguous(),
+                                 torch.tensor(factor, dtype=torch.float32, device=q.device))
     kwargs = dict(score_mod=score_mod, block_mask=mask, scale=scale, enable_gqa=k.shape[1] != H,
                   **kernel_options(bias, q.device))
-    if sinks is not None:
+    if sinks is not None or values is not None:
         kwargs["return_aux"] = flex_module().AuxRequest(lse=True)
     if torch.compiler.is_compiling():
-        return with_sinks(flex_module().flex_attention(q, k, v, **kwargs), sinks)
+        return finish(flex_module().flex_attention(q, k, v, **kwargs), sinks, values, q, k, v, scale, window)
     with torch.autocast(q.device.type, enabled=False), \
             torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
         try:
-            return with_sinks(compiled_flex()(q, k, v, **kwargs), sinks)
+            return finish(compiled_flex()(q, k, v, **kwargs), sinks, values, q, k, v, scale, window)
         except torch._dynamo.exc.FailOnRecompileLimitHit:
             raise FlexRecompileLimit(
                 f"FlexAttention: torch.compile reached {RECOMPILE_LIMIT} compiled variants of flex_attention in this "
@@ -167,9 +176,29 @@ def kernel_options(bias: ScoreBias | None, device: torch.device) -> dict:
     return {"kernel_options": dict(options)} if options and device.type == "cuda" else {}
 
 
-def with_sinks(result, sinks: Tensor | None) -> Tensor:
-    """The output of a flex_attention call; with `sinks`, its (output, aux) rescaled by the sinks (sinks.py)."""
-    if sinks is None:
+def learned_table(bias: ScoreBias | None, factor: float, k_len: int) -> Tensor | None:
+    """The bias's distance table [H, m] (times `factor`) when it needs a gradient here (T5's), else None. Not while
+    compiling: positions cannot be checked there (`consecutive`), and the score_mod's own backward is exact too."""
+    if bias is None or bias.table is None or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return None
+    values = bias.times(factor).table(k_len)
+    return values if values.requires_grad else None
+
+
+def table_score(h: Tensor, q_pos: Tensor, k_pos: Tensor, values: Tensor) -> Tensor:
+    """The bias of a distance table [H, m] (its last entry for every longer distance): the score_mod of a learned
+    table, read detached (its gradient comes from `TableGrad`)."""
+    return values[h, (q_pos - k_pos).clamp(0, values.shape[-1] - 1)]
+
+
+def finish(result, sinks: Tensor | None, values: Tensor | None, q: Tensor, k: Tensor, v: Tensor, scale: float,
+           window: int | None) -> Tensor:
+    """The output of a flex_attention call: with `sinks`, its (output, aux) rescaled by the sinks (sinks.py); with
+    a learned table `values`, passed through `TableGrad`, which gives the table its gradient."""
+    if sinks is None and values is None:
         return result
     out, aux = result
-    return rescale(out, aux.lse, sinks)[0]
+    lse = aux.lse
+    if sinks is not None:
+        out, lse = rescale(out, lse, sinks)
+    return out if values is None else TableGrad.apply(out, lse, q, k, v, values, sinks, scale, window)
