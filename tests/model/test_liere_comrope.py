@@ -121,14 +121,19 @@ def per_position(generator: torch.Tensor, positions: torch.Tensor, scale: float)
 @pytest.mark.parametrize("lo", [0, 300, -7])
 def test_power_table_equals_one_matrix_exponential_per_position(shape, lo, monkeypatch):
     """Integer positions lo..lo+299 read the doubling table: equal (fp64, values and the generator's gradient) to
-    exp(p s A) per position, whatever the offset (also negative)."""
-    calls = []
+    exp(p s A) per position, whatever the offset (also negative). Its exponentials, exp(lo s A) and the 9 powers
+    E^(2^k) that 300 entries need, are one batched matrix_exp call (on CUDA each call waits for the GPU)."""
+    calls, exponentials = [], []
     monkeypatch.setattr(liere, "power_table", lambda *a: calls.append(a[1:3]) or power_table(*a))
     torch.manual_seed(0)
     raw = torch.empty(shape, dtype=torch.float64).uniform_(0, 2 * math.pi).requires_grad_()
     positions = torch.arange(lo, lo + 300)[None]
-    got, want = rotations(skew(raw), positions, 1 / L), per_position(skew(raw), positions, 1 / L)
-    assert calls == [(lo, 300)] and got.dtype == torch.float64
+    matrix_exp = torch.linalg.matrix_exp
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.linalg, "matrix_exp", lambda a: exponentials.append(a.shape[0]) or matrix_exp(a))
+        got = rotations(skew(raw), positions, 1 / L)
+    want = per_position(skew(raw), positions, 1 / L)
+    assert calls == [(lo, 300)] and exponentials == [10] and got.dtype == torch.float64
     assert (got - want).abs().max() <= 1e-12
     weight = torch.randn(got.shape, dtype=torch.float64)
     (a,), (b,) = (torch.autograd.grad((r * weight).sum(), raw) for r in (got, want))

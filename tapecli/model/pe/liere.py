@@ -20,9 +20,9 @@ head, so grouped queries share their key head's and the relative property holds)
 
 Computing the rotations. Positions are integers, so R(p) = E^p with E = exp(s A), s = 1 / max_seq_len. For the
 current tokens' positions lo..hi, `power_table` builds exp(lo s A) E^j for j = 0..hi - lo by doubling: the powers
-E^(2^k) are matrix exponentials (a handful, log2 of the span, in fp64), and each doubling step multiplies the table
-so far by one of them, so each entry costs one [b, b] product instead of a matrix exponential and its backward, and
-its rounding grows with the number of binary digits of j, not with j. Tokens read their rotation from the table by
+E^(2^k) are matrix exponentials (a handful, log2 of the span, in fp64, in one batched call), and each doubling step
+multiplies the table so far by one of them, so each entry costs one [b, b] product instead of a matrix exponential
+and its backward, and its rounding grows with the number of binary digits of j, not with j. Tokens read their rotation from the table by
 position (KV-cache decoding: one token at its offset; padding: repeated positions). Positions that are not
 integers, or so sparse that the table would be more than 4 times their number, take one `torch.linalg.matrix_exp`
 each; so do all positions under torch.compile (the table's size depends on the positions' values, which a compiled
@@ -81,17 +81,21 @@ def power_table(generator: Tensor, lo: int, span: int, scale: float) -> Tensor:
     of j's binary digits. The table doubles per step (T <- [T, T E^(2^k)], one [j b, b] @ [b, b] product per
     block), so entry j is a product of at most 1 + log2(span) exponentials, each computed exactly (matrix_exp in
     fp64, then rounded to the generator's dtype): its rounding grows with the number of j's binary digits, not with
-    j. (All the factors are functions of A, so they commute.)"""
+    j. (All the factors are functions of A, so they commute.) The exponentials are one batched matrix_exp call
+    (on CUDA each call reads the matrices' norms back to the host to pick its degree: one wait, not one per
+    factor)."""
     b = generator.shape[-1]
     wide = generator.to(torch.promote_types(generator.dtype, torch.float64))
+    doublings = (span - 1).bit_length()  # entries 1, 2, 4, ... until span
+    factors = torch.tensor([lo * scale] + [2 ** k * scale for k in range(doublings)], dtype=wide.dtype,
+                           device=wide.device)
     with torch.autocast(generator.device.type, enabled=False):
-        table = torch.linalg.matrix_exp(lo * scale * wide).to(generator.dtype)  # entry 0 [S, n, b, b]
-        k = 0
-        while table.shape[-2] < span * b:
-            step = torch.linalg.matrix_exp(2 ** k * scale * wide).to(generator.dtype)  # E^(2^k) [S, n, b, b]
+        # [1 + doublings, S, n, b, b]: exp(lo s A), then E^(2^k)
+        exponentials = torch.linalg.matrix_exp(factors[:, None, None, None, None] * wide).to(generator.dtype)
+        table = exponentials[0]  # entry 0 [S, n, b, b]
+        for step in exponentials[1:]:
             rows = min(table.shape[-2], span * b - table.shape[-2])
             table = torch.cat((table, table[..., :rows, :] @ step), dim=-2)  # [S, n, entries * b, b]
-            k += 1
     return table.unflatten(-2, (span, b)).transpose(1, 2)  # [S, span, n, b, b]
 
 
