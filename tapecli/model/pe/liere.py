@@ -22,15 +22,15 @@ Computing the rotations. Positions are integers, so R(p) = E^p with E = exp(s A)
 current tokens' positions lo..hi, `power_table` builds exp(lo s A) E^j for j = 0..hi - lo by doubling: the powers
 E^(2^k) are matrix exponentials (a handful, log2 of the span, in fp64, in one batched call), and each doubling step
 multiplies the table so far by one of them, so each entry costs one [b, b] product instead of a matrix exponential
-and its backward, and its rounding grows with the number of binary digits of j, not with j. Tokens read their rotation from the table by
-position (KV-cache decoding: one token at its offset; padding: repeated positions). Positions that are not
-integers, or so sparse that the table would be more than 4 times their number, take one `torch.linalg.matrix_exp`
-each; so do all positions under torch.compile (the table's size depends on the positions' values, which a compiled
-graph cannot). Everything is computed in fp32 at least (fp64 in fp64 models), also under bf16 autocast. The
-rotations are applied to q and k together (`rotate_pair`): one [b, b] @ [b, C] product per position and block, the
-heads and batch rows that share a rotation as its C columns; attention is then plain q.k attention on every path
-(SDPA's fused kernels included). Time and memory stay linear in T, with a b x b matrix per position and block
-held for the backward (d x d for the dense default, where RoPE holds d numbers).
+and its backward, and its rounding grows with the number of binary digits of j, not with j. Tokens read their
+rotation from the table by position (KV-cache decoding: one token at its offset; padding: repeated positions).
+Positions that are not integers, or so sparse that the table would be more than 4 times their number, take one
+`torch.linalg.matrix_exp` each; so do all positions under torch.compile (the table's size depends on the positions'
+values, which a compiled graph cannot). Everything is computed in fp32 at least (fp64 in fp64 models), also under
+bf16 autocast. The rotations are applied to q and k together (`rotate_pair`): one [b, b] @ [b, C] product per
+position and block, the heads and batch rows that share a rotation as its C columns; attention is then plain q.k
+attention on every path (SDPA's fused kernels included). Time and memory stay linear in T, with a b x b matrix per
+position and block held for the backward (d x d for the dense default, where RoPE holds d numbers).
 
 pe_args:
   generator_dim   dims per generator block (0, the default: the whole head, the official dense generator); a
