@@ -202,3 +202,34 @@ def flex_alibi_score():
     from tapecli.model.pe.alibi import alibi_score
 
     return alibi_score
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
+def test_under_torch_compile_a_learned_table_leaves_the_graph_for_its_band_gradient(monkeypatch):
+    """Under torch.compile (train.compile) a graph cannot check that positions are consecutive: T5's FlexAttention
+    call runs eagerly (a graph break per layer) and still reads its table detached, with the band's gradient; the
+    compiled training step (AOTAutograd, the rest of the model in graphs) equals the eager one."""
+    from test_attention import eager_flex
+
+    eager_flex(monkeypatch)
+    fns = []
+    original = flex.score_mod_of
+    monkeypatch.setattr(flex, "score_mod_of", lambda mod, *args: fns.append(mod.fn) or original(mod, *args))
+    torch._dynamo.reset()
+    x = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
+    results = []
+    for compiled in (False, True):
+        model = randomize_tape(tiny("t5", n_layers=2, n_kv_heads=2), std=0.3).train()
+        run = torch.compile(model, backend="aot_eager") if compiled else model
+        with attention.forced("flex"):
+            logits = run(x[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    torch._dynamo.reset()
+    assert set(fns) == {flex.table_score} and len(fns) == 4
+    (want_loss, want), (got_loss, got) = results
+    assert torch.allclose(got_loss, want_loss, atol=1e-6)
+    assert got.keys() == want.keys() and any("relative_attention_bias" in n for n in got)
+    for name in want:
+        assert torch.allclose(got[name], want[name], atol=1e-6, rtol=1e-5), name

@@ -13,17 +13,17 @@ forward's layers share it (`block_mask` keeps the last few). Values may be wider
 zero padding). Gradients reach the tensors the score_mod reads (FIRE's MLP) through FlexAttention's own backward,
 which adds one score's gradient at a time with an atomic addition; a learned distance table (T5's, `ScoreBias.table`)
 on consecutive positions is read detached instead (`table_score`) and gets its gradient from the band of near
-distances (table_grad.py), since every far pair would add into its last entry. While compiling (train.compile)
-positions cannot be checked, and T5 keeps its own score_mod and FlexAttention's backward.
+distances (table_grad.py), since every far pair would add into its last entry. Under torch.compile (train.compile)
+such a call runs eagerly, a graph break, since a graph cannot check that positions are consecutive.
 
 The kernel is compiled once per process (`torch.compile`; shapes become dynamic after the first change of length)
 and called with autocast off (inputs arrive in their dtype already), so what varies between calls is only the
 PE's function, grad mode, dtypes and shapes: each variant is one compiled entry, up to RECOMPILE_LIMIT of them.
 Past that limit dynamo would silently run flex_attention unfused, materialising every [Tq, Tk] score, which breaks
 the linear-memory promise: here it raises instead (`FlexRecompileLimit`, one line naming the fix). Under an outer
-torch.compile (train.compile) the call is traced into the outer graph. CUDA is where it trains; on the CPU torch
-2.13 compiles its forward only (no backward), so the dispatcher uses it there only when asked (tests check its
-forward against the fp64 reference).
+torch.compile (train.compile) the call is traced into the outer graph (but a learned table's, above). CUDA is
+where it trains; on the CPU torch 2.13 compiles its forward only (no backward), so the dispatcher uses it there
+only when asked (tests check its forward against the fp64 reference).
 """
 
 from __future__ import annotations
@@ -140,6 +140,9 @@ def flex(q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None, q_pos: Tensor,
     B, H, Tq, _ = q.shape
     Tk = k.shape[2]
     values = learned_table(bias, bias_factor, Tk) if key_mask is None else None
+    if values is not None and torch.compiler.is_compiling():
+        # A graph cannot check the positions (`consecutive`): this call runs eagerly, where it can (a graph break).
+        return _flex_outside_the_graph(q, k, v, bias, q_pos, k_pos, key_mask, scale, window, bias_factor, sinks)
     # Consecutive positions (no padding): a window is one of indices, and a learned table gets its band gradient.
     in_steps = key_mask is None and (window is not None or values is not None) and consecutive(q_pos, k_pos)
     values = values if in_steps else None
@@ -177,9 +180,8 @@ def kernel_options(bias: ScoreBias | None, device: torch.device) -> dict:
 
 
 def learned_table(bias: ScoreBias | None, factor: float, k_len: int) -> Tensor | None:
-    """The bias's distance table [H, m] (times `factor`) when it needs a gradient here (T5's), else None. Not while
-    compiling: positions cannot be checked there (`consecutive`), and the score_mod's own backward is exact too."""
-    if bias is None or bias.table is None or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+    """The bias's distance table [H, m] (times `factor`) when it needs a gradient here (T5's), else None."""
+    if bias is None or bias.table is None or not torch.is_grad_enabled():
         return None
     values = bias.times(factor).table(k_len)
     return values if values.requires_grad else None
@@ -202,3 +204,7 @@ def finish(result, sinks: Tensor | None, values: Tensor | None, q: Tensor, k: Te
     if sinks is not None:
         out, lse = rescale(out, lse, sinks)
     return out if values is None else TableGrad.apply(out, lse, q, k, v, values, sinks, scale, window)
+
+
+# torch.compiler.disable, with torch._dynamo imported at the first compiled call instead of here (as chunked.py does).
+_flex_outside_the_graph = getattr(torch, "_disable_dynamo", torch.compiler.disable)(flex)
