@@ -238,6 +238,10 @@ def doctor(
                                  "name:key=value (e.g. rope:fope=true)."),
     hybrids: bool = typer.Option(True, help="Also check hybrid models (sliding windows, temperatures, length "
                                             "scales, several PEs per model)."),
+    jobs: int = integer(1, "--jobs", min=1, help="Check this many PEs at once, each in a worker process of its own "
+                                                 "with one thread (on a GPU machine their kernels compile in "
+                                                 "parallel); the lines still come in order. 1: one after another, "
+                                                 "in this process."),
 ) -> None:
     """Check this machine: torch, CUDA, GPU, bf16, flash-attn, fla, triton, torch.compile; then, per PE and per hybrid layout, the attention paths it takes here and four checks of `tape pe check` on the device (dense: outputs and training gradients vs an fp64 CPU reference; kv-cache and chunked-prefill decoding == the full forward; finite fp32 and bf16 training steps).
 
@@ -249,7 +253,7 @@ def doctor(
     from tapecli.experiments.pe_specs import parse_pe_specs
 
     raw = commas.split(pes, "--pe")
-    trust.allow_named(raw)
+    trust.allow_named(raw)  # (in the environment: the workers inherit it)
     chosen = [spec.text for spec in parse_pe_specs(raw)]
-    if run_doctor(device, chosen, hybrids)["failed"]:
+    if run_doctor(device, chosen, hybrids, processes=jobs)["failed"]:
         raise typer.Exit(1)

@@ -120,6 +120,8 @@ def test_sweep_bench_and_doctor_take_a_plugin_file(file_run, tmp_path, monkeypat
     assert at["paths"] == {"rope": ["sdpa"], "LearnedALiBi": ["chunked"]} and at["peak_bytes"]["LearnedALiBi"] >= 0
     monkeypatch.setattr("tapecli.experiments.doctor.compile_works", lambda device: "not checked")
     assert "all checks passed" in invoke("doctor", "--device", "cpu", "--pe", value, "--no-hybrids")
+    # --jobs: checked in a spawned worker process, which inherits the permission (TAPE_ALLOW_PE)
+    assert "all checks passed" in invoke("doctor", "--device", "cpu", "--pe", value, "--no-hybrids", "--jobs", "2")
 
 
 def test_an_installed_plugin_is_a_name_and_a_missing_one_says_what_to_install(tmp_path, monkeypatch, plugin_site):
