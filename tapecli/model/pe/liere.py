@@ -64,7 +64,7 @@ def rotations(generator: Tensor, positions: Tensor, scale: float) -> Tensor:
     compiling = torch.compiler.is_compiling()
     integral = not compiling and (not positions.is_floating_point() or bool((positions == positions.round()).all()))
     if integral and positions.numel():
-        lo, hi = int(positions.min()), int(positions.max())
+        lo, hi = (int(p) for p in torch.stack((positions.min(), positions.max())).tolist())  # one read back
         if hi - lo + 1 <= SPARSE * positions.numel():
             table = power_table(generator, lo, hi - lo + 1, scale)  # [S, span, n, b, b]
             index = (positions - lo).long()
@@ -87,11 +87,12 @@ def power_table(generator: Tensor, lo: int, span: int, scale: float) -> Tensor:
     b = generator.shape[-1]
     wide = generator.to(torch.promote_types(generator.dtype, torch.float64))
     doublings = (span - 1).bit_length()  # entries 1, 2, 4, ... until span
-    factors = torch.tensor([lo * scale] + [2 ** k * scale for k in range(doublings)], dtype=wide.dtype,
-                           device=wide.device)
+    # (the powers of two made on the device: a list copied there would wait for the GPU too)
+    powers = 2.0 ** torch.arange(doublings, dtype=wide.dtype, device=wide.device) * scale
     with torch.autocast(generator.device.type, enabled=False):
         # [1 + doublings, S, n, b, b]: exp(lo s A), then E^(2^k)
-        exponentials = torch.linalg.matrix_exp(factors[:, None, None, None, None] * wide).to(generator.dtype)
+        exponents = torch.cat(((lo * scale * wide)[None], powers[:, None, None, None, None] * wide))
+        exponentials = torch.linalg.matrix_exp(exponents).to(generator.dtype)
         table = exponentials[0]  # entry 0 [S, n, b, b]
         for step in exponentials[1:]:
             rows = min(table.shape[-2], span * b - table.shape[-2])
