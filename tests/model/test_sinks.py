@@ -1,6 +1,7 @@
 """Learned attention sinks (`model.sinks`): one logit per head in each softmax's denominator, equal to an fp64
 reference with every score materialised and the sink's column written out (outputs, and gradients of q, k, v, the
-bias and the sinks), on every attention path the CPU has (chunked, several chunks included; dense; probe), with
+bias and the sinks), on every attention path the CPU has (chunked, several chunks included; dense; probe) and on
+FlexAttention's (CUDA's) through its unfused eager form, with
 biases given as tables (ALiBi, T5 with a table shorter than the keys) or pairs (FIRE), TAPE's wide values, windows,
 padding, a prefill offset and a temperature; transformers' GPT-OSS attention gives the same; exact through the KV
 cache, chunked prefill and padding (`tape pe check`'s checks), in hybrid schedules; refused in one line where it
@@ -212,26 +213,6 @@ def test_the_planner_sends_sinks_to_paths_with_a_log_sum_exp():
     assert plan(None, "cpu", torch.float32, 64, 64, True, False) == "sdpa"
     assert plan(None, "cpu", torch.float32, 1, 64, False, False, sinks=True) == "dense"
     assert plan(None, "cuda", torch.bfloat16, 64, 64, True, False, sinks=True) == "flex"
-
-
-@pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
-def test_flex_path_with_sinks_equals_the_reference(monkeypatch):
-    """The FlexAttention path (CUDA's for sinks) rescales by the log-sum-exp FlexAttention returns (with its
-    gradient, on CUDA). Here its forward, through flex_attention's eager form (torch 2.13 has no FlexAttention
-    backward on the CPU and compiles no CPU kernel that returns the log-sum-exp): ALiBi's score_mod, padding and a
-    window."""
-    from tapecli.model.attention import flex
-
-    monkeypatch.setattr(flex, "compiled_flex", lambda: flex.flex_module().flex_attention)
-    q, k, v = (t.detach() for t in qkv(Tq=20, Tk=20))
-    layer = layer_of("alibi")
-    key_mask = left_padding(2, 20, 3)
-    positions = (key_mask.long().cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        got = flex.flex(q, k, v, layer.need(None, False), positions, positions, key_mask, 8 ** -0.5, window=6,
-                        sinks=SINKS)
-        want = reference(q, k, v, SINKS, layer.need(None, False), positions, positions, key_mask, window=6)
-    assert ((got - want) * key_mask[:, None, :, None]).abs().max() <= 1e-12
 
 
 def test_tape_pe_check_with_sinks_on_the_command_line():
