@@ -83,7 +83,8 @@ def consecutive(q_pos: Tensor, k_pos: Tensor) -> bool:
         return False
     q_len = q_pos.shape[-1]
     steps = k_pos[..., 1:] - k_pos[..., :-1]
-    return bool((steps == 1).all()) and bool((q_pos == k_pos[..., k_pos.shape[-1] - q_len:]).all())
+    # one value read back (on CUDA each read waits for the GPU)
+    return bool((steps == 1).all() & (q_pos == k_pos[..., k_pos.shape[-1] - q_len:]).all())
 
 
 class ChunkMasks:
