@@ -89,6 +89,24 @@ def test_score_mod_reads_each_tensor_that_needs_gradients_once(pe):
     assert sorted(reads.count.values()) == [1] * len(watched)
 
 
+def test_fire_spreads_the_gradients_of_its_learned_values_over_copies():
+    """FlexAttention's backward adds each score's gradient into what the score_mod read, one atomic addition per
+    score: FIRE reads c, L and its segments' lines from one of FLEX_COPIES copies per pair (autograd sums them), so
+    that the pairs of one kernel tile (64 queries x 32 keys) add into every copy, at most twice as many into one as
+    an even spread would, instead of all into one address per head. (The bias is linear in the intercepts: their
+    gradient counts the pairs that read each copy.)"""
+    from tapecli.model.pe.fire import FLEX_COPIES
+
+    mod = bias_layer("fire").need(None, False).score_mod
+    args = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in mod.args]
+    c_distance, intercepts = args[0], args[4]
+    assert c_distance.shape == (4, FLEX_COPIES) and intercepts.shape[::2] == (4, FLEX_COPIES)
+    bias = every_pair(type(mod)(mod.fn, tuple(args)), 4, torch.arange(1000, 1064), torch.arange(600, 632))
+    per_copy = torch.autograd.grad(bias.sum(), intercepts)[0].sum(1)  # [H, copies]: pairs that read each copy
+    assert per_copy.sum().item() == 4 * 64 * 32
+    assert per_copy.min().item() > 0 and per_copy.max().item() <= 2 * 64 * 32 / FLEX_COPIES
+
+
 @pytest.fixture
 def counted_flex(monkeypatch):
     """flex_attention compiled with dynamo's frame counter (backend "eager": traced and guarded like the real

@@ -2,9 +2,9 @@
 reference with every score materialised and the sink's column written out (outputs, and gradients of q, k, v, the
 bias and the sinks), on every attention path the CPU has (chunked, several chunks included; dense; probe) and on
 FlexAttention's (CUDA's) through its unfused eager form, with biases given as tables (ALiBi, T5 with a table
-shorter than the keys) or pairs (FIRE), TAPE's wide values, windows, padding, a prefill offset and a temperature; transformers' GPT-OSS attention gives the same; exact through the KV
-cache, chunked prefill and padding (`tape pe check`'s checks), in hybrid schedules; refused in one line where it
-cannot be exact.
+shorter than the keys) or pairs (FIRE), TAPE's wide values, windows, padding, a prefill offset and a temperature;
+transformers' GPT-OSS attention gives the same; exact through the KV cache, chunked prefill and padding (`tape pe
+check`'s checks), in hybrid schedules; refused in one line where it cannot be exact.
 """
 
 from __future__ import annotations

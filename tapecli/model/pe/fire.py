@@ -7,7 +7,8 @@ first, its keys in order) psi is computed once per distance and read as diagonal
 segments are runs of keys found once per row and break (`segment_runs`), their lines read and their gradients
 summed run by run (`SegmentRuns`); other positions search every pair (`SegmentLines`). Both give the same bias, and
 so does FlexAttention's form on CUDA (`fire_score`: each pair's segment by comparing z with the breaks; compiled
-with smaller tiles than FlexAttention's defaults, `FLEX_TILES`).
+with smaller tiles than FlexAttention's defaults, `FLEX_TILES`; reading its learned values from one of
+`FLEX_COPIES` copies per pair, so that the backward's atomic additions into them do not all wait on one address).
 
 pe_args:
   hidden      width of f (32)
@@ -35,6 +36,10 @@ EPS = 1e-6
 # (torch 2.11: "No valid triton configs", training and forward alike); these compile and train there.
 FLEX_TILES = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32,
               "num_stages": 1}
+# Copies of each learned value `fire_score` reads, one chosen per pair: FlexAttention's backward adds each score's
+# gradient into what it read with an atomic addition, and one address per head (c, L) would take all T^2 / 2 of them
+# in turn; spread over the copies, which autograd then sums (`FIRELayer.score_mod_args`).
+FLEX_COPIES = 64
 
 
 class SegmentLines(torch.autograd.Function):
@@ -198,14 +203,16 @@ def fire_score(h: Tensor, q_pos: Tensor, k_pos: Tensor, c_distance: Tensor, c_qu
                slopes: Tensor, intercepts: Tensor, *breaks: Tensor) -> Tensor:
     """The bias of one (head, query, key) inside FlexAttention (`ScoreMod`; `FIRELayer.score_mod_args` gives the
     arguments): z, its segment (how many breaks lie below it), then that segment's line, as `piecewise_bias`.
-    What needs gradients is read once, at the head; the breaks (0-d, no gradient) are compared with z."""
+    What needs gradients is read once, at the head and at the pair's copy (`FLEX_COPIES`; neighbouring pairs of a
+    tile read different ones); the breaks (0-d, no gradient) are compared with z."""
     dtype = c_distance.dtype
-    z = torch.log(torch.abs(c_distance[h] * (q_pos - k_pos).to(dtype)) + 1) / (
-        torch.log(torch.abs(c_query[h] * torch.maximum(q_pos.to(dtype), threshold[h])) + 1) + EPS)
+    copy = (q_pos * 31 + k_pos) % c_distance.shape[-1]
+    z = torch.log(torch.abs(c_distance[h, copy] * (q_pos - k_pos).to(dtype)) + 1) / (
+        torch.log(torch.abs(c_query[h, copy] * torch.maximum(q_pos.to(dtype), threshold[h, copy])) + 1) + EPS)
     segment = torch.zeros_like(q_pos)
     for point in breaks:
         segment = segment + (z > point).to(segment.dtype)
-    return slopes[h, segment] * z + intercepts[h, segment]
+    return slopes[h, segment, copy] * z + intercepts[h, segment, copy]
 
 
 class FIRELayer(LayerPE):
@@ -280,15 +287,18 @@ class FIRELayer(LayerPE):
         return SegmentLines.apply(z, slopes, intercepts, segment).transpose(0, 1)  # [H, B|1, ..] -> [B|1, H, ..]
 
     def score_mod_args(self) -> tuple[Tensor, ...]:
-        """What `fire_score` reads: c twice and L, each repeated per head ([H]), the slopes and intercepts of
-        `pieces` ([H, U + 1]), then each break (0-d). What requires gradients is its own copy, read once per call
-        at the head: FlexAttention's backward cannot lower several reads of one tensor that requires gradients,
-        nor (torch <= 2.13) the gradient of a 0-d tensor read directly (pytorch/pytorch#145208). Gradients reach
-        c, L and the MLP through the copies and `pieces`; the breaks are constants of the segments."""
+        """What `fire_score` reads: c twice and L, each repeated per head and copy ([H, FLEX_COPIES]), the
+        slopes and intercepts of `pieces` per copy ([H, U + 1, FLEX_COPIES]), then each break (0-d). What requires
+        gradients is its own tensor, read once per call: FlexAttention's backward cannot lower several reads of one
+        tensor that requires gradients, nor (torch <= 2.13) the gradient of a 0-d tensor read directly
+        (pytorch/pytorch#145208). Gradients reach c, L and the MLP through the repeats and `pieces` (autograd sums
+        the copies); the breaks are constants of the segments."""
         heads = self.mlp[2].weight.shape[0]
         threshold = torch.abs(self.threshold_scale * self.threshold)
         breaks, slopes, intercepts = self.pieces()
-        return (self.c.repeat(heads), self.c.repeat(heads), threshold.repeat(heads), slopes, intercepts,
+        per_copy = (heads, FLEX_COPIES)
+        return (self.c.repeat(per_copy), self.c.repeat(per_copy), threshold.repeat(per_copy),
+                slopes[..., None].repeat(1, 1, FLEX_COPIES), intercepts[..., None].repeat(1, 1, FLEX_COPIES),
                 *breaks.unbind(0))
 
     def init_weights(self) -> None:
