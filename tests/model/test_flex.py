@@ -100,9 +100,10 @@ def test_fire_spreads_the_gradients_of_its_learned_values_over_copies():
     mod = bias_layer("fire").need(None, False).score_mod
     args = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.requires_grad else a for a in mod.args]
     c_distance, intercepts = args[0], args[4]
-    assert c_distance.shape == (4, FLEX_COPIES) and intercepts.shape[::2] == (4, FLEX_COPIES)
+    assert c_distance.shape == (4, FLEX_COPIES) and intercepts.shape[1] % FLEX_COPIES == 0
     bias = every_pair(type(mod)(mod.fn, tuple(args)), 4, torch.arange(1000, 1064), torch.arange(600, 632))
-    per_copy = torch.autograd.grad(bias.sum(), intercepts)[0].sum(1)  # [H, copies]: pairs that read each copy
+    per_line = torch.autograd.grad(bias.sum(), intercepts)[0]  # [H, segments x copies]: pairs that read each
+    per_copy = per_line.unflatten(1, (-1, FLEX_COPIES)).sum(1)
     assert per_copy.sum().item() == 4 * 64 * 32
     assert per_copy.min().item() > 0 and per_copy.max().item() <= 2 * 64 * 32 / FLEX_COPIES
 

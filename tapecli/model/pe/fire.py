@@ -206,13 +206,15 @@ def fire_score(h: Tensor, q_pos: Tensor, k_pos: Tensor, c_distance: Tensor, c_qu
     What needs gradients is read once, at the head and at the pair's copy (`FLEX_COPIES`; neighbouring pairs of a
     tile read different ones); the breaks (0-d, no gradient) are compared with z."""
     dtype = c_distance.dtype
-    copy = (q_pos * 31 + k_pos) % c_distance.shape[-1]
+    copies = c_distance.shape[-1]
+    copy = (q_pos * 31 + k_pos) % copies
     z = torch.log(torch.abs(c_distance[h, copy] * (q_pos - k_pos).to(dtype)) + 1) / (
         torch.log(torch.abs(c_query[h, copy] * torch.maximum(q_pos.to(dtype), threshold[h, copy])) + 1) + EPS)
     segment = torch.zeros_like(q_pos)
     for point in breaks:
         segment = segment + (z > point).to(segment.dtype)
-    return slopes[h, segment, copy] * z + intercepts[h, segment, copy]
+    line = segment * copies + copy  # [H, segments x copies]: indexed like [h, segment] before the copies
+    return slopes[h, line] * z + intercepts[h, line]
 
 
 class FIRELayer(LayerPE):
@@ -288,7 +290,8 @@ class FIRELayer(LayerPE):
 
     def score_mod_args(self) -> tuple[Tensor, ...]:
         """What `fire_score` reads: c twice and L, each repeated per head and copy ([H, FLEX_COPIES]), the
-        slopes and intercepts of `pieces` per copy ([H, U + 1, FLEX_COPIES]), then each break (0-d). What requires
+        slopes and intercepts of `pieces` per copy ([H, (U + 1) x FLEX_COPIES], segment-major), then each break
+        (0-d). What requires
         gradients is its own tensor, read once per call: FlexAttention's backward cannot lower several reads of one
         tensor that requires gradients, nor (torch <= 2.13) the gradient of a 0-d tensor read directly
         (pytorch/pytorch#145208). Gradients reach c, L and the MLP through the repeats and `pieces` (autograd sums
@@ -298,7 +301,7 @@ class FIRELayer(LayerPE):
         breaks, slopes, intercepts = self.pieces()
         per_copy = (heads, FLEX_COPIES)
         return (self.c.repeat(per_copy), self.c.repeat(per_copy), threshold.repeat(per_copy),
-                slopes[..., None].repeat(1, 1, FLEX_COPIES), intercepts[..., None].repeat(1, 1, FLEX_COPIES),
+                slopes.repeat_interleave(FLEX_COPIES, 1), intercepts.repeat_interleave(FLEX_COPIES, 1),
                 *breaks.unbind(0))
 
     def init_weights(self) -> None:
