@@ -171,12 +171,21 @@ def test_fire_asks_for_its_own_tiles_and_only_cuda_calls_get_them():
         ScoreMod(fire_score, (), [("BLOCK_M", 64)])
 
 
+@pytest.fixture
+def score_mod_fns(monkeypatch) -> list:
+    """The function of every score_mod flex builds (`score_mod_of`), in order."""
+    fns = []
+    original = flex.score_mod_of
+    monkeypatch.setattr(flex, "score_mod_of", lambda mod, *args: fns.append(mod.fn) or original(mod, *args))
+    return fns
+
+
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
 @pytest.mark.parametrize(("case", "Tq", "Tk", "window", "temperature"), [
     ("plain", 23, 23, None, 1.0), ("cache-offset", 9, 23, None, 0.7), ("window", 23, 23, 4, 1.0),
     ("left-padded", 23, 23, None, 1.0)])
-def test_a_learned_table_gets_its_gradient_from_the_band_not_from_the_kernel(monkeypatch, case, Tq, Tk, window,
-                                                                             temperature):
+def test_a_learned_table_gets_its_gradient_from_the_band_not_from_the_kernel(monkeypatch, score_mod_fns, case, Tq,
+                                                                             Tk, window, temperature):
     """T5's table enters FlexAttention detached (`table_score`: no atomic addition per score into it on CUDA) and
     `TableGrad` gives it the band's gradient, in slices of queries (BAND_ELEMENTS), with grouped heads, after a
     KV cache, with a window and a temperature: outputs and gradients equal the fp64 reference (the gradient of the far
@@ -186,14 +195,12 @@ def test_a_learned_table_gets_its_gradient_from_the_band_not_from_the_kernel(mon
     from test_sinks import reference
 
     from tapecli.model.attention import chunked_grads, table_grad
+    from tapecli.model.pe.alibi import alibi_score
     from tapecli.model.pe.t5 import t5_score
 
     eager_flex(monkeypatch)
     monkeypatch.setattr(chunked_grads, "BAND_ROWS", 2)
     monkeypatch.setattr(table_grad, "BAND_ELEMENTS", 2 * 4 * (2 + 7 - 2) * 4)  # slices of 4 queries (2 blocks)
-    fns = []
-    original = flex.score_mod_of
-    monkeypatch.setattr(flex, "score_mod_of", lambda mod, *args: fns.append(mod.fn) or original(mod, *args))
     layer = layer_of("t5", pe_args={"num_buckets": 8, "max_distance": 6})
     weight = layer.relative_attention_bias.weight
     q, k, v = qkv(Tq=Tq, Tk=Tk)
@@ -202,7 +209,7 @@ def test_a_learned_table_gets_its_gradient_from_the_band_not_from_the_kernel(mon
     q_pos = k_pos[:, Tk - Tq:]
     need = layer.need(None, False)
     got = flex.flex(q, k, v, need, q_pos, k_pos, key_mask, 8 ** -0.5 / temperature, window, 1 / temperature)
-    assert fns == [t5_score if key_mask is not None else flex.table_score]
+    assert score_mod_fns == [t5_score if key_mask is not None else flex.table_score]
     want = reference(q, k, v, torch.full((4,), float("-inf"), dtype=torch.float64), need, q_pos, k_pos, key_mask,
                      window, temperature)
     keep = (torch.ones(2, Tq) if key_mask is None else key_mask[:, -Tq:])[:, None, :, None].double()
@@ -214,26 +221,17 @@ def test_a_learned_table_gets_its_gradient_from_the_band_not_from_the_kernel(mon
     with torch.no_grad():
         flex.flex(q, k, v, need, q_pos, k_pos, key_mask, 8 ** -0.5)
     flex.flex(q, k, v, layer_of("alibi").need(None, False), q_pos, k_pos, key_mask, 8 ** -0.5)
-    assert fns[1:] == [t5_score, flex_alibi_score()]
-
-
-def flex_alibi_score():
-    from tapecli.model.pe.alibi import alibi_score
-
-    return alibi_score
+    assert score_mod_fns[1:] == [t5_score, alibi_score]
 
 
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
-def test_under_torch_compile_a_learned_table_leaves_the_graph_for_its_band_gradient(monkeypatch):
+def test_under_torch_compile_a_learned_table_leaves_the_graph_for_its_band_gradient(monkeypatch, score_mod_fns):
     """Under torch.compile (train.compile) a graph cannot check that positions are consecutive: T5's FlexAttention
     call runs eagerly (a graph break per layer) and still reads its table detached, with the band's gradient; the
     compiled training step (AOTAutograd, the rest of the model in graphs) equals the eager one."""
     from test_attention import eager_flex
 
     eager_flex(monkeypatch)
-    fns = []
-    original = flex.score_mod_of
-    monkeypatch.setattr(flex, "score_mod_of", lambda mod, *args: fns.append(mod.fn) or original(mod, *args))
     torch._dynamo.reset()
     x = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
     results = []
@@ -246,7 +244,7 @@ def test_under_torch_compile_a_learned_table_leaves_the_graph_for_its_band_gradi
         loss.backward()
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
     torch._dynamo.reset()
-    assert set(fns) == {flex.table_score} and len(fns) == 4
+    assert set(score_mod_fns) == {flex.table_score} and len(score_mod_fns) == 4
     (want_loss, want), (got_loss, got) = results
     assert torch.allclose(got_loss, want_loss, atol=1e-6)
     assert got.keys() == want.keys() and any("relative_attention_bias" in n for n in got)
