@@ -153,13 +153,12 @@ def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadli
     import torch._dynamo
 
     from tapecli.experiments import bench
+    from tapecli.experiments.gpu_check import warm
     from tapecli.model import PE_NAMES
 
     pes = chosen or list(PE_NAMES)  # (the bench always adds RoPE, its reference)
     b = sizes["bench"]
     result |= {"lengths": {}, "skipped": {}}
-    from tapecli.experiments.gpu_check import warm
-
     if b.get("warm_processes"):
         start = time.monotonic()
         statuses = warm.warm(bench.bench_variants(pes, tape_paths=False), {**b, "precision": PRECISION}, device.type,

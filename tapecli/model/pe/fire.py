@@ -291,11 +291,10 @@ class FIRELayer(LayerPE):
     def score_mod_args(self) -> tuple[Tensor, ...]:
         """What `fire_score` reads: c twice and L, each repeated per head and copy ([H, FLEX_COPIES]), the
         slopes and intercepts of `pieces` per copy ([H, (U + 1) x FLEX_COPIES], segment-major), then each break
-        (0-d). What requires
-        gradients is its own tensor, read once per call: FlexAttention's backward cannot lower several reads of one
-        tensor that requires gradients, nor (torch <= 2.13) the gradient of a 0-d tensor read directly
-        (pytorch/pytorch#145208). Gradients reach c, L and the MLP through the repeats and `pieces` (autograd sums
-        the copies); the breaks are constants of the segments."""
+        (0-d). What requires gradients is its own tensor, read once per call: FlexAttention's backward cannot lower
+        several reads of one tensor that requires gradients, nor (torch <= 2.13) the gradient of a 0-d tensor read
+        directly (pytorch/pytorch#145208). Gradients reach c, L and the MLP through the repeats and `pieces`
+        (autograd sums the copies); the breaks are constants of the segments."""
         heads = self.mlp[2].weight.shape[0]
         threshold = torch.abs(self.threshold_scale * self.threshold)
         breaks, slopes, intercepts = self.pieces()

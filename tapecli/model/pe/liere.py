@@ -64,7 +64,7 @@ def rotations(generator: Tensor, positions: Tensor, scale: float) -> Tensor:
     compiling = torch.compiler.is_compiling()
     integral = not compiling and (not positions.is_floating_point() or bool((positions == positions.round()).all()))
     if integral and positions.numel():
-        lo, hi = (int(p) for p in torch.stack((positions.min(), positions.max())).tolist())  # one read back
+        lo, hi = (int(p) for p in torch.stack(positions.aminmax()).tolist())  # one read back
         if hi - lo + 1 <= SPARSE * positions.numel():
             table = power_table(generator, lo, hi - lo + 1, scale)  # [S, span, n, b, b]
             index = (positions - lo).long()
