@@ -10,6 +10,7 @@
 - `plugin_site`: the plugin package of plugin_helpers pip-installed into a folder, once per session (read-only).
 - `torch_on_one_thread` (automatic): torch runs on one thread in every test; `one_thread`: the same for a module,
   stated where a test depends on it (in-process results equal to a subprocess's bit for bit).
+- `eager_flex`: the FlexAttention path through flex_attention's unfused eager form, backward included, on the CPU.
 
 `pytest --cpu-durations=N` prints the N tests that took the most CPU time (this process and the subprocesses it
 waited for, setup to teardown): on a shared machine, where `--durations` measures the load as much as the tests.
@@ -185,6 +186,20 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from plugin_helpers import install_plugin
 
     return install_plugin(tmp_path_factory.mktemp("plugin"))
+
+
+@pytest.fixture
+def eager_flex(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The FlexAttention path through flex_attention's eager form with its backward (its unfused math, every score
+    materialised), which torch 2.13 refuses on the CPU by a device check only: lifted as `tape pe check`'s
+    score-mod check lifts it (`unfused_backward_on_cpu`). The compiled kernel's numbers are CUDA's; the compiled
+    forward on the CPU is checked in `test_flex_forward_on_cpu_equals_the_reference`."""
+    from tapecli.model.attention import flex
+    from tapecli.pe.check.score_mod import unfused_backward_on_cpu
+
+    monkeypatch.setattr(flex, "compiled_flex", lambda: flex.flex_module().flex_attention)
+    with unfused_backward_on_cpu():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -76,14 +76,6 @@ def left_padding(B: int, T: int, pad: int) -> torch.Tensor:
     return mask
 
 
-def eager_flex(monkeypatch):
-    """The FlexAttention path through flex_attention's eager form with its backward (its unfused math, every score
-    materialised; torch 2.13 refuses a backward on the CPU in a device check only): the compiled kernel's numbers
-    are CUDA's, and the forward's on the CPU is checked in `test_flex_forward_on_cpu_equals_the_reference`."""
-    monkeypatch.setattr(flex, "compiled_flex", lambda: flex.flex_module().flex_attention)
-    monkeypatch.setattr(flex.flex_module(), "_validate_device", lambda *args: None)
-
-
 def grads(out, inputs):
     weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
     return torch.autograd.grad((out * weight).sum(), inputs, allow_unused=True)

@@ -184,21 +184,20 @@ def score_mod_fns(monkeypatch) -> list:
 @pytest.mark.parametrize(("case", "Tq", "Tk", "window", "temperature"), [
     ("plain", 23, 23, None, 1.0), ("cache-offset", 9, 23, None, 0.7), ("window", 23, 23, 4, 1.0),
     ("left-padded", 23, 23, None, 1.0)])
-def test_a_learned_table_gets_its_gradient_from_the_band_not_from_the_kernel(monkeypatch, score_mod_fns, case, Tq,
-                                                                             Tk, window, temperature):
+def test_a_learned_table_gets_its_gradient_from_the_band_not_from_the_kernel(monkeypatch, eager_flex, score_mod_fns,
+                                                                             case, Tq, Tk, window, temperature):
     """T5's table enters FlexAttention detached (`table_score`: no atomic addition per score into it on CUDA) and
     `TableGrad` gives it the band's gradient, in slices of queries (BAND_ELEMENTS), with grouped heads, after a
     KV cache, with a window and a temperature: outputs and gradients equal the fp64 reference (the gradient of the far
     bucket included). Padding keeps T5's own score_mod, whose gradient FlexAttention sums itself; so do a forward
     without gradients and ALiBi's table, which learns nothing."""
-    from test_attention import eager_flex, grads, layer_of, left_padding, qkv
+    from test_attention import grads, layer_of, left_padding, qkv
     from test_sinks import reference
 
     from tapecli.model.attention import chunked_grads, table_grad
     from tapecli.model.pe.alibi import alibi_score
     from tapecli.model.pe.t5 import t5_score
 
-    eager_flex(monkeypatch)
     monkeypatch.setattr(chunked_grads, "BAND_ROWS", 2)
     monkeypatch.setattr(table_grad, "BAND_ELEMENTS", 2 * 4 * (2 + 7 - 2) * 4)  # slices of 4 queries (2 blocks)
     layer = layer_of("t5", pe_args={"num_buckets": 8, "max_distance": 6})
@@ -225,13 +224,10 @@ def test_a_learned_table_gets_its_gradient_from_the_band_not_from_the_kernel(mon
 
 
 @pytest.mark.filterwarnings("ignore:.*flex_attention called without torch.compile")
-def test_under_torch_compile_a_learned_table_leaves_the_graph_for_its_band_gradient(monkeypatch, score_mod_fns):
+def test_under_torch_compile_a_learned_table_leaves_the_graph_for_its_band_gradient(eager_flex, score_mod_fns):
     """Under torch.compile (train.compile) a graph cannot check that positions are consecutive: T5's FlexAttention
     call runs eagerly (a graph break per layer) and still reads its table detached, with the band's gradient; the
     compiled training step (AOTAutograd, the rest of the model in graphs) equals the eager one."""
-    from test_attention import eager_flex
-
-    eager_flex(monkeypatch)
     torch._dynamo.reset()
     x = torch.randint(0, VOCAB, (2, 17), generator=torch.Generator().manual_seed(0))
     results = []

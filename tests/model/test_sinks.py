@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 from cli_helpers import one_line_error
-from test_attention import eager_flex, grads, layer_of, left_padding, qkv
+from test_attention import grads, layer_of, left_padding, qkv
 from test_model import tiny, tokens
 from typer.testing import CliRunner
 
@@ -68,11 +68,11 @@ CASES = {  # name: (pe or None, pe_args, dv, window, padded, offset, temperature
 @pytest.mark.parametrize("T", [3, 11, 40])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("path", ["chunked", "dense", "flex"])
-def test_every_path_equals_the_reference_in_outputs_and_gradients(path, case, T, monkeypatch):
+def test_every_path_equals_the_reference_in_outputs_and_gradients(path, case, T, monkeypatch, request):
     """flex: through flex_attention's eager form (`eager_flex`), T5's learned table through its band gradient."""
     pe, pe_args, dv, window, padded, offset, temperature = CASES[case]
     if path == "flex":
-        eager_flex(monkeypatch)
+        request.getfixturevalue("eager_flex")
     monkeypatch.setattr(chunked, "CHUNK_ELEMENTS", 2 * H * 16 * (T + offset))  # several chunks of 16 queries
     monkeypatch.setattr(chunked, "PAIRS_ELEMENTS", 2 * H * 16 * (T + offset))
     q, k, v = qkv(Tq=T, Tk=T + offset, dv=dv, seed=T)
