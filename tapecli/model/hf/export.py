@@ -2,7 +2,7 @@
 
     export_hf(model, tokenizer, out, dtype=torch.bfloat16) -> out
 
-Writes config.json (the class that runs the model, tapecli.model.hf.arch: Llama, Mistral with a window in every
+Writes config.json (the class that runs the model, tapecli.model.hf.arch_export: Llama, Mistral with a window in every
 layer, SmolLM3 with NoPE layers or windows in some layers, Qwen2 with q/k/v biases, Qwen3 with QK-norm, Phi3
 (fused weights) with LongRoPE or a partial rotary, the classes of OLMo 2/3, Gemma 3, Cohere2 and EXAONE 4 for their
 blocks; with `rope_parameters` for RoPE's scaling), model.safetensors (or 5 GB shards with
@@ -37,7 +37,8 @@ def pe_entries(model: Transformer) -> dict[str, Any] | None:
     and NoPE, the first RoPE layer's `RoPE.hf_export` (transformers' defaults when every layer is NoPE: its NoPE
     layers ignore them); for a plugin PE whose class defines `hf_export` (tapecli.pe), its own; None when the
     model's PE has no export (a subclass of RoPE is not RoPE)."""
-    from tapecli.model.hf.arch import PER_TYPE_ROPE, block_architecture
+    from tapecli.model.hf.arch import PER_TYPE_ROPE
+    from tapecli.model.hf.arch_export import block_architecture
     from tapecli.model.hybrid import layer_groups
 
     specs = model.config.layers()
@@ -76,9 +77,9 @@ def _per_layer_type_entries(model: Transformer) -> dict[str, Any]:
 
 
 def check_exportable(model: Transformer) -> tuple[str, dict[str, Any]]:
-    """(the Hugging Face class, its layer keys) the model exports as (tapecli.model.hf.arch.export_layout), or a
+    """(the Hugging Face class, its layer keys) the model exports as (tapecli.model.hf.arch_export.export_layout), or a
     TapeError naming why it cannot."""
-    from tapecli.model.hf.arch import export_layout
+    from tapecli.model.hf.arch_export import export_layout
     from tapecli.model.hybrid import layer_groups
 
     c = model.config

@@ -269,7 +269,7 @@ class RoPE(PositionalEncoding):
     def hf_export(self) -> dict[str, Any]:
         """transformers' `rope_parameters` and `max_position_embeddings` for this RoPE (tapecli.model.hf.load reads them
         back); a ValueError naming the first frequency option that no Hugging Face config expresses. A partial
-        rotary and longrope run in transformers' Phi3 only (tapecli.model.hf.arch picks the class)."""
+        rotary and longrope run in transformers' Phi3 only (tapecli.model.hf.arch_export picks the class)."""
         plain = {"frequency_fraction": 1.0, "hope": False, "fope": False}
         for key, value in plain.items():
             if getattr(self, key) != value:
