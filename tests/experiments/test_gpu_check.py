@@ -117,6 +117,20 @@ def test_a_stopped_part_names_what_it_left_out() -> None:
         "bench at T = 8192: every PE", "train: rope, compiled; tape, compiled"]
 
 
+def test_the_training_section_says_what_was_compiled_ahead_above_its_table() -> None:
+    row = {"attention": "sdpa", "step_s": 0.0266, "tokens_per_s": 307411.0, "mfu": 0.275, "params": 162_400_000}
+    train = {"warm_line": "compiled ahead in 8 processes (61 s): 9 ok, 1 not finished", "shape": "12 layers",
+             "rows": {"rope, compiled": row}, "failed": {}}
+    report = {"hardware": "H200", "mode": "gpu", "commit": "abc", "torch": "2.11", "date": "today", "pes": ["rope"],
+              "lengths": {"bench": []}, "parts": {"train": {"status": "done", "budget_s": 150, "seconds": 140,
+                                                            "result": train}}}
+    text = page.render(report)
+    assert ("## Training throughput: the `c4` model (tape) beside transformers' Llama\n\n"
+            "compiled ahead in 8 processes (61 s): 9 ok, 1 not finished\n\n12 layers\n\n"
+            "| model | attention | ms / step | tokens / s | MFU | parameters |\n|---|---|---|---|---|---|\n"
+            "| rope, compiled | sdpa | 26.6 | 307,411 | 27.5 % | 162.4M |\n") in text
+
+
 # Fake parts, fn(deadline, result, log) as isolate.run_part calls them in the child.
 def stuck(pids: Path, _deadline, result, log) -> None:
     """Stuck where SIGALRM does not reach (as in a compile), with a process of its own started."""
@@ -253,14 +267,34 @@ def test_kernels_are_compiled_ahead_by_parallel_workers_that_end_before_the_benc
 
     sizes = {**gpu_check.CPU["bench"], "precision": gpu_check.PRECISION}
     variants = bench_variants(["alibi"], tape_paths=False)[1:] + [("broken", "alibi", {"slope": 2}, {})]
-    statuses = warm.warm(variants, sizes, "cpu", time.monotonic() + 60, processes=2)
+    jobs = warm.bench_jobs(variants, sizes, "cpu")
+    statuses = warm.warm(jobs, time.monotonic() + 60, processes=2)
     assert statuses["alibi"] == "ok: 3 steps"  # 32 tokens on the chunked path, then forced on dense; 64 tokens
     assert statuses["broken"].startswith("failed: broken at 32: ") and "slope" in statuses["broken"]
     assert warm.summary(statuses, 2, 4.2) == f"compiled ahead in 2 processes (4 s): 1 ok, 1 failed; broken: " \
                                               f"{statuses['broken']}"
     start = time.monotonic()
-    stopped = warm.warm(variants, sizes, "cpu", time.monotonic() + 0.3, processes=1)
+    stopped = warm.warm(jobs, time.monotonic() + 0.3, processes=1)
     assert stopped == {"alibi": "not finished", "broken": "not started"} and time.monotonic() - start < 5
+
+
+def test_the_training_variants_are_compiled_ahead_as_they_are_timed() -> None:
+    """The training part's compile-ahead jobs: every variant it times, the compiled ones first; a worker runs one
+    variant's first step as train_speed takes it (on the CPU through dynamo's eager backend), a failing one is
+    named."""
+    from tapecli.experiments.gpu_check import train_speed, warm
+
+    sizes = {**gpu_check.CPU["train"], "compile_others": True}
+    jobs = train_speed.warm_jobs(("rope", "alibi"), sizes, "cpu")
+    assert list(jobs) == ["rope, compiled", "transformers Llama, compiled", "alibi, compiled", "rope",
+                          "transformers Llama", "alibi"]
+    assert jobs["alibi, compiled"]["variant"] == ["alibi, compiled", "alibi", True]
+    assert [label for label, _, _ in train_speed.variants(("rope", "alibi"), sizes)] == [
+        "rope", "transformers Llama", "rope, compiled", "transformers Llama, compiled", "alibi", "alibi, compiled"]
+    broken = {**jobs["alibi"], "variant": ["broken", "no-such-pe", False]}
+    statuses = warm.warm({"alibi, compiled": jobs["alibi, compiled"], "broken": broken}, time.monotonic() + 60, 2)
+    assert statuses["alibi, compiled"] == "ok: 1 steps"
+    assert statuses["broken"].startswith("failed: broken: ") and "no-such-pe" in statuses["broken"]
 
 
 def test_the_doctor_checks_in_worker_processes_as_it_checks_alone(capsys) -> None:

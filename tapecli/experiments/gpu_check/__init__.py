@@ -11,7 +11,8 @@ Four parts, each with a time budget (PARTS; GPU sizes in GPU, the --cpu mode's t
            peak memory as ratios to RoPE on its own path (FlashAttention-2 where installed, else SDPA); on the GPU
            its kernels are first compiled ahead by parallel workers (warm.py) in WARM_SHARE of its time
   train    tokens/s and MFU of the `c4` recipe's 162M model for RoPE, TAPE, ALiBi and FIRE, eager and compiled,
-           beside transformers' Llama of the same shape (train_speed.py)
+           beside transformers' Llama of the same shape (train_speed.py); on the GPU each variant's first step (which
+           compiles) is first run ahead by parallel workers (warm.py), in at most WARM_SHARE of its time
   extend   one `tape extend-context --method lora` step with activation checkpointing on a random ~1.1B Llama at
            8K tokens: peak memory, step time, the prediction for a 7B base (extend_step.py)
 
@@ -50,9 +51,9 @@ from tapecli.experiments.gpu_check import isolate
 BUDGETS = {"doctor": 90, "bench": 170, "train": 150, "extend": 40}  # seconds on the GPU, 450 in all
 CPU_BUDGETS = {"doctor": 8, "bench": 10, "train": 8, "extend": 8}
 TRAIN_PES = ("rope", "tape", "alibi", "fire")
-PROCESSES = 12  # GPU: worker processes at once for the doctor's checks and the bench's compilations (16 cores)
+PROCESSES = 12  # GPU: worker processes at once for the doctor's checks and the compilations ahead (16 cores)
 PRECISION = "bf16"  # the bench's, on the GPU and in --cpu mode alike (its workers compile for the same)
-WARM_SHARE = 0.5  # of the bench's time, for compiling its kernels ahead in parallel (GPU: warm.py) before timing
+WARM_SHARE = 0.5  # of the bench's and training's time, at most, for compiling ahead in parallel (GPU: warm.py)
 CPU_DOCTOR_PES = ("rope", "alibi", "tape")  # --cpu: a plain, a bias and a wide-value PE; no compile, no hybrids
 # The bench's lengths in the order they run: 8K first (where attention's cost shows, and where the kernels compile),
 # 32K, then 1K (a step of the bench model at 1K is kernel launches more than arithmetic on a GPU).
@@ -61,7 +62,8 @@ GPU = {
               "steps": 2, "rounds": 2, "warmup": 1, "memory": True, "warm_processes": PROCESSES,
               "paths": {1024: ("flash-attn", "sdpa", "flex", "dense"), 8192: ("flash-attn", "sdpa", "flex", "dense"),
                         32768: ("flash-attn", "sdpa", "flex")}},
-    "train": {"overrides": [], "batch": 8, "warmup": 2, "steps": 5, "compile_backend": None, "compile_others": True},
+    "train": {"overrides": [], "batch": 8, "warmup": 2, "steps": 5, "compile_backend": None, "compile_others": True,
+              "warm_processes": 8},  # (8 training processes of the 162M model at once: ~60 GB of an 80 GB GPU)
     "extend": {"llama": {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
                          "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
                          "max_position_embeddings": 4096}, "target": 8192},
@@ -149,6 +151,18 @@ def doctor_part(cpu: bool, sizes: dict, chosen: list[str] | None, device, _deadl
     result["failed"] = report["failed"]
 
 
+def compile_ahead(jobs: dict[str, dict], processes: int, deadline: float, result: dict, log) -> None:
+    """The first WARM_SHARE of a part's time (at most): its compilations, ahead, in `processes` workers (warm.py);
+    their statuses and summary line go into `result` ("warm", "warm_line") and the log."""
+    from tapecli.experiments.gpu_check import warm
+
+    start = time.monotonic()
+    statuses = warm.warm(jobs, start + WARM_SHARE * (deadline - start), processes)
+    line = warm.summary(statuses, processes, time.monotonic() - start)
+    log(line)
+    result |= {"warm": statuses, "warm_line": line}
+
+
 def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadline, result: dict, log) -> None:
     import torch._dynamo
 
@@ -160,12 +174,9 @@ def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadli
     b = sizes["bench"]
     result |= {"lengths": {}, "skipped": {}}
     if b.get("warm_processes"):
-        start = time.monotonic()
-        statuses = warm.warm(bench.bench_variants(pes, tape_paths=False), {**b, "precision": PRECISION}, device.type,
-                             start + WARM_SHARE * (deadline - start), b["warm_processes"])
-        line = warm.summary(statuses, b["warm_processes"], time.monotonic() - start)
-        log(line)
-        result |= {"warm": statuses, "text": line + "\n"}
+        jobs = warm.bench_jobs(bench.bench_variants(pes, tape_paths=False), {**b, "precision": PRECISION}, device.type)
+        compile_ahead(jobs, b["warm_processes"], deadline, result, log)
+        result["text"] = result["warm_line"] + "\n"
     for i, seq_len in enumerate(b["seq_lens"]):
         # Each length may use an equal share of what is left of the soft deadline (what an earlier one leaves
         # unused goes to the ones after it); it starts with no compiled graph of an earlier length (dynamo's count
@@ -184,7 +195,10 @@ def bench_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadli
 def train_part(_cpu: bool, sizes: dict, chosen: list[str] | None, device, deadline, result: dict, log) -> None:
     from tapecli.experiments.gpu_check import train_speed
 
-    train_speed.train_speed(device, sizes["train"], train_pes(chosen), deadline, result, log)
+    t, pes = sizes["train"], train_pes(chosen)
+    if t.get("warm_processes"):
+        compile_ahead(train_speed.warm_jobs(pes, t, device.type), t["warm_processes"], deadline, result, log)
+    train_speed.train_speed(device, t, pes, deadline, result, log)
 
 
 def extend_part(_cpu: bool, sizes: dict, _chosen, device, _deadline, result: dict, log) -> None:

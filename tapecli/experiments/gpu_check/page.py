@@ -81,7 +81,7 @@ def render(report: dict) -> str:
         if name in ("doctor", "bench") and result.get("text"):
             lines += ["```text", result["text"].rstrip(), "```"]
         elif name == "train" and "rows" in result:
-            lines += train_table(result)
+            lines += ([result["warm_line"], ""] if result.get("warm_line") else []) + train_table(result)
         elif name == "extend" and "peak_bytes" in result:
             lines += extend_lines(result, report["mode"] != "gpu")
     left_out = skipped(report, report["lengths"])

@@ -2,12 +2,15 @@
 per PE, eager and compiled, beside transformers' `LlamaForCausalLM` of the same shape, in one process.
 
     rows = train_speed(device, sizes, pes=("rope", "tape", "alibi", "fire"), deadline=...)
+    jobs = warm_jobs(pes, sizes, "cuda")    # the same variants' first steps, for gpu_check/warm.py's workers
 
 A step is what training does: forward under bf16 autocast (CUDA; fp32 on the CPU), cross-entropy, backward, AdamW.
 Each variant is built, warmed up (compiled during its warm-up when compiled, with sizes["compile_backend"]; None:
-inductor), timed over `steps` steps and freed
-before the next: RoPE and the Llama eager then compiled first, then the other PEs eager, then compiled (unless
-sizes["compile_others"] is false); none is started after `deadline` (time.monotonic()).
+inductor), timed over `steps` steps and freed before the next: RoPE and the Llama eager then compiled first, then
+the other PEs eager, then compiled (unless sizes["compile_others"] is false); none is started after `deadline`
+(time.monotonic()). On a GPU, gpu-check first runs each variant's first step in parallel worker processes
+(`warm_job`), so that the compilations here are mostly lookups in inductor's on-disk caches; both compile in a fresh
+dynamo for static shapes, so that a variant's graphs do not depend on the variants compiled before it.
 Tokens/s counts the input tokens of the timed steps; MFU = tokens/s x FLOPs per token / the GPU's peak dense bf16
 FLOP/s, FLOPs per token = 6 N (N: the parameters of every matrix multiply, the LM head included, the embedding
 table not) + 6 L d T (causal attention's q.k and p.v, forward and backward: 12 L d T halved by causality).
@@ -50,15 +53,15 @@ def c4_config(sizes: dict, pe: str):
     return ModelConfig(**{**c4_model_keys(tuple(sizes["overrides"])), "pe": pe, "pe_args": {}})
 
 
-def tape_model(pe: str, sizes: dict, device: torch.device) -> tuple[torch.nn.Module, int]:
+def tape_model(pe: str, sizes: dict, device: torch.device) -> torch.nn.Module:
     from tapecli.model import Transformer
 
     torch.manual_seed(0)
     model = Transformer(c4_config(sizes, pe)).to(device).train()
-    return model, model.model.embed_tokens.weight.numel()
+    return model
 
 
-def hf_llama(sizes: dict, device: torch.device) -> tuple[torch.nn.Module, int]:
+def hf_llama(sizes: dict, device: torch.device) -> torch.nn.Module:
     """transformers' Llama of the c4 model's shape (SDPA attention; FlashAttention-2 when flash-attn is installed)."""
     import transformers
 
@@ -75,7 +78,7 @@ def hf_llama(sizes: dict, device: torch.device) -> tuple[torch.nn.Module, int]:
     config._attn_implementation = attn  # what from_pretrained(attn_implementation=...) sets
     model = transformers.LlamaForCausalLM(config).to(device).train()
     model.hf_attention = attn
-    return model, model.model.embed_tokens.weight.numel()
+    return model
 
 
 def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, device: torch.device,
@@ -89,22 +92,31 @@ def step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: torch.
     optimizer.zero_grad(set_to_none=True)
 
 
-def time_variant(build, device: torch.device, sizes: dict, compiled: bool, hf: bool) -> dict:
-    model, embedding = build()
-    n_params = sum(p.numel() for p in model.parameters())
+def prepare(pe: str | None, device: torch.device, sizes: dict, compiled: bool):
+    """A variant ready to step: (model, what to call: the model or its torch.compile, AdamW, one batch)."""
+    model = tape_model(pe, sizes, device) if pe else hf_llama(sizes, device)
     c = c4_config(sizes, "rope")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     run = torch.compile(model, backend=sizes["compile_backend"] or "inductor") if compiled else model
     batch = torch.randint(0, c.vocab_size, (sizes["batch"], c.max_seq_len + 1),
                           generator=torch.Generator().manual_seed(0)).to(device)
+    return model, run, optimizer, batch
+
+
+def time_variant(pe: str | None, device: torch.device, sizes: dict, compiled: bool) -> dict:
+    """One variant's row (module docstring); pe None: transformers' Llama."""
+    model, run, optimizer, batch = prepare(pe, device, sizes, compiled)
+    n_params = sum(p.numel() for p in model.parameters())
+    embedding = model.model.embed_tokens.weight.numel()
+    c = c4_config(sizes, "rope")
     start = time.perf_counter()
     for _ in range(sizes["warmup"]):
-        step(run, optimizer, batch, device, hf)
+        step(run, optimizer, batch, device, pe is None)
     sync(device)
     warm = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(sizes["steps"]):
-        step(run, optimizer, batch, device, hf)
+        step(run, optimizer, batch, device, pe is None)
     sync(device)
     seconds = (time.perf_counter() - start) / sizes["steps"]
     tokens_per_s = sizes["batch"] * c.max_seq_len / seconds
@@ -119,35 +131,76 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def variants(pes: tuple[str, ...], sizes: dict) -> list[tuple[str, str | None, bool]]:
+    """(label, PE or None for transformers' Llama, compiled) in the order they run: the pairs to compare first (RoPE
+    and the Llama, eager then compiled), then each other PE eager, then compiled, as long as the budget lasts: a PE
+    whose kernels take long to compile cannot crowd out the comparison."""
+    chosen = [(pes[0], pes[0], False), ("transformers Llama", None, False),
+              (f"{pes[0]}, compiled", pes[0], True), ("transformers Llama, compiled", None, True)]
+    chosen += [(pe, pe, False) for pe in pes[1:]]
+    if sizes["compile_others"]:  # (--cpu: a second each through dynamo, and nothing more to show at toy sizes)
+        chosen += [(f"{pe}, compiled", pe, True) for pe in pes[1:]]
+    return chosen
+
+
+def recorded(compiled: bool):
+    """The context a variant steps in: the attention paths its eager steps take are recorded (a list); a compiled
+    graph records nothing (a recording list it appended to would change between calls and recompile it each step)."""
+    from tapecli.model import attention
+
+    return attention.recording() if not compiled else contextlib.nullcontext([])
+
+
+def warm_jobs(pes: tuple[str, ...], sizes: dict, device: str) -> dict[str, dict]:
+    """The compile-ahead jobs (gpu_check/warm.py) of the variants, each run by `warm_job` in a worker process: the
+    compiled ones first (the longest), then the eager ones (FlexAttention compiles its kernels for some)."""
+    ordered = sorted(variants(pes, sizes), key=lambda variant: not variant[2])
+    return {label: {"module": __name__, "variant": [label, pe, compiled], "sizes": sizes, "device": device}
+            for label, pe, compiled in ordered}
+
+
+def warm_job(job: dict) -> None:
+    """A compile-ahead worker: the first step of one variant, as `train_speed` takes it (statically shaped, in a
+    fresh dynamo), which compiles what that step compiles into inductor's on-disk caches."""
+    from tapecli.experiments.gpu_check import warm
+
+    label, pe, compiled = job["variant"]
+    device = torch.device(job["device"])
+
+    def first_step() -> None:
+        _, run, optimizer, batch = prepare(pe, device, job["sizes"], compiled)
+        with recorded(compiled):
+            step(run, optimizer, batch, device, pe is None)
+        sync(device)
+
+    with warm.static_shapes():
+        warm.step_line(label, first_step)
+
+
 def train_speed(device: torch.device, sizes: dict, pes: tuple[str, ...], deadline: float, result: dict,
                 log=print) -> dict:
     """Fills `result` as it goes (module docstring): {"variants": [label, ...] (all, in order), "rows": {label:
-    {...}}, "failed": {label: error}}; a variant in neither was left out. Returns `result`."""
-    from tapecli.faults import failure_line
-    from tapecli.model import attention
+    {...}}, "failed": {label: error}}; a variant in neither was left out. Returns `result`. Each variant starts in a
+    fresh dynamo and compiles for static shapes, as the compile-ahead workers did (`warm_job`)."""
+    import torch._dynamo
 
-    # The pairs to compare first (RoPE and the Llama, eager then compiled), then each other PE eager, then compiled,
-    # as long as the budget lasts: a PE whose kernels take long to compile cannot crowd out the comparison.
-    variants = [(pes[0], pes[0], False), ("transformers Llama", None, False),
-                (f"{pes[0]}, compiled", pes[0], True), ("transformers Llama, compiled", None, True)]
-    variants += [(pe, pe, False) for pe in pes[1:]]
-    if sizes["compile_others"]:  # (--cpu: a second each through dynamo, and nothing more to show at toy sizes)
-        variants += [(f"{pe}, compiled", pe, True) for pe in pes[1:]]
+    from tapecli.experiments.gpu_check import warm
+    from tapecli.faults import failure_line
+
+    chosen = variants(pes, sizes)
     c = c4_config(sizes, "rope")
     shape = (f"{c.n_layers} layers x {c.dim} wide, {c.n_heads} heads, FFN {c.ffn_dim}, vocabulary {c.vocab_size}; "
              f"{sizes['batch']} x {c.max_seq_len} tokens per step, "
              + ("bf16 autocast" if device.type == "cuda" else "fp32")
              + f", AdamW; {sizes['warmup']} warm-up steps, then the mean of {sizes['steps']}")
-    result |= {"variants": [label for label, _, _ in variants], "rows": {}, "failed": {}, "shape": shape}
-    for label, pe, compiled in variants:
+    result |= {"variants": [label for label, _, _ in chosen], "rows": {}, "failed": {}, "shape": shape}
+    for label, pe, compiled in chosen:
         if time.monotonic() > deadline:
             break
-        build = (lambda pe=pe: tape_model(pe, sizes, device)) if pe else (lambda: hf_llama(sizes, device))
+        torch._dynamo.reset()
         try:
-            # Paths are recorded on the eager variants only: a recording list the compiled graph appends to would
-            # change between calls and recompile it at every step.
-            with attention.recording() if not compiled else contextlib.nullcontext([]) as taken:
-                row = time_variant(build, device, sizes, compiled, hf=pe is None)
+            with warm.static_shapes(), recorded(compiled) as taken:
+                row = time_variant(pe, device, sizes, compiled)
         except Exception as e:  # noqa: BLE001 - one variant's failure is its row; the others still run
             result["failed"][label] = failure_line(e)
             log(f"  {label}: failed: {result['failed'][label]}")

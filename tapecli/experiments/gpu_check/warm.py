@@ -1,25 +1,29 @@
-"""Compile ahead, in parallel: before the bench times anything on a GPU, worker processes run one training step of
-each variant at each length, so that FlexAttention's kernels (compiled per PE, attention path and length) are in
-inductor's on-disk caches (its FX graph and AOTAutograd caches, Triton's kernels) when the bench, one process timing
-one variant after another, compiles them again: then a compilation is mostly cache lookups. Timings are
-unaffected: every worker has ended before the bench times anything.
+"""Compile ahead, in parallel: before a part of gpu-check times anything on a GPU, worker processes run what it will
+time once, so that the kernels it compiles (FlexAttention's per PE, attention path and length; a torch.compile'd
+model's) are in inductor's on-disk caches (its FX graph and AOTAutograd caches, Triton's kernels) when the part, one
+process timing one variant after another, compiles them again: then a compilation is mostly cache lookups. Timings
+are unaffected: every worker has ended before the part times anything.
 
-    statuses = warm(variants, sizes, device, until, processes)  # {label: "ok: 3 steps" | "failed: ..." | ...}
-    summary(statuses, processes, seconds)                       # one line: how many of each
-    python -m tapecli.experiments.gpu_check.warm '<json job>'   # one worker: one PE at every length
+    statuses = warm(jobs, until, processes)       # {label: "ok: 3 steps" | "failed: ..." | "not finished" | ...}
+    summary(statuses, processes, seconds)         # one line: how many of each
+    bench_jobs(variants, sizes, device)           # the bench's jobs: one per PE, every length (bench_job below)
+    python -m tapecli.experiments.gpu_check.warm '<json job>'   # one worker: runs job["module"]'s warm_job(job)
 
-A worker takes one PE (a `bench.bench_variants` entry) through the bench's lengths: at each, one step on the PE's
-own path, then one forced onto each path of sizes["paths"] that applies (`bench.forced_applies`), printing one JSON
-line per step. The workers and the bench's process compile every shape statically (`static_shapes`: dynamo's
-automatic dynamic shapes off), so that a graph, and so its cache entry, depends only on the PE, its path and the
-length, not on what the process compiled before it (with them on, a PE compiled after another one, or at a second
-length, can trace a different graph, which misses the cache). Up to `processes` workers run at once, each with one
-compile thread and one CPU thread; a worker still running at `until` (time.monotonic()) is killed ("not finished"),
-a PE never reached is "not started".
+A job is a JSON-able dict naming the module whose `warm_job(job)` the worker runs (this module's `bench_job` for the
+bench, train_speed's for the training part); it prints one JSON line per step, {"step", "ok"} or {"step",
+"error"}. The bench's worker takes one PE (a `bench.bench_variants` entry) through the bench's lengths: at each, one
+step on the PE's own path, then one forced onto each path of sizes["paths"] that applies (`bench.forced_applies`).
+The workers and the timing process compile every shape statically (`static_shapes`: dynamo's automatic dynamic
+shapes off), so that a graph, and so its cache entry, depends only on what is compiled, not on what the process
+compiled before it (with them on, a PE compiled after another one, or at a second length, can trace a different
+graph, which misses the cache). Up to `processes` workers run at once, sharing the machine's cores as inductor's
+compile threads (at least one each) on one CPU thread each; a worker still running at `until` (time.monotonic()) is
+killed ("not finished"), a job never reached is "not started".
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -27,37 +31,53 @@ import sys
 import time
 
 
-def run_job(job: dict) -> None:
-    """The worker: every step of one PE (module docstring), one JSON line each: {"step", "ok"} or {"step", "error"}."""
+def bench_jobs(variants: list, sizes: dict, device: str) -> dict[str, dict]:
+    """One job per bench variant (module docstring); `sizes`: the bench's sizes (seq_lens, paths by length, model
+    shape, precision)."""
+    b = {**sizes, "paths": {str(k): list(v) for k, v in sizes.get("paths", {}).items()}}
+    return {variant[0]: {"module": __name__, "variant": variant, "sizes": b, "device": device} for variant in variants}
+
+
+def step_line(name: str, fn) -> bool:
+    """Run fn() as one step of a worker: print its JSON line (module docstring); True when it ran."""
+    from tapecli.faults import failure_line
+
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - one step's failure is its line; the others still run
+        print(json.dumps({"step": name, "error": failure_line(e)}), flush=True)
+        return False
+    print(json.dumps({"step": name, "ok": True}), flush=True)
+    return True
+
+
+def warm_job(job: dict) -> None:
+    """The bench's worker: every step of one PE (module docstring)."""
     import torch
 
     from tapecli.experiments.bench import forced_applies, variant_spec
     from tapecli.experiments.bench_step import make_variant, train_step
-    from tapecli.faults import failure_line
     from tapecli.model import attention
 
-    b = job["sizes"]
+    b, variant = job["sizes"], job["variant"]
 
-    def step(spec: dict, name: str) -> list[str]:
-        try:
-            model, batch, device = make_variant(spec)
-            with attention.recording() as taken:
-                train_step(model, batch, b["precision"], device, spec.get("attention"))
-            print(json.dumps({"step": name, "ok": True}), flush=True)
-            return sorted(set(taken))
-        except Exception as e:  # noqa: BLE001 - one step's failure is its line; the others still run
-            print(json.dumps({"step": name, "error": failure_line(e)}), flush=True)
-            return []
+    def run(spec: dict, taken: set[str]) -> None:
+        model, batch, device = make_variant(spec)
+        with attention.recording() as recorded:
+            train_step(model, batch, b["precision"], device, spec.get("attention"))
+        taken.update(recorded)
 
-    variant = job["variant"]
     with static_shapes():
         for seq_len in b["seq_lens"]:
             spec = variant_spec(variant, b["n_layers"], b["dim"], b["n_heads"], seq_len, b["batch_size"],
                                 b["precision"], False, job["device"])
-            natural = step(spec, f"{variant[0]} at {seq_len}")
-            for path in b["paths"].get(str(seq_len), ()) if natural else ():
-                if forced_applies(path, set(natural), torch.device(job["device"])):
-                    step({**spec, "attention": path}, f"{variant[0]} on {path} at {seq_len}")
+            natural: set[str] = set()  # the paths the PE takes by itself
+            if not step_line(f"{variant[0]} at {seq_len}", lambda spec=spec, natural=natural: run(spec, natural)):
+                continue
+            for path in b["paths"].get(str(seq_len), ()):
+                if forced_applies(path, natural, torch.device(job["device"])):
+                    step_line(f"{variant[0]} on {path} at {seq_len}",
+                              lambda path=path, spec=spec: run({**spec, "attention": path}, set()))
 
 
 def static_shapes():
@@ -76,21 +96,19 @@ def outcome(output: str, code: int) -> str:
     return f"ok: {len(entries)} steps" if not errors else "failed: " + "; ".join(errors)
 
 
-def warm(variants: list, sizes: dict, device: str, until: float, processes: int) -> dict[str, str]:
-    """Run the workers (module docstring); `sizes`: the bench's sizes (seq_lens, paths by length, model shape,
-    precision). Returns each variant's status."""
-    b = {**sizes, "paths": {str(k): list(v) for k, v in sizes.get("paths", {}).items()}}
-    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
-    statuses = {variant[0]: "not started" for variant in variants}
-    pending, running = list(variants), {}
+def warm(jobs: dict[str, dict], until: float, processes: int) -> dict[str, str]:
+    """Run the workers (module docstring), one per job (label -> job). Returns each job's status."""
+    threads = max(1, (os.cpu_count() or 1) // max(1, min(processes, len(jobs))))
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": str(threads), "OMP_NUM_THREADS": "1"}
+    statuses = dict.fromkeys(jobs, "not started")
+    pending, running = list(jobs), {}
     try:
         while (pending or running) and time.monotonic() < until:
             while pending and len(running) < processes:
-                variant = pending.pop(0)
-                job = json.dumps({"variant": variant, "sizes": b, "device": device})
-                running[variant[0]] = subprocess.Popen([sys.executable, "-m", __name__, job], env=env, text=True,
-                                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-                statuses[variant[0]] = "not finished"
+                label = pending.pop(0)
+                running[label] = subprocess.Popen([sys.executable, "-m", __name__, json.dumps(jobs[label])], env=env,
+                                                  text=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                statuses[label] = "not finished"
             for label, process in list(running.items()):
                 if process.poll() is not None:
                     statuses[label] = outcome(process.stdout.read(), process.returncode)
@@ -112,4 +130,5 @@ def summary(statuses: dict[str, str], processes: int, seconds: float) -> str:
 
 
 if __name__ == "__main__":
-    run_job(json.loads(sys.argv[1]))
+    job = json.loads(sys.argv[1])
+    importlib.import_module(job["module"]).warm_job(job)
