@@ -63,7 +63,7 @@ GPU = {
               "paths": {1024: ("flash-attn", "sdpa", "flex", "dense"), 8192: ("flash-attn", "sdpa", "flex", "dense"),
                         32768: ("flash-attn", "sdpa", "flex")}},
     "train": {"overrides": [], "batch": 8, "warmup": 2, "steps": 5, "compile_backend": None, "compile_others": True,
-              "warm_processes": 8},  # (8 training processes of the 162M model at once: ~60 GB of an 80 GB GPU)
+              "warm_processes": 8},  # (fewer than the bench's: each holds a 162M model's training step on the GPU)
     "extend": {"llama": {"vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
                          "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
                          "max_position_embeddings": 4096}, "target": 8192},

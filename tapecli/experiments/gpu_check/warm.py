@@ -6,11 +6,11 @@ are unaffected: every worker has ended before the part times anything.
 
     statuses = warm(jobs, until, processes)       # {label: "ok: 3 steps" | "failed: ..." | "not finished" | ...}
     summary(statuses, processes, seconds)         # one line: how many of each
-    bench_jobs(variants, sizes, device)           # the bench's jobs: one per PE, every length (bench_job below)
+    bench_jobs(variants, sizes, device)           # the bench's jobs: one per PE, every length (warm_job below)
     python -m tapecli.experiments.gpu_check.warm '<json job>'   # one worker: runs job["module"]'s warm_job(job)
 
-A job is a JSON-able dict naming the module whose `warm_job(job)` the worker runs (this module's `bench_job` for the
-bench, train_speed's for the training part); it prints one JSON line per step, {"step", "ok"} or {"step",
+A job is a JSON-able dict naming the module whose `warm_job(job)` the worker runs (this module's own for the bench,
+train_speed's for the training part); it prints one JSON line per step, {"step", "ok"} or {"step",
 "error"}. The bench's worker takes one PE (a `bench.bench_variants` entry) through the bench's lengths: at each, one
 step on the PE's own path, then one forced onto each path of sizes["paths"] that applies (`bench.forced_applies`).
 The workers and the timing process compile every shape statically (`static_shapes`: dynamo's automatic dynamic
