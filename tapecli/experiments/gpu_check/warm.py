@@ -23,6 +23,7 @@ killed ("not finished"), a job never reached is "not started".
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -72,12 +73,12 @@ def warm_job(job: dict) -> None:
             spec = variant_spec(variant, b["n_layers"], b["dim"], b["n_heads"], seq_len, b["batch_size"],
                                 b["precision"], False, job["device"])
             natural: set[str] = set()  # the paths the PE takes by itself
-            if not step_line(f"{variant[0]} at {seq_len}", lambda spec=spec, natural=natural: run(spec, natural)):
+            if not step_line(f"{variant[0]} at {seq_len}", functools.partial(run, spec, natural)):
                 continue
             for path in b["paths"].get(str(seq_len), ()):
                 if forced_applies(path, natural, torch.device(job["device"])):
                     step_line(f"{variant[0]} on {path} at {seq_len}",
-                              lambda path=path, spec=spec: run({**spec, "attention": path}, set()))
+                              functools.partial(run, {**spec, "attention": path}, set()))
 
 
 def static_shapes():
